@@ -1,0 +1,5 @@
+from __future__ import annotations
+
+from autotune.cli import main
+
+main()

@@ -1,0 +1,175 @@
+"""The command line: parse and validate options, then call one library function each."""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+from rich.console import Console
+
+from autotune.errors import AutotuneError, UsageError
+from autotune.units import format_size, parse_duration, parse_size
+
+DEFAULT_STUDIES = Path("studies")
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so cleanup runs as for Ctrl-C."""
+
+
+class SizeType(click.ParamType):
+    name = "SIZE"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class DurationType(click.ParamType):
+    name = "DURATION"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_duration(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class ListType(click.ParamType):
+    """A comma-separated list, each item checked against `choices` when given."""
+
+    name = "LIST"
+
+    def __init__(self, choices: tuple[str, ...] | None = None) -> None:
+        self.choices = choices
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, ...]:
+        if isinstance(value, tuple):
+            return value
+        items = tuple(dict.fromkeys(v.strip() for v in str(value).split(",") if v.strip()))
+        if not items:
+            self.fail("is empty; give a comma-separated list", param, ctx)
+        bad = [v for v in items if self.choices and v not in self.choices]
+        if bad:
+            self.fail(f"{', '.join(bad)} not in {', '.join(self.choices or ())}", param, ctx)
+        return items
+
+
+def default_study_name(model: str) -> str:
+    tail = Path(model.rstrip("/")).name or "study"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", tail)
+
+
+def default_storage(studies_dir: Path) -> str:
+    return f"sqlite:///{studies_dir}/autotune.db"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.version_option(package_name="autotune")
+def cli(debug: bool) -> None:
+    """Find the fastest TrainingArguments that fit in memory, by measuring them."""
+
+
+@cli.command()
+@click.option("--model", required=True, help="Local directory, hub id, or bundled preset.")
+@click.option("--task", default="auto", show_default=True,
+              type=click.Choice(["auto", "seq2seq", "causal-lm", "masked-lm", "classification"]))
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--memory-budget", type=SizeType(), help="e.g. 8GiB, 7500MB [default: the device's capacity]")
+@click.option("--headroom", default=0.05, show_default=True, type=click.FloatRange(0, 0.5),
+              help="Fraction of the budget kept free for fragmentation in long runs.")
+@click.option("--global-batch-size", default=32, show_default=True, type=click.IntRange(1),
+              help="Kept exactly: per-device batch x accumulation steps.")
+@click.option("--seq-len", type=click.IntRange(1), help="Longest input you train with [default: min(512, model limit)].")
+@click.option("--target-len", default=128, show_default=True, type=click.IntRange(1),
+              help="Longest target (seq2seq only).")
+@click.option("--precisions", type=ListType(("fp32", "tf32", "fp16", "bf16")))
+@click.option("--optimizers", type=ListType(), help="TrainingArguments optim names.")
+@click.option("--checkpointing", type=ListType(("on", "off")), help="on, off or on,off.")
+@click.option("--max-trials", default=20, show_default=True, type=click.IntRange(1),
+              help="Probes in the whole study; a resumed study counts earlier ones.")
+@click.option("--time-budget", type=DurationType(), help="No new probe starts after this, e.g. 10m.")
+@click.option("--trial-timeout", default="10m", show_default=True, type=DurationType())
+@click.option("--sampler", default="tpe", show_default=True, type=click.Choice(["tpe", "random", "nsga2"]))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--warmup-steps", default=3, show_default=True, type=click.IntRange(1))
+@click.option("--measure-steps", default=5, show_default=True, type=click.IntRange(2))
+@click.option("--study", "study_name", help="Study name [default: from the model name].")
+@click.option("--storage", help="Optuna storage URL [default: sqlite:///studies/autotune.db].")
+@click.option("--output", type=click.Path(path_type=Path), help="[default: studies/<study>.best.json]")
+@click.option("--objective", default="throughput", show_default=True,
+              type=click.Choice(["throughput", "efficiency"]))
+@click.option("--quiet", is_flag=True, help="Plain log lines instead of the live table.")
+def search(**options: Any) -> None:
+    """Search configs for a model and export the fastest that fits."""
+    from autotune.commands import search_command
+
+    report = search_command(studies_dir=DEFAULT_STUDIES, **options)
+    console = Console(highlight=False)
+    best = report.best
+    assert best is not None  # search_command raises NoFitError otherwise
+    console.print(
+        f"best: trial {best.number}: {best.candidate.describe()}: "
+        f"{best.result.samples_per_s:.2f} samples/s, peak "
+        f"{format_size(best.result.peak_memory_bytes or 0)}"
+    )
+    console.print(f"wrote {report.output}")
+
+
+@cli.command()
+@click.option("--study", "study_name", required=True)
+@click.option("--storage", help="[default: sqlite:///studies/autotune.db]")
+@click.option("--output", type=click.Path(path_type=Path), help="[default: studies/<study>.best.json]")
+@click.option("--objective", default="throughput", show_default=True,
+              type=click.Choice(["throughput", "efficiency"]))
+def export(study_name: str, storage: str | None, output: Path | None, objective: str) -> None:
+    """Write the best config of a stored study as TrainingArguments JSON."""
+    from autotune.commands import export_command
+
+    path = export_command(
+        study_name=study_name, storage=storage or default_storage(DEFAULT_STUDIES),
+        output=output or DEFAULT_STUDIES / f"{study_name}.best.json", objective=objective,
+    )
+    click.echo(f"wrote {path}")
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        cli.main(args=args, prog_name="autotune", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("interrupted: the running trial was failed and re-queued; rerun to resume",
+                   err=True)
+        sys.exit(130)
+    except Terminated:
+        click.echo("terminated: the running trial was failed and re-queued; rerun to resume",
+                   err=True)
+        sys.exit(143)
+    except AutotuneError as exc:
+        if debug:
+            raise
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)

@@ -1,0 +1,39 @@
+"""One exception hierarchy; the CLI turns each into a one-line message and an exit code."""
+
+from __future__ import annotations
+
+
+class AutotuneError(Exception):
+    """Base of every error autotune raises on purpose. Exit code 1."""
+
+    exit_code = 1
+
+
+class UsageError(AutotuneError):
+    """The user asked for something that cannot be done as asked. Exit code 2."""
+
+    exit_code = 2
+
+
+class ModelNotFoundError(UsageError):
+    """--model names nothing in any place we look."""
+
+
+class ModelConfigError(UsageError):
+    """The model's config.json exists but cannot be used."""
+
+
+class SpaceError(UsageError):
+    """The search space is empty or cannot keep the global batch."""
+
+
+class StudyError(AutotuneError):
+    """The study storage cannot be used, or holds a different search."""
+
+
+class NoFitError(AutotuneError):
+    """Every configuration probed ran out of memory or failed."""
+
+
+class ExportError(AutotuneError):
+    """The best configuration cannot be written as TrainingArguments JSON."""

@@ -1,0 +1,97 @@
+"""Export: the winner as TrainingArguments JSON (verified), and a sidecar with the figures.
+
+The arguments file holds only TrainingArguments fields, so any HfArgumentParser-based
+script reads it unchanged; everything else (figures, versions, budget) goes to the
+sidecar `<name>.summary.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import ExportError
+from autotune.spec import SearchSpec
+from autotune.study import TrialRecord
+from autotune.trial import write_atomic
+
+
+def sidecar_path(output: Path) -> Path:
+    return output.with_name(output.stem + ".summary.json")
+
+
+def training_arguments(record: TrialRecord, spec: SearchSpec) -> dict[str, Any]:
+    return record.candidate.training_arguments(device_kind=spec.device.kind)
+
+
+def verify(arguments: dict[str, Any]) -> None:
+    """Parse the JSON the way the user's script will; raise ExportError if it would fail."""
+    from transformers import HfArgumentParser, TrainingArguments
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "args.json"
+        path.write_text(json.dumps(arguments), encoding="utf-8")
+        try:
+            (parsed,) = HfArgumentParser(TrainingArguments).parse_json_file(str(path))
+        except (ValueError, TypeError) as exc:
+            raise ExportError(
+                f"TrainingArguments refuses the best config on this machine: {exc}"
+            ) from None
+    for key, value in arguments.items():
+        if getattr(parsed, key) != value and str(getattr(parsed, key)) != str(value):
+            raise ExportError(f"{key}={value!r} did not survive HfArgumentParser")
+
+
+def export_best(
+    *, record: TrialRecord, spec: SearchSpec, study_name: str, output: Path,
+    runners_up: list[TrialRecord], objective: str,
+) -> Path:
+    """Write the arguments JSON and its sidecar atomically; returns the arguments path."""
+    arguments = training_arguments(record, spec)
+    verify(arguments)
+    summary = _summary(record, spec, study_name, runners_up, objective)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(output, json.dumps(arguments, indent=2, sort_keys=True) + "\n")
+        write_atomic(sidecar_path(output), json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    except OSError as exc:
+        raise ExportError(f"cannot write {output}: {exc.strerror or exc}") from None
+    return output
+
+
+def _figures(record: TrialRecord) -> dict[str, Any]:
+    r = record.result
+    return {
+        "trial": record.number,
+        "config": record.candidate.describe(),
+        "samples_per_s": r.samples_per_s,
+        "tokens_per_s": r.tokens_per_s,
+        "step_time_median_s": r.step_time_median_s,
+        "step_time_spread": r.step_time_spread,
+        "peak_memory_bytes": r.peak_memory_bytes,
+    }
+
+
+def _summary(
+    record: TrialRecord, spec: SearchSpec, study_name: str, runners_up: list[TrialRecord],
+    objective: str,
+) -> dict[str, Any]:
+    return {
+        "study": study_name,
+        "objective": objective,
+        "model": spec.model.name,
+        "model_source": spec.model.source,
+        "task": spec.model.task,
+        "device": {"kind": spec.device.kind, "name": spec.device.name},
+        "memory_budget_bytes": spec.memory_budget_bytes,
+        "fit_limit_bytes": spec.fit_limit_bytes,
+        "global_batch_size": spec.space.global_batch_size,
+        "seq_len": spec.seq_len,
+        "target_len": spec.target_len if spec.model.task == "seq2seq" else None,
+        "probe_steps": {"warmup": spec.warmup_steps, "measured": spec.measure_steps},
+        "best": _figures(record),
+        "runners_up": [_figures(r) for r in runners_up],
+        "versions": record.result.versions,
+    }

@@ -1,0 +1,186 @@
+"""Resolve --model to an architecture, detect its task, and build it with random weights.
+
+Probing needs the architecture, not the weights. We look in three places, in order:
+a local directory (or config.json file), the Hugging Face cache or hub, and the
+architecture presets bundled in `autotune/presets/`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from autotune.errors import ModelConfigError, ModelNotFoundError, UsageError
+from autotune.trial import ModelSpec
+
+TASKS = ("seq2seq", "causal-lm", "masked-lm", "classification")
+PRESET_DIR = Path(__file__).parent / "presets"
+
+_ARCH_SUFFIXES = (
+    ("ForConditionalGeneration", "seq2seq"),
+    ("ForSeq2SeqLM", "seq2seq"),
+    ("ForCausalLM", "causal-lm"),
+    ("LMHeadModel", "causal-lm"),
+    ("ForMaskedLM", "masked-lm"),
+    ("ForPreTraining", "masked-lm"),
+    ("ForSequenceClassification", "classification"),
+)
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem.replace("__", "/") for p in PRESET_DIR.glob("*.json"))
+
+
+def resolve_model(name: str, *, task: str = "auto") -> ModelSpec:
+    """Find the model's config: local path, then HF cache/hub, then bundled preset."""
+    if task != "auto" and task not in TASKS:
+        raise UsageError(f"--task {task!r} is not one of auto, {', '.join(TASKS)}")
+    path = Path(name).expanduser()
+    if path.exists() or name.startswith((".", "/", "~")):
+        config, source = _load_local(path), "local"
+    else:
+        found = _load_from_hf(name) or _load_preset(name)
+        if found is None:
+            raise ModelNotFoundError(
+                f"model {name!r} not found: no local directory with config.json, not in the "
+                f"Hugging Face cache or hub{_hub_state()}, and not a bundled preset "
+                f"({', '.join(preset_names())}); pass a directory that holds config.json"
+            )
+        config, source = found
+    _check_buildable(name, config)
+    detected = detect_task(config) if task == "auto" else task
+    if detected is None:
+        raise ModelConfigError(
+            f"cannot tell the task of {name!r} from its config (architectures: "
+            f"{config.get('architectures')}); pass --task {'|'.join(TASKS)}"
+        )
+    return ModelSpec(name=name, source=source, task=detected, config=config)
+
+
+def detect_task(config: dict[str, Any]) -> str | None:
+    """The training task a config was published for, or None when it does not say."""
+    for arch in config.get("architectures") or []:
+        for suffix, task in _ARCH_SUFFIXES:
+            if str(arch).endswith(suffix):
+                return task
+    if config.get("is_encoder_decoder"):
+        return "seq2seq"
+    from transformers.models.auto import modeling_auto as auto
+
+    model_type = config.get("model_type")
+    if model_type in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return "causal-lm"
+    if model_type in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return "masked-lm"
+    return None
+
+
+def build_model(spec: ModelSpec) -> Any:
+    """The model with random weights, for the spec's task (in the child)."""
+    import transformers
+
+    config = _transformers_config(spec.config)
+    if spec.task == "classification" and "num_labels" not in spec.config:
+        config.num_labels = 2
+    auto = {
+        "seq2seq": transformers.AutoModelForSeq2SeqLM,
+        "causal-lm": transformers.AutoModelForCausalLM,
+        "masked-lm": transformers.AutoModelForMaskedLM,
+        "classification": transformers.AutoModelForSequenceClassification,
+    }[spec.task]
+    return auto.from_config(config)
+
+
+def max_positions(config: dict[str, Any]) -> int | None:
+    """The longest sequence the architecture accepts, when it has a limit."""
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        if isinstance(config.get(key), int):
+            return int(config[key])
+    return None
+
+
+def _load_local(path: Path) -> dict[str, Any]:
+    config_path = path / "config.json" if path.is_dir() else path
+    if not path.exists():
+        raise ModelNotFoundError(f"model path {str(path)!r} does not exist")
+    if not config_path.is_file():
+        raise ModelConfigError(
+            f"{str(path)!r} has no config.json; pass a model directory saved with "
+            "save_pretrained, or a hub id"
+        )
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelConfigError(f"{config_path} is not valid JSON ({exc}); fix or regenerate it")
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ModelConfigError(
+            f"{config_path} has no 'model_type'; it is not a transformers model config"
+        )
+    return config
+
+
+def _load_from_hf(name: str) -> tuple[dict[str, Any], str] | None:
+    """The config from the local HF cache, else the hub when it can be reached quickly."""
+    try:
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        cached = try_to_load_from_cache(name, "config.json")
+    except ValueError:  # not a valid repo id
+        return None
+    if isinstance(cached, str):
+        return json.loads(Path(cached).read_text(encoding="utf-8")), "cache"
+    if _hub_offline() or not _hub_reachable():
+        return None
+    try:
+        downloaded = hf_hub_download(name, "config.json", etag_timeout=5)
+    except Exception:  # not found, gated, network trouble: all mean "not here"
+        return None
+    return json.loads(Path(downloaded).read_text(encoding="utf-8")), "hub"
+
+
+def _load_preset(name: str) -> tuple[dict[str, Any], str] | None:
+    preset = PRESET_DIR / (name.replace("/", "__") + ".json")
+    if not preset.is_file():
+        return None
+    return json.loads(preset.read_text(encoding="utf-8")), "preset"
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def _hub_reachable(timeout_s: float = 2.0) -> bool:
+    """A quick TCP check, so an offline machine does not wait ~25 s for hub retries."""
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        with socket.create_connection((endpoint.hostname or "", endpoint.port or 443), timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _hub_state() -> str:
+    return " (HF_HUB_OFFLINE is set)" if _hub_offline() else " (unreachable or not there)"
+
+
+def _transformers_config(config: dict[str, Any]) -> Any:
+    from transformers import AutoConfig
+
+    values = dict(config)
+    model_type = values.pop("model_type")
+    return AutoConfig.for_model(model_type, **values)
+
+
+def _check_buildable(name: str, config: dict[str, Any]) -> None:
+    try:
+        _transformers_config(config)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelConfigError(
+            f"transformers cannot build {name!r} from its config: {exc}"
+        ) from None

@@ -1,0 +1,150 @@
+"""The child: one trial, one process. `python -m autotune.probe CONFIG.json`.
+
+A pure function of config.json: it sets the memory limit, builds the model with
+random weights, runs the real `transformers.Trainer` with the candidate's
+TrainingArguments for warm-up + measured optimizer steps, and writes result.json
+beside the config. Rerun it by hand to reproduce a trial.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from autotune import hardware
+from autotune.outcomes import is_out_of_memory, loss_outcome
+from autotune.trial import Outcome, TrialConfig, TrialResult, write_atomic
+
+RESULT_NAME = "result.json"
+
+
+def run_probe(config: TrialConfig) -> TrialResult:
+    """Run the trial and return what it measured; an OOM or crash becomes a typed result."""
+    started = time.perf_counter()
+    index = int(config.device.split(":")[1]) if ":" in config.device else 0
+    phases: dict[str, float] = {}
+    if config.memory_budget_bytes is not None:
+        hardware.enforce_memory_budget(config.device_kind, index, config.memory_budget_bytes)
+    try:
+        result = _train(config, phases)
+    except BaseException as exc:  # classify every failure; KeyboardInterrupt re-raised
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        result = _failure(exc, config)
+    gc.collect()
+    try:
+        versions = hardware.describe_environment(config.device_kind, index)
+    except Exception as exc:  # e.g. a CUDA error after a crash: keep the result anyway
+        versions = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+    phases["total"] = time.perf_counter() - started
+    return result.replace(
+        peak_memory_bytes=hardware.peak_memory_bytes(config.device_kind, index),
+        phases_s={k: round(v, 3) for k, v in phases.items()},
+        versions=versions,
+    )
+
+
+def _train(config: TrialConfig, phases: dict[str, float]) -> TrialResult:
+    tick = time.perf_counter()
+    from transformers import Trainer, TrainingArguments, set_seed
+
+    from autotune.data import WorstCaseDataset
+    from autotune.models import build_model
+    from autotune.timing import StepTimer
+
+    phases["import"] = time.perf_counter() - tick
+    tick = time.perf_counter()
+    set_seed(config.seed)
+    model = build_model(config.model)
+    phases["build"] = time.perf_counter() - tick
+    total_steps = config.warmup_steps + config.measure_steps
+    dataset = WorstCaseDataset(
+        task=config.model.task,
+        length=total_steps * config.global_batch_size,
+        seq_len=config.seq_len,
+        target_len=config.target_len,
+        vocab_size=config.model.vocab_size,
+        num_labels=int(config.model.config.get("num_labels", 2)),
+        seed=config.seed,
+    )
+    args = TrainingArguments(
+        **config.candidate.training_arguments(device_kind=config.device_kind),
+        **_probe_only_arguments(config, total_steps),
+    )
+    timer = StepTimer(device_kind=config.device_kind, warmup_steps=config.warmup_steps)
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[timer])
+    tick = time.perf_counter()
+    output = trainer.train()
+    phases["train"] = time.perf_counter() - tick
+    del trainer, model
+    return _measured(config, timer, float(output.training_loss))
+
+
+def _probe_only_arguments(config: TrialConfig, total_steps: int) -> dict[str, Any]:
+    """Fields that set run length and bookkeeping only; they do not change the recipe."""
+    return {
+        "output_dir": str(Path(config.trial_dir) / "trainer"),
+        "max_steps": total_steps,
+        "save_strategy": "no",
+        "report_to": "none",
+        "logging_strategy": "steps",
+        "logging_steps": total_steps,  # one log at the end: no extra sync inside the window
+        "logging_nan_inf_filter": False,  # a NaN loss must reach training_loss, not be hidden
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+        "seed": config.seed,
+    }
+
+
+def _measured(config: TrialConfig, timer: Any, final_loss: float) -> TrialResult:
+    times = timer.measured_step_times()
+    if not times:
+        return TrialResult(Outcome.ERROR, reason="no measured step completed")
+    median = statistics.median(times)
+    quartiles = statistics.quantiles(times, n=4) if len(times) >= 2 else [median] * 3
+    samples_per_s = config.global_batch_size / median
+    outcome, reason = loss_outcome(final_loss, timer.skipped_in_window)
+    return TrialResult(
+        outcome=outcome,
+        reason=reason,
+        samples_per_s=samples_per_s,
+        tokens_per_s=samples_per_s * config.tokens_per_sample,
+        step_time_median_s=median,
+        step_time_spread=(quartiles[2] - quartiles[0]) / median,
+        step_times_s=tuple(round(t, 6) for t in times),
+        final_loss=final_loss,
+        loss_finite=math.isfinite(final_loss),
+        skipped_steps=timer.skipped_in_window,
+    )
+
+
+def _failure(exc: BaseException, config: TrialConfig) -> TrialResult:
+    in_use = hardware.memory_in_use(config.device_kind)
+    oom = is_out_of_memory(exc, limit_bytes=config.memory_budget_bytes, in_use_bytes=in_use)
+    message = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
+    if oom:
+        return TrialResult(Outcome.OOM, reason="out of memory", error=message)
+    traceback.print_exception(exc)
+    return TrialResult(Outcome.ERROR, reason=message[:120], error=message)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m autotune.probe TRIAL_DIR/config.json", file=sys.stderr)
+        return 2
+    config_path = Path(argv[0])
+    config = TrialConfig.from_json(config_path.read_text(encoding="utf-8"))
+    result = run_probe(config)
+    write_atomic(config_path.with_name(RESULT_NAME), result.to_json())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""The study loop: propose, skip what is known, probe in a child, record; then select, export."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from pathlib import Path
+from typing import Protocol
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune import study as studies
+from autotune.errors import NoFitError
+from autotune.export import export_best
+from autotune.runner import run_trial
+from autotune.selection import fitting, ranked, select_best
+from autotune.skips import open_candidates, skip_reason
+from autotune.space import seed_candidates
+from autotune.spec import SearchSpec
+from autotune.study import TrialRecord
+from autotune.trial import Candidate, Outcome, TrialConfig, TrialResult
+from autotune.units import format_size
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchLimits:
+    max_trials: int = 20  # probes launched in the whole study (resumes count earlier ones)
+    time_budget_s: float | None = None  # no new probe starts after this
+    trial_timeout_s: float = 600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchReport:
+    study_name: str
+    best: TrialRecord | None
+    records: tuple[TrialRecord, ...]
+    probes_this_run: int
+    elapsed_s: float
+    output: Path | None
+    stop_reason: str
+
+
+class Observer(Protocol):
+    def on_search_start(self, spec: SearchSpec, study_name: str, limits: SearchLimits) -> None: ...
+    def on_trial_start(self, number: int, candidate: Candidate) -> None: ...
+    def on_trial_end(self, number: int, candidate: Candidate, result: TrialResult) -> None: ...
+    def on_search_end(self, report: SearchReport) -> None: ...
+
+
+def run_search(
+    *,
+    spec: SearchSpec,
+    study_name: str,
+    storage: str,
+    studies_dir: Path,
+    limits: SearchLimits,
+    sampler: str,
+    output: Path | None,
+    objective: str,
+    observer: Observer,
+) -> SearchReport:
+    """Search, record every trial in the study, and export the best config to `output`."""
+    study = studies.open_study(
+        storage=storage, name=study_name, spec=spec,
+        sampler=studies.make_sampler(sampler, spec.seed),
+    )
+    studies.recover_stale(study)
+    if not study.get_trials(deepcopy=False):
+        for seed in seed_candidates(spec.space, spec.device):
+            study.enqueue_trial(studies.candidate_params(seed))
+    observer.on_search_start(spec, study_name, limits)
+    started = time.monotonic()
+    probes, stop = 0, ""
+    while not stop:
+        recs = studies.records(study, spec)
+        stop = _stop_reason(recs, spec, limits, started)
+        if not stop:
+            probes += _step(study, spec, recs, studies_dir / study_name, limits, observer)
+    recs = studies.records(study, spec)
+    report = _finish(spec, study_name, recs, probes, started, output, objective, stop)
+    observer.on_search_end(report)
+    if report.best is None:
+        raise NoFitError(_nothing_fits(recs, spec))
+    return report
+
+
+def _stop_reason(
+    recs: list[TrialRecord], spec: SearchSpec, limits: SearchLimits, started: float
+) -> str:
+    if sum(r.result.outcome != Outcome.SKIPPED for r in recs) >= limits.max_trials:
+        return f"reached --max-trials {limits.max_trials}"
+    if limits.time_budget_s is not None and time.monotonic() - started >= limits.time_budget_s:
+        return "time budget spent"
+    if not open_candidates(spec.space, recs):
+        return "every config in the space is measured or ruled out"
+    return ""
+
+
+def _step(
+    study: optuna.Study, spec: SearchSpec, recs: list[TrialRecord], study_dir: Path,
+    limits: SearchLimits, observer: Observer,
+) -> int:
+    """Ask for one proposal; skip it or probe it. Returns 1 when a probe ran."""
+    trial = study.ask(studies.distributions(spec))
+    candidate = studies.candidate_of(spec, trial.params)
+    skip = skip_reason(candidate, recs, spec.space)
+    if skip is not None:
+        result = TrialResult(Outcome.SKIPPED, reason=skip.reason)
+        state = None if skip.implies_oom else TrialState.PRUNED
+        studies.tell(study, trial, spec, result, state=state)
+        if skip.implies_oom:
+            observer.on_trial_end(trial.number, candidate, result)
+        else:  # steer the next ask to a config still open
+            remaining = open_candidates(spec.space, recs)
+            pick = random.Random(spec.seed * 7919 + trial.number).choice(remaining)
+            study.enqueue_trial(studies.candidate_params(pick))
+        return 0
+    studies.mark_running(trial)
+    config = TrialConfig(
+        number=trial.number,
+        trial_dir=str(study_dir / "trials" / str(trial.number)),
+        model=spec.model,
+        candidate=candidate,
+        device=spec.device.torch_device,
+        seq_len=spec.seq_len,
+        target_len=spec.target_len,
+        memory_budget_bytes=spec.memory_budget_bytes,
+        warmup_steps=spec.warmup_steps,
+        measure_steps=spec.measure_steps,
+        seed=spec.seed,
+    )
+    observer.on_trial_start(trial.number, candidate)
+    try:
+        result = run_trial(config, timeout_s=limits.trial_timeout_s)
+    except BaseException:  # Ctrl-C, SIGTERM, a full disk: fail the trial, keep the study
+        trial.set_user_attr("outcome", "error")
+        trial.set_user_attr("reason", "interrupted; re-queued")
+        study.tell(trial, state=TrialState.FAIL)
+        study.enqueue_trial(studies.candidate_params(candidate))
+        raise
+    studies.tell(study, trial, spec, result)
+    observer.on_trial_end(trial.number, candidate, result)
+    return 1
+
+
+def _finish(
+    spec: SearchSpec, study_name: str, recs: list[TrialRecord], probes: int, started: float,
+    output: Path | None, objective: str, stop: str,
+) -> SearchReport:
+    best = select_best(recs, fit_limit_bytes=spec.fit_limit_bytes, objective=objective)
+    written = None
+    if best is not None and output is not None:
+        others = [r for r in ranked(fitting(recs, spec.fit_limit_bytes)) if r != best][:3]
+        written = export_best(
+            record=best, spec=spec, study_name=study_name, output=output,
+            runners_up=others, objective=objective,
+        )
+    return SearchReport(
+        study_name=study_name, best=best, records=tuple(recs), probes_this_run=probes,
+        elapsed_s=time.monotonic() - started, output=written, stop_reason=stop,
+    )
+
+
+def _nothing_fits(recs: list[TrialRecord], spec: SearchSpec) -> str:
+    """The one-line report when no config fits: the smallest peak seen and what to try."""
+    peaks = [r.result.peak_memory_bytes for r in recs if r.result.peak_memory_bytes]
+    counts: dict[str, int] = {}
+    for r in recs:
+        counts[r.result.outcome.value] = counts.get(r.result.outcome.value, 0) + 1
+    seen = ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "no trials"
+    smallest = f"; smallest peak measured {format_size(min(peaks))}" if peaks else ""
+    return (
+        f"no config fits {format_size(spec.fit_limit_bytes)} (budget "
+        f"{format_size(spec.memory_budget_bytes)} less headroom): {seen}{smallest}; try a larger "
+        "--memory-budget, --optimizers adamw_bnb_8bit or adafactor, --checkpointing on, "
+        "a shorter --seq-len or a smaller --global-batch-size"
+    )

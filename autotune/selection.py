@@ -1,0 +1,62 @@
+"""Selection: the fastest config that fits; among those within noise of it, the least memory."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from autotune.study import TrialRecord
+from autotune.trial import Outcome
+
+OBJECTIVES = ("throughput", "efficiency")
+MIN_NOISE = 0.01  # two configs closer than 1% are a tie even when both measured tight
+MAX_NOISE = 0.10  # a noisy measurement never makes a config >10% slower count as a tie
+
+
+def fitting(records: Sequence[TrialRecord], fit_limit_bytes: int) -> list[TrialRecord]:
+    """Trials that ran cleanly with a measured peak within the limit."""
+    return [
+        r for r in records
+        if r.result.outcome == Outcome.OK
+        and r.result.samples_per_s is not None
+        and r.result.peak_memory_bytes is not None
+        and r.result.peak_memory_bytes <= fit_limit_bytes
+    ]
+
+
+def select_best(
+    records: Sequence[TrialRecord], *, fit_limit_bytes: int, objective: str = "throughput"
+) -> TrialRecord | None:
+    """The record to export, or None when nothing fits."""
+    pool = fitting(records, fit_limit_bytes)
+    if not pool:
+        return None
+    if objective == "efficiency":
+        return max(pool, key=lambda r: (_sps(r) / _peak(r), -r.number))
+    fastest = max(pool, key=lambda r: (_sps(r), -r.number))
+    band = noise_band(fastest)
+    ties = [r for r in pool if _sps(r) >= _sps(fastest) * (1.0 - band)]
+    return min(ties, key=lambda r: (_peak(r), -_sps(r), r.number))
+
+
+def ranked(records: Sequence[TrialRecord]) -> list[TrialRecord]:
+    """Best first: ok by throughput, then the rest by outcome."""
+    order = {o: i for i, o in enumerate(Outcome)}
+    return sorted(
+        records,
+        key=lambda r: (order[r.result.outcome], -(r.result.samples_per_s or 0.0), r.number),
+    )
+
+
+def noise_band(record: TrialRecord) -> float:
+    """Relative uncertainty of a measured median: its IQR/median over sqrt(steps)."""
+    steps = max(1, len(record.result.step_times_s))
+    spread = record.result.step_time_spread or 0.0
+    return min(MAX_NOISE, max(MIN_NOISE, spread / steps**0.5))
+
+
+def _sps(record: TrialRecord) -> float:
+    return float(record.result.samples_per_s or 0.0)
+
+
+def _peak(record: TrialRecord) -> float:
+    return float(record.result.peak_memory_bytes or 0)

@@ -1,0 +1,68 @@
+"""What the search already knows: configs it need not run, and configs still open.
+
+Pure functions over the study's records, so the rules are tested without probing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from autotune.space import SearchSpace
+from autotune.study import TrialRecord
+from autotune.trial import Candidate, Outcome
+
+
+@dataclasses.dataclass(frozen=True)
+class Skip:
+    reason: str
+    implies_oom: bool  # True: recorded as an infeasible point; False: a redundant proposal
+
+
+def skip_reason(
+    candidate: Candidate, records: Sequence[TrialRecord], space: SearchSpace
+) -> Skip | None:
+    """Why this proposal need not run, or None when it must be probed."""
+    for record in records:
+        if record.candidate == candidate:
+            return Skip(f"duplicate of trial {record.number}", implies_oom=False)
+    oom = smallest_oom(candidate, records)
+    if oom is not None and oom.candidate.per_device_train_batch_size < (
+        candidate.per_device_train_batch_size
+    ):
+        return Skip(
+            f"skipped: batch {oom.candidate.per_device_train_batch_size} OOM in trial "
+            f"{oom.number}",
+            implies_oom=True,
+        )
+    if not fallback_open(candidate, records, space):
+        smallest = space.micro_batches[0]
+        return Skip(
+            f"batch {candidate.per_device_train_batch_size} is a fallback, tried only once "
+            f"batch {smallest} runs out of memory",
+            implies_oom=False,
+        )
+    return None
+
+
+def smallest_oom(candidate: Candidate, records: Sequence[TrialRecord]) -> TrialRecord | None:
+    """The smallest batch of the candidate's family that was measured out of memory."""
+    ooms = [
+        r for r in records
+        if r.candidate.family == candidate.family and r.result.outcome == Outcome.OOM
+    ]
+    return min(ooms, key=lambda r: r.candidate.per_device_train_batch_size, default=None)
+
+
+def fallback_open(candidate: Candidate, records: Sequence[TrialRecord], space: SearchSpace) -> bool:
+    """A regular batch is always open; a fallback (1, 2, 4) once 8 ran out of memory."""
+    if candidate.per_device_train_batch_size in space.micro_batches:
+        return True
+    oom = smallest_oom(candidate, records)
+    return oom is not None and oom.candidate.per_device_train_batch_size <= space.micro_batches[0]
+
+
+def open_candidates(space: SearchSpace, records: Sequence[TrialRecord]) -> list[Candidate]:
+    """Candidates neither measured nor ruled out: what is left to search."""
+    return [c for c in space.candidates() if skip_reason(c, records, space) is None]
+

@@ -1,0 +1,160 @@
+"""The search space: derived from the hardware and the user's options.
+
+Per-device batches are multiples of 8 that divide the global batch (1, 2 and 4 only as
+a fallback, once 8 has run out of memory); the accumulation steps follow, so
+micro-batch x accumulation always equals the global batch exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+from collections.abc import Iterator, Sequence
+
+from autotune.errors import SpaceError
+from autotune.hardware import DeviceInfo, supported_precisions
+from autotune.trial import PRECISIONS, Candidate
+
+FALLBACK_BATCHES = (1, 2, 4)
+DEFAULT_OPTIMIZERS = (
+    "adamw_torch", "adamw_torch_fused", "adafactor", "adamw_bnb_8bit", "adamw_torch_8bit",
+)
+_NEEDS = {
+    "adamw_bnb_8bit": "bitsandbytes", "adamw_8bit": "bitsandbytes",
+    "paged_adamw_8bit": "bitsandbytes", "paged_adamw_32bit": "bitsandbytes",
+    "lion_8bit": "bitsandbytes", "lion_32bit": "bitsandbytes",
+    "paged_lion_8bit": "bitsandbytes", "paged_lion_32bit": "bitsandbytes",
+    "adamw_torch_8bit": "torchao", "adamw_torch_4bit": "torchao",
+}
+_NOT_HERE = {"adamw_torch_xla", "adamw_torch_npu_fused"}
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSpace:
+    global_batch_size: int
+    micro_batches: tuple[int, ...]  # multiples of 8 dividing the global batch
+    fallback_batches: tuple[int, ...]  # 1, 2, 4 dividing it: only once 8 cannot fit
+    precisions: tuple[str, ...]
+    checkpointing: tuple[bool, ...]
+    optimizers: tuple[str, ...]
+
+    @property
+    def all_batches(self) -> tuple[int, ...]:
+        return tuple(sorted(self.fallback_batches + self.micro_batches))
+
+    def candidate(self, batch: int, precision: str, checkpointing: bool, optim: str) -> Candidate:
+        return Candidate(
+            per_device_train_batch_size=batch,
+            gradient_accumulation_steps=self.global_batch_size // batch,
+            precision=precision,
+            activation_checkpointing=checkpointing,
+            optim=optim,
+        )
+
+    def candidates(self, *, include_fallback: bool = True) -> Iterator[Candidate]:
+        batches = self.all_batches if include_fallback else self.micro_batches
+        for batch, prec, ckpt, opt in itertools.product(
+            batches, self.precisions, self.checkpointing, self.optimizers
+        ):
+            yield self.candidate(batch, prec, ckpt, opt)
+
+    @property
+    def size(self) -> int:
+        return len(self.micro_batches) * len(self.precisions) * len(self.checkpointing) * len(
+            self.optimizers
+        )
+
+
+def available_optimizers() -> tuple[str, ...]:
+    """Every optimizer transformers names whose library is installed here."""
+    from transformers.training_args import OptimizerNames
+
+    names = []
+    for name in (o.value for o in OptimizerNames):
+        if name in _NOT_HERE:
+            continue
+        module = _NEEDS.get(name)
+        if module is None or importlib.util.find_spec(module) is not None:
+            names.append(name)
+    return tuple(names)
+
+
+def batch_choices(global_batch: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(regular, fallback) per-device batches that divide the global batch exactly."""
+    if global_batch < 1:
+        raise SpaceError(f"--global-batch-size must be positive, got {global_batch}")
+    regular = tuple(b for b in range(8, global_batch + 1, 8) if global_batch % b == 0)
+    fallback = tuple(b for b in FALLBACK_BATCHES if global_batch % b == 0)
+    if not regular and global_batch not in FALLBACK_BATCHES:
+        raise SpaceError(
+            f"no per-device batch divides --global-batch-size {global_batch}: batches are "
+            f"multiples of 8 (1, 2, 4 only as a fallback); use a multiple of 8, "
+            f"e.g. {max(8, global_batch - global_batch % 8)} or {global_batch - global_batch % 8 + 8}"
+        )
+    if not regular:  # a global batch of 1, 2 or 4: the small batches are all there is
+        return fallback, ()
+    return regular, fallback
+
+
+def derive_space(
+    device: DeviceInfo,
+    *,
+    global_batch_size: int,
+    precisions: Sequence[str] | None = None,
+    optimizers: Sequence[str] | None = None,
+    checkpointing: Sequence[bool] | None = None,
+) -> SearchSpace:
+    """The space for this device, narrowed by the user's options; refuses an empty one."""
+    regular, fallback = batch_choices(global_batch_size)
+    supported = supported_precisions(device)
+    for name in precisions or ():
+        if name not in PRECISIONS:
+            raise SpaceError(f"unknown precision {name!r}; choose from {', '.join(PRECISIONS)}")
+    chosen_prec = tuple(p for p in (precisions or supported) if p in supported)
+    if not chosen_prec:
+        raise SpaceError(
+            f"--precisions {','.join(precisions or ())}: none is supported on {device.name} "
+            f"({device.kind}); this device supports {', '.join(supported)}"
+        )
+    installed = available_optimizers()
+    if optimizers:
+        unknown = [o for o in optimizers if o not in installed]
+        if unknown:
+            raise SpaceError(
+                f"optimizer(s) {', '.join(unknown)} not available here (unknown to "
+                f"transformers or their library is not installed); available: "
+                f"{', '.join(installed)}"
+            )
+        chosen_opt = tuple(optimizers)
+    else:
+        chosen_opt = tuple(o for o in DEFAULT_OPTIMIZERS if o in installed)
+    return SearchSpace(
+        global_batch_size=global_batch_size,
+        micro_batches=regular,
+        fallback_batches=fallback,
+        precisions=chosen_prec,
+        checkpointing=tuple(dict.fromkeys(checkpointing or (False, True))),
+        optimizers=chosen_opt,
+    )
+
+
+def seed_candidates(space: SearchSpace, device: DeviceInfo) -> list[Candidate]:
+    """Good first guesses to enqueue: the plain default, then the usual fast settings.
+
+    On Ampere+ GPUs the largest multiple of 64 is preferred for the fast guess.
+    """
+    seeds = []
+    batches = space.micro_batches
+    default_batch = 8 if 8 in batches else batches[0]
+    fp = "fp32" if "fp32" in space.precisions else space.precisions[0]
+    plain_opt = "adamw_torch" if "adamw_torch" in space.optimizers else space.optimizers[0]
+    no_ckpt = False if False in space.checkpointing else space.checkpointing[0]
+    seeds.append(space.candidate(default_batch, fp, no_ckpt, plain_opt))
+    mixed = [p for p in ("bf16", "fp16") if p in space.precisions]
+    fast_prec = mixed[0] if device.kind == "cuda" and mixed else fp
+    fast_opt = "adamw_torch_fused" if "adamw_torch_fused" in space.optimizers else plain_opt
+    big = [b for b in batches if b % 64 == 0] if device.prefers_multiples_of_64 else []
+    fast_batch = max(big) if big else batches[len(batches) // 2]
+    seeds.append(space.candidate(fast_batch, fast_prec, no_ckpt, fast_opt))
+    return list(dict.fromkeys(seeds))

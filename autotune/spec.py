@@ -1,0 +1,76 @@
+"""SearchSpec: what a study searches, fixed for the study's whole life."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+from autotune.hardware import DeviceInfo
+from autotune.space import SearchSpace
+from autotune.trial import ModelSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSpec:
+    model: ModelSpec
+    device: DeviceInfo
+    space: SearchSpace
+    seq_len: int
+    target_len: int
+    memory_budget_bytes: int
+    headroom: float = 0.05
+    warmup_steps: int = 3
+    measure_steps: int = 5
+    seed: int = 0
+
+    @property
+    def fit_limit_bytes(self) -> int:
+        """A config fits when its measured peak is at most this."""
+        return int(self.memory_budget_bytes * (1.0 - self.headroom))
+
+    def identity(self) -> dict[str, Any]:
+        """What must match for a stored study to be resumed by this search."""
+        config_hash = hashlib.sha256(
+            json.dumps(self.model.config, sort_keys=True).encode()
+        ).hexdigest()[:16]
+        return {
+            "model": self.model.name,
+            "model_config_sha256": config_hash,
+            "task": self.model.task,
+            "device": f"{self.device.kind} {self.device.name}",
+            "space": dataclasses.asdict(self.space),
+            "seq_len": self.seq_len,
+            "target_len": self.target_len,
+            "memory_budget_bytes": self.memory_budget_bytes,
+            "headroom": self.headroom,
+            "warmup_steps": self.warmup_steps,
+            "measure_steps": self.measure_steps,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> SearchSpec:
+        raw = json.loads(text)
+        raw["model"] = ModelSpec(**raw["model"])
+        device = raw["device"]
+        if device.get("capability") is not None:
+            device["capability"] = tuple(device["capability"])
+        raw["device"] = DeviceInfo(**device)
+        space = {k: tuple(v) if isinstance(v, list) else v for k, v in raw["space"].items()}
+        raw["space"] = SearchSpace(**space)
+        return cls(**raw)
+
+    def describe(self) -> str:
+        kind = "tokens" if self.model.task != "seq2seq" else "source/target tokens"
+        lengths = (
+            f"{self.seq_len}/{self.target_len}" if self.model.task == "seq2seq" else self.seq_len
+        )
+        return (
+            f"{self.model.name} ({self.model.task}) on {self.device.kind} {self.device.name}; "
+            f"budget {self.memory_budget_bytes / 2**30:.1f} GiB; global batch "
+            f"{self.space.global_batch_size}; {lengths} {kind}"
+        )

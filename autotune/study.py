@@ -1,0 +1,238 @@
+"""The Optuna study: storage, parameter names, what each trial records, and resume.
+
+Params are named after the TrainingArguments fields they set (`precision` stands for
+the fp16/bf16/tf32 flags). Figures and the outcome are user attributes with units in
+their names; the study's values are (samples/s, peak memory GiB), and a trial is
+feasible when its peak is within the budget less the headroom.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.errors import StudyError
+from autotune.spec import SearchSpec
+from autotune.trial import Candidate, Outcome, TrialResult
+
+SPEC_ATTR = "autotune_spec"
+IDENTITY_ATTR = "autotune_identity"
+GIB = float(2**30)
+METRIC_NAMES = ["samples_per_s", "peak_memory_gib"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialRecord:
+    """A finished trial as the search and the reports see it."""
+
+    number: int
+    candidate: Candidate
+    result: TrialResult
+
+
+def distributions(spec: SearchSpec) -> dict[str, BaseDistribution]:
+    space = spec.space
+    return {
+        "per_device_train_batch_size": CategoricalDistribution(list(space.all_batches)),
+        "precision": CategoricalDistribution(list(space.precisions)),
+        "activation_checkpointing": CategoricalDistribution(list(space.checkpointing)),
+        "optim": CategoricalDistribution(list(space.optimizers)),
+    }
+
+
+def candidate_params(candidate: Candidate) -> dict[str, Any]:
+    return {
+        "per_device_train_batch_size": candidate.per_device_train_batch_size,
+        "precision": candidate.precision,
+        "activation_checkpointing": candidate.activation_checkpointing,
+        "optim": candidate.optim,
+    }
+
+
+def candidate_of(spec: SearchSpec, params: dict[str, Any]) -> Candidate:
+    return spec.space.candidate(
+        int(params["per_device_train_batch_size"]),
+        str(params["precision"]),
+        bool(params["activation_checkpointing"]),
+        str(params["optim"]),
+    )
+
+
+def constraints(trial: FrozenTrial) -> list[float]:
+    """Optuna constraint: <= 0 when the trial fits the budget (set when it is told)."""
+    return [float(trial.user_attrs.get("constraint_gib", 1.0))]
+
+
+def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        return optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, constraints_func=constraints, n_startup_trials=4
+        )
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(
+            seed=seed, constraints_func=constraints, population_size=8
+        )
+    raise StudyError(f"unknown sampler {name!r}; choose tpe, random or nsga2")
+
+
+SAMPLERS = ("tpe", "random", "nsga2")
+
+
+def open_study(
+    *, storage: str, name: str, spec: SearchSpec, sampler: optuna.samplers.BaseSampler
+) -> optuna.Study:
+    """Create the study, or resume it when it holds the same search; refuse otherwise."""
+    identity = json.dumps(spec.identity(), sort_keys=True)
+    try:
+        study = optuna.create_study(
+            storage=storage, study_name=name, sampler=sampler, load_if_exists=True,
+            directions=["maximize", "minimize"],
+        )
+    except (optuna.exceptions.StorageInternalError, ValueError, ImportError) as exc:
+        raise StudyError(f"cannot open storage {storage!r}: {_first_line(exc)}") from None
+    except Exception as exc:  # sqlalchemy errors: a path that cannot be created or written
+        raise StudyError(f"cannot open storage {storage!r}: {_first_line(exc)}") from None
+    stored = study.user_attrs.get(IDENTITY_ATTR)
+    if stored is None:
+        study.set_user_attr(IDENTITY_ATTR, identity)
+        study.set_user_attr(SPEC_ATTR, spec.to_json())
+        study.set_user_attr("description", spec.describe())
+        study.set_metric_names(METRIC_NAMES)
+    elif stored != identity:
+        raise StudyError(
+            f"study {name!r} already holds a different search ({_difference(stored, identity)}); "
+            f"pass --study with a new name to start another, or repeat the original options"
+        )
+    return study
+
+
+def load_study(*, storage: str, name: str) -> tuple[optuna.Study, SearchSpec]:
+    """An existing study and the spec it was created with (for export and review)."""
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        raise StudyError(
+            f"no study named {name!r} in {storage}; run `autotune search` first or check --storage"
+        ) from None
+    except Exception as exc:
+        raise StudyError(f"cannot open storage {storage!r}: {_first_line(exc)}") from None
+    raw = study.user_attrs.get(SPEC_ATTR)
+    if raw is None:
+        raise StudyError(f"study {name!r} was not made by autotune (it has no {SPEC_ATTR})")
+    return study, SearchSpec.from_json(raw)
+
+
+def records(study: optuna.Study, spec: SearchSpec) -> list[TrialRecord]:
+    """Every trial with a result: measured, or skipped because an OOM implies it.
+
+    Redundant proposals (a duplicate, an unneeded fallback) are pruned trials and are
+    left out, as are running and interrupted ones.
+    """
+    found = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+        raw = trial.user_attrs.get("result")
+        if raw is None:
+            continue
+        found.append(
+            TrialRecord(trial.number, candidate_of(spec, trial.params), TrialResult.from_json(raw))
+        )
+    return found
+
+
+def tell(
+    study: optuna.Study, trial: optuna.Trial, spec: SearchSpec, result: TrialResult, *,
+    state: TrialState | None = None,
+) -> None:
+    """Record a result on the trial (user attributes) and tell the sampler."""
+    peak = result.peak_memory_bytes
+    attrs: dict[str, Any] = {
+        "outcome": result.outcome.value,
+        "reason": result.reason,
+        "result": result.to_json(),
+        "gradient_accumulation_steps": spec.space.global_batch_size
+        // int(trial.params["per_device_train_batch_size"]),
+    }
+    if result.samples_per_s is not None:
+        attrs["samples_per_s"] = round(result.samples_per_s, 3)
+        attrs["tokens_per_s"] = round(result.tokens_per_s or 0.0, 1)
+        attrs["step_time_median_s"] = round(result.step_time_median_s or 0.0, 5)
+        attrs["step_time_spread_pct"] = round(100 * (result.step_time_spread or 0.0), 2)
+    if peak is not None:
+        attrs["peak_memory_gib"] = round(peak / GIB, 3)
+        attrs["budget_used_pct"] = round(100 * peak / spec.memory_budget_bytes, 1)
+    limit_gib = spec.fit_limit_bytes / GIB
+    values: list[float] | None = None
+    if result.outcome == Outcome.OK and peak is not None:
+        attrs["constraint_gib"] = peak / GIB - limit_gib
+        values = [float(result.samples_per_s or 0.0), peak / GIB]
+    elif result.outcome in (Outcome.OOM, Outcome.UNSTABLE) or (
+        result.outcome == Outcome.SKIPPED and state is None
+    ):
+        # Measured (or implied) not to be usable: a complete, infeasible point teaches the
+        # sampler to look elsewhere.
+        attrs["constraint_gib"] = max((peak or 0) / GIB - limit_gib, 0.0) + 1.0
+        values = [0.0, max(peak or 0, spec.memory_budget_bytes) / GIB]
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+    if values is not None:
+        study.tell(trial, values)
+    else:
+        study.tell(trial, state=state or TrialState.FAIL)
+
+
+def mark_running(trial: optuna.Trial) -> None:
+    """Who runs this trial, so a later search can tell a dead one from a live one."""
+    trial.set_user_attr("host", socket.gethostname())
+    trial.set_user_attr("pid", os.getpid())
+
+
+def recover_stale(study: optuna.Study) -> list[int]:
+    """Fail RUNNING trials whose search process on this host is gone; re-queue their params."""
+    recovered = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if trial.user_attrs.get("host") != socket.gethostname():
+            continue
+        pid = trial.user_attrs.get("pid")
+        if isinstance(pid, int) and _alive(pid):
+            continue
+        study._storage.set_trial_user_attr(trial._trial_id, "outcome", "error")
+        study._storage.set_trial_user_attr(
+            trial._trial_id, "reason", "search process died during the trial; re-queued"
+        )
+        study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+        if trial.params:
+            study.enqueue_trial(trial.params, skip_if_exists=False)
+        recovered.append(trial.number)
+    return recovered
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _difference(stored: str, wanted: str) -> str:
+    old, new = json.loads(stored), json.loads(wanted)
+    keys = [k for k in new if old.get(k) != new.get(k)]
+    return ", ".join(f"{k}: {old.get(k)!r} vs {new.get(k)!r}" for k in keys[:2]) or "spec"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
