@@ -157,8 +157,12 @@ def main(argv: list[str] | None = None) -> None:
         cli.main(args=args, prog_name="autotune", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except click.UsageError as exc:  # a bad option: one line, and where to read more
+        command = exc.ctx.command_path if exc.ctx else "autotune"
+        click.echo(f"error: {exc.format_message()} (see {command} --help)", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        exc.show()
+        click.echo(f"error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("interrupted: the running trial was failed and re-queued; rerun to resume",

@@ -41,7 +41,7 @@ def resolve_model(name: str, *, task: str = "auto") -> ModelSpec:
         raise UsageError(f"--task {task!r} is not one of auto, {', '.join(TASKS)}")
     path = Path(name).expanduser()
     if path.exists() or name.startswith((".", "/", "~")):
-        config, source = _load_local(path), "local"
+        config, source = _load_local(path, name), "local"
     else:
         found = _load_from_hf(name) or _load_preset(name)
         if found is None:
@@ -103,13 +103,13 @@ def max_positions(config: dict[str, Any]) -> int | None:
     return None
 
 
-def _load_local(path: Path) -> dict[str, Any]:
+def _load_local(path: Path, name: str) -> dict[str, Any]:
     config_path = path / "config.json" if path.is_dir() else path
     if not path.exists():
-        raise ModelNotFoundError(f"model path {str(path)!r} does not exist")
+        raise ModelNotFoundError(f"model path {name!r} does not exist")
     if not config_path.is_file():
         raise ModelConfigError(
-            f"{str(path)!r} has no config.json; pass a model directory saved with "
+            f"{name!r} has no config.json; pass a model directory saved with "
             "save_pretrained, or a hub id"
         )
     try:

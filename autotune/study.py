@@ -12,11 +12,12 @@ import dataclasses
 import json
 import os
 import socket
+import warnings
 from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from autotune.errors import StudyError
 from autotune.spec import SearchSpec
@@ -25,6 +26,9 @@ from autotune.trial import Candidate, Outcome, TrialResult
 SPEC_ATTR = "autotune_spec"
 IDENTITY_ATTR = "autotune_identity"
 GIB = float(2**30)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 METRIC_NAMES = ["samples_per_s", "peak_memory_gib"]
 
 
@@ -65,22 +69,13 @@ def candidate_of(spec: SearchSpec, params: dict[str, Any]) -> Candidate:
     )
 
 
-def constraints(trial: FrozenTrial) -> list[float]:
-    """Optuna constraint: <= 0 when the trial fits the budget (set when it is told)."""
-    return [float(trial.user_attrs.get("constraint_gib", 1.0))]
-
-
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     if name == "tpe":
-        return optuna.samplers.TPESampler(
-            seed=seed, multivariate=True, constraints_func=constraints, n_startup_trials=4
-        )
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=4)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(
-            seed=seed, constraints_func=constraints, population_size=8
-        )
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=8)
     raise StudyError(f"unknown sampler {name!r}; choose tpe, random or nsga2")
 
 
@@ -183,6 +178,9 @@ def tell(
         values = [0.0, max(peak or 0, spec.memory_budget_bytes) / GIB]
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
+    if "constraint_gib" in attrs:
+        # Feasible (<= 0) when the peak is within the budget less the headroom.
+        trial.set_constraint("peak_over_limit_gib", attrs["constraint_gib"])
     if values is not None:
         study.tell(trial, values)
     else:

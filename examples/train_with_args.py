@@ -1,0 +1,91 @@
+#!/usr/bin/env python
+"""A plain Trainer script, in the style of the Hugging Face examples, that reads its
+TrainingArguments from a JSON file, such as the one `autotune search` exports.
+
+    python examples/train_with_args.py studies/mt5-small.best.json
+    python examples/train_with_args.py studies/tiny.best.json --model_name_or_path path/to/model
+
+Nothing in it knows about autotune: the exported JSON holds only TrainingArguments
+fields. Model and data arguments come from their own dataclasses, as usual; here the
+model is built from its config with random weights and the data is synthetic, so the
+script runs offline.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    HfArgumentParser,
+    Trainer,
+    TrainingArguments,
+)
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str = field(
+        default="google/mt5-small",
+        metadata={"help": "A directory with config.json, or an id autotune has a preset for."},
+    )
+    seq_len: int = field(default=128)
+    target_len: int = field(default=32)
+    num_examples: int = field(default=256)
+
+
+def load_config(name: str) -> AutoConfig:
+    try:
+        return AutoConfig.from_pretrained(name)
+    except OSError:  # offline: use the architecture preset autotune ships
+        from autotune.models import resolve_model
+
+        values = dict(resolve_model(name).config)
+        return AutoConfig.for_model(values.pop("model_type"), **values)
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    def __init__(self, n: int, seq_len: int, target_len: int, vocab: int, seq2seq: bool) -> None:
+        self.n, self.seq_len, self.target_len = n, seq_len, target_len
+        self.vocab, self.seq2seq = vocab, seq2seq
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(i)
+        ids = torch.randint(0, self.vocab, (self.seq_len,), generator=g)
+        labels = torch.randint(0, self.vocab, (self.target_len,), generator=g) if self.seq2seq else ids
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+
+
+def main() -> None:
+    parser = HfArgumentParser((ModelArguments, TrainingArguments))
+    if len(sys.argv) >= 2 and sys.argv[1].endswith(".json"):
+        # The JSON gives the TrainingArguments; the remaining flags the rest.
+        with open(sys.argv[1], encoding="utf-8") as handle:
+            tuned = json.load(handle)
+        flags = [f"--{k}={v}" for k, v in tuned.items()]
+        model_args, training_args = parser.parse_args_into_dataclasses(flags + sys.argv[2:])
+    else:
+        model_args, training_args = parser.parse_args_into_dataclasses()
+    config = load_config(model_args.model_name_or_path)
+    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+    auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
+    model = auto.from_config(config)
+    data = RandomTokens(
+        model_args.num_examples, model_args.seq_len, model_args.target_len,
+        config.vocab_size, seq2seq,
+    )
+    trainer = Trainer(model=model, args=training_args, train_dataset=data)
+    metrics = trainer.train().metrics
+    print(json.dumps({k: metrics[k] for k in ("train_samples_per_second", "train_loss")}))
+
+
+if __name__ == "__main__":
+    main()

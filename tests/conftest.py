@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TINY_GPT2 = {
+    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_layer": 2,
+    "n_head": 4, "n_positions": 256, "vocab_size": 512, "bos_token_id": 0, "eos_token_id": 0,
+}
+TINY_T5 = {
+    "model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "d_model": 64,
+    "d_ff": 128, "d_kv": 16, "num_layers": 2, "num_heads": 4, "vocab_size": 512,
+    "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1,
+    "is_encoder_decoder": True,
+}
+
+
+def write_model(directory: Path, config: dict[str, object]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+@pytest.fixture
+def tiny_gpt2(tmp_path: Path) -> Path:
+    return write_model(tmp_path / "tiny-gpt2", TINY_GPT2)
+
+
+@pytest.fixture
+def tiny_t5(tmp_path: Path) -> Path:
+    return write_model(tmp_path / "tiny-t5", TINY_T5)
+
+
+@pytest.fixture
+def cuda() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+
+
+PYTHON = sys.executable

@@ -1,0 +1,33 @@
+"""Records built by hand, for the pure parts (selection, skip rules, export)."""
+
+from __future__ import annotations
+
+from autotune.space import SearchSpace
+from autotune.study import TrialRecord
+from autotune.trial import Candidate, Outcome, TrialResult
+
+GIB = 2**30
+
+SPACE = SearchSpace(
+    global_batch_size=64, micro_batches=(8, 16, 32, 64), fallback_batches=(1, 2, 4),
+    precisions=("fp32", "bf16"), checkpointing=(False, True), optimizers=("adamw_torch",),
+)
+
+
+def cand(batch: int, precision: str = "fp32", ckpt: bool = False) -> Candidate:
+    return SPACE.candidate(batch, precision, ckpt, "adamw_torch")
+
+
+def rec(
+    number: int, candidate: Candidate, outcome: Outcome = Outcome.OK, *,
+    sps: float | None = 10.0, peak_gib: float | None = 1.0, spread: float = 0.0,
+    steps: int = 5,
+) -> TrialRecord:
+    result = TrialResult(
+        outcome,
+        samples_per_s=sps if outcome == Outcome.OK else None,
+        peak_memory_bytes=int(peak_gib * GIB) if peak_gib is not None else None,
+        step_time_spread=spread,
+        step_times_s=(0.1,) * steps,
+    )
+    return TrialRecord(number, candidate, result)

@@ -1,0 +1,77 @@
+"""The CLI's errors: one line, the right exit code, nothing written."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    captured = capsys.readouterr()
+    return int(info.value.code or 0), captured.err
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return tmp_path
+
+
+def assert_nothing_written(path: Path) -> None:
+    assert not (path / "studies").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "nobody/no-such-model"], "not found: no local directory"),
+        (["--model", "gpt2", "--memory-budget", "8XB"], "'8XB' is not a size"),
+        (["--model", "gpt2", "--time-budget", "-3m"], "'-3m' is not a duration"),
+        (["--model", "gpt2", "--global-batch-size", "12"], "no per-device batch divides"),
+        (["--model", "gpt2", "--device", "cpu", "--precisions", "tf32"], "none is supported"),
+        (["--model", "gpt2", "--precisions", "fp64"], "fp64 not in"),
+        (["--model", "gpt2", "--optimizers", "adamw_magic"], "adamw_magic not available"),
+        (["--model", "gpt2", "--seq-len", "4096"], "exceeds gpt2's limit of 1024"),
+        (["--model", "gpt2", "--device", "cuda"], "no CUDA GPU"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], in_tmp: Path
+) -> None:
+    if argv[-1] == "cuda" and os.path.exists("/dev/nvidia0"):
+        pytest.skip("a GPU is present")
+    code, err = run(["search", *argv], capsys)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert_nothing_written(in_tmp)
+
+
+def test_model_dir_without_config(capsys: pytest.CaptureFixture[str], in_tmp: Path) -> None:
+    (in_tmp / "empty").mkdir()
+    code, err = run(["search", "--model", "./empty"], capsys)
+    assert code == 2
+    assert err.strip() == "error: './empty' has no config.json; pass a model directory saved " \
+        "with save_pretrained, or a hub id"
+    assert_nothing_written(in_tmp)
+
+
+def test_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.errors import ModelNotFoundError
+
+    with pytest.raises(ModelNotFoundError):
+        main(["--debug", "search", "--model", "nobody/no-such-model"])
+
+
+def test_export_of_a_missing_study(capsys: pytest.CaptureFixture[str], in_tmp: Path) -> None:
+    code, err = run(["export", "--study", "nope", "--storage", f"sqlite:///{in_tmp}/x.db"], capsys)
+    assert code == 1
+    assert "no study named 'nope'" in err

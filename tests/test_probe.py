@@ -1,0 +1,69 @@
+"""The real child on tiny models: figures, a real OOM under RLIMIT_DATA, a real NaN."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import write_model, TINY_GPT2
+
+from autotune.models import resolve_model
+from autotune.runner import run_trial
+from autotune.trial import Candidate, Outcome, TrialConfig
+
+pytestmark = pytest.mark.slow
+MIB = 2**20
+
+
+def trial(tmp_path: Path, model: Path, candidate: Candidate, **kw: object) -> TrialConfig:
+    args: dict[str, object] = dict(
+        number=0, trial_dir=str(tmp_path / "trial"), model=resolve_model(str(model)),
+        candidate=candidate, device="cpu", seq_len=64, target_len=16,
+        memory_budget_bytes=None, warmup_steps=2, measure_steps=3,
+    )
+    args.update(kw)
+    return TrialConfig(**args)  # type: ignore[arg-type]
+
+
+def test_probe_measures_whole_optimizer_steps(tmp_path: Path, tiny_t5: Path) -> None:
+    config = trial(tmp_path, tiny_t5, Candidate(8, 2, "bf16", True, "adamw_torch"))
+    result = run_trial(config, timeout_s=300)
+    assert result.outcome == Outcome.OK, result.reason
+    assert len(result.step_times_s) == 3
+    assert result.samples_per_s == pytest.approx(16 / result.step_time_median_s)
+    assert result.tokens_per_s == pytest.approx(result.samples_per_s * (64 + 16))
+    assert result.loss_finite and result.peak_memory_bytes > 100 * MIB
+    assert {"torch", "transformers", "device"} <= set(result.versions)
+    assert {"import", "build", "train", "total"} <= set(result.phases_s)
+
+
+def test_probe_can_be_rerun_by_hand(tmp_path: Path, tiny_gpt2: Path) -> None:
+    config = trial(tmp_path, tiny_gpt2, Candidate(8, 1, "fp32", False, "adafactor"))
+    run_trial(config, timeout_s=300)
+    config_path = Path(config.trial_dir) / "config.json"
+    (Path(config.trial_dir) / "result.json").unlink()
+    subprocess.run([sys.executable, "-m", "autotune.probe", str(config_path)], check=True)
+    rerun = json.loads((Path(config.trial_dir) / "result.json").read_text())
+    assert rerun["outcome"] == "ok"
+
+
+def test_real_out_of_memory_under_rlimit_data(tmp_path: Path, tiny_gpt2: Path) -> None:
+    config = trial(
+        tmp_path, tiny_gpt2, Candidate(64, 1, "fp32", False, "adamw_torch"),
+        seq_len=256, memory_budget_bytes=800 * MIB,
+    )
+    result = run_trial(config, timeout_s=300)
+    assert result.outcome == Outcome.OOM
+    assert "allocate" in result.error  # the allocator's own error, not a fake
+    assert result.peak_memory_bytes is not None
+
+
+def test_nan_loss_is_unstable(tmp_path: Path) -> None:
+    exploding = write_model(tmp_path / "nan", {**TINY_GPT2, "initializer_range": 1e30})
+    config = trial(tmp_path, exploding, Candidate(8, 1, "fp32", False, "adamw_torch"))
+    result = run_trial(config, timeout_s=300)
+    assert result.outcome == Outcome.UNSTABLE
+    assert "not finite" in result.reason

@@ -1,0 +1,90 @@
+"""The runner against real child processes: ones that hang, die, or write garbage."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.runner import run_trial
+from autotune.trial import Candidate, ModelSpec, Outcome, TrialConfig
+
+CANDIDATE = Candidate(8, 1, "fp32", False, "adamw_torch")
+MODEL = ModelSpec("fake", "local", "causal-lm", {"model_type": "gpt2"})
+
+
+def config(tmp_path: Path, budget: int | None = 2**30) -> TrialConfig:
+    return TrialConfig(
+        number=0, trial_dir=str(tmp_path / "trial"), model=MODEL, candidate=CANDIDATE,
+        device="cpu", seq_len=8, target_len=8, memory_budget_bytes=budget,
+    )
+
+
+def alive(pid: int) -> bool:
+    """Running or sleeping; a killed process waiting to be reaped (zombie) is not alive."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def child(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_hanging_child_is_killed_with_its_whole_group(tmp_path: Path) -> None:
+    pid_file = tmp_path / "grandchild.pid"
+    code = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(120)\n"
+    )
+    started = time.monotonic()
+    result = run_trial(config(tmp_path), timeout_s=3, command=child(code))
+    assert result.outcome == Outcome.TIMEOUT
+    assert time.monotonic() - started < 30
+    grandchild = int(pid_file.read_text())
+    time.sleep(0.2)
+    assert not alive(grandchild)
+
+
+def test_sigkill_is_oom_under_a_memory_limit(tmp_path: Path) -> None:
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    assert run_trial(config(tmp_path), timeout_s=30, command=child(code)).outcome == Outcome.OOM
+    unlimited = run_trial(config(tmp_path, budget=None), timeout_s=30, command=child(code))
+    assert unlimited.outcome == Outcome.ERROR and "SIGKILL" in unlimited.reason
+
+
+@pytest.mark.parametrize("content", ["{truncat", "[1, 2]", '{"outcome": "great"}', ""])
+def test_garbage_result_is_error(tmp_path: Path, content: str) -> None:
+    result_path = tmp_path / "trial" / "result.json"
+    code = f"open({str(result_path)!r}, 'w').write({content!r})"
+    result = run_trial(config(tmp_path), timeout_s=30, command=child(code))
+    assert result.outcome == Outcome.ERROR
+    assert "result.json" in result.reason
+
+
+def test_crash_without_result_is_error_with_exit_code(tmp_path: Path) -> None:
+    result = run_trial(config(tmp_path), timeout_s=30, command=child("raise SystemExit(3)"))
+    assert result.outcome == Outcome.ERROR and "exit code 3" in result.reason
+    assert (tmp_path / "trial" / "config.json").is_file()
+    assert (tmp_path / "trial" / "stderr.log").is_file()
+
+
+def test_a_stale_result_from_an_earlier_run_is_not_read(tmp_path: Path) -> None:
+    trial_dir = tmp_path / "trial"
+    trial_dir.mkdir()
+    (trial_dir / "result.json").write_text('{"outcome": "ok", "samples_per_s": 99.0}')
+    result = run_trial(config(tmp_path), timeout_s=30, command=child("pass"))
+    assert result.outcome == Outcome.ERROR
+
+
+def test_sigterm_is_not_mistaken_for_oom(tmp_path: Path) -> None:
+    code = f"import os; os.kill(os.getpid(), {int(signal.SIGTERM)})"
+    result = run_trial(config(tmp_path), timeout_s=30, command=child(code))
+    assert result.outcome == Outcome.ERROR and "SIGTERM" in result.reason

@@ -1,0 +1,117 @@
+"""End to end through the real CLI on a tiny model, under a budget where big batches OOM."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from transformers import HfArgumentParser, TrainingArguments
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+MIB = 2**20
+BUDGET_MIB = 800
+
+
+def autotune(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args], cwd=cwd, env=env,
+        capture_output=True, text=True, timeout=900,
+    )
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], str]:
+    from conftest import TINY_GPT2, write_model
+
+    work = tmp_path_factory.mktemp("search")
+    write_model(work / "tiny", TINY_GPT2)
+    argv = [
+        "search", "--model", "./tiny", "--device", "cpu", "--memory-budget", f"{BUDGET_MIB}MiB",
+        "--global-batch-size", "64", "--seq-len", "256", "--precisions", "fp32,bf16",
+        "--optimizers", "adamw_torch", "--checkpointing", "off", "--max-trials", "5",
+        "--warmup-steps", "2", "--measure-steps", "3", "--quiet",
+    ]
+    done = autotune(work, *argv)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return work, argv, done.stdout
+
+
+def trials(work: Path) -> list[optuna.trial.FrozenTrial]:
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{work}/studies/autotune.db")
+    return study.get_trials()
+
+
+def test_oom_trials_are_recorded_and_the_search_goes_on(searched: tuple[Path, list[str], str]) -> None:
+    work, _, stdout = searched
+    outcomes = [t.user_attrs.get("outcome") for t in trials(work)]
+    assert "oom" in outcomes
+    assert outcomes.count("ok") >= 1
+    assert "wrote studies/tiny.best.json" in stdout
+    for t in trials(work):
+        if t.user_attrs.get("outcome") in ("ok", "oom"):
+            assert (work / "studies" / "tiny" / "trials" / str(t.number) / "result.json").is_file()
+
+
+def test_exported_config_was_measured_within_the_budget(searched: tuple[Path, list[str], str]) -> None:
+    work, _, _ = searched
+    best = work / "studies" / "tiny.best.json"
+    (args,) = HfArgumentParser(TrainingArguments).parse_json_file(str(best))
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 64
+    summary = json.loads((work / "studies" / "tiny.best.summary.json").read_text())
+    assert summary["best"]["peak_memory_bytes"] <= BUDGET_MIB * MIB * 0.95
+    winner = [t for t in trials(work) if t.number == summary["best"]["trial"]][0]
+    assert winner.user_attrs["outcome"] == "ok"
+    assert winner.params["per_device_train_batch_size"] == args.per_device_train_batch_size
+    assert "samples_per_s" not in json.loads(best.read_text())
+
+
+def test_rerun_resumes_without_reprobing(searched: tuple[Path, list[str], str]) -> None:
+    work, argv, _ = searched
+    before = sorted((work / "studies" / "tiny" / "trials").iterdir())
+    done = autotune(work, *argv)
+    assert done.returncode == 0, done.stderr
+    assert "0 probe(s) this run" in done.stdout
+    assert sorted((work / "studies" / "tiny" / "trials").iterdir()) == before
+
+
+def test_a_different_search_under_the_same_name_is_refused(
+    searched: tuple[Path, list[str], str],
+) -> None:
+    work, argv, _ = searched
+    changed = [a if a != "256" else "128" for a in argv]
+    done = autotune(work, *changed)
+    assert done.returncode == 1
+    assert "already holds a different search" in done.stderr
+    assert "seq_len: 256 vs 128" in done.stderr
+
+
+def test_export_command_writes_the_same_config(searched: tuple[Path, list[str], str]) -> None:
+    work, _, _ = searched
+    done = autotune(work, "export", "--study", "tiny", "--output", "again.json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((work / "again.json").read_text()) == json.loads(
+        (work / "studies" / "tiny.best.json").read_text()
+    )
+
+
+def test_the_example_script_trains_with_the_exported_json(
+    searched: tuple[Path, list[str], str],
+) -> None:
+    work, _, _ = searched
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_with_args.py"), "studies/tiny.best.json",
+         "--model_name_or_path", "./tiny", "--output_dir", "out", "--max_steps", "2",
+         "--seq_len", "64", "--num_examples", "256", "--report_to", "none"],
+        cwd=work, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    metrics = json.loads(done.stdout.strip().splitlines()[-1])
+    assert metrics["train_samples_per_second"] > 0

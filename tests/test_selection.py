@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from helpers import GIB, cand, rec
+
+from autotune.selection import noise_band, ranked, select_best
+from autotune.trial import Outcome
+
+LIMIT = 4 * GIB
+
+
+def test_fastest_that_fits_wins() -> None:
+    records = [
+        rec(0, cand(8), sps=10.0, peak_gib=1.0),
+        rec(1, cand(16), sps=14.0, peak_gib=2.0),
+        rec(2, cand(32), sps=20.0, peak_gib=4.5),  # faster, but over the limit
+        rec(3, cand(64), Outcome.OOM, peak_gib=5.0),
+    ]
+    assert select_best(records, fit_limit_bytes=LIMIT).number == 1
+
+
+def test_ties_within_noise_go_to_less_memory() -> None:
+    records = [
+        rec(0, cand(16), sps=20.0, peak_gib=3.0, spread=0.10),
+        rec(1, cand(8), sps=19.5, peak_gib=1.5, spread=0.10),  # within 0.10/sqrt(5) = 4.5%
+        rec(2, cand(8, "bf16"), sps=17.0, peak_gib=1.0, spread=0.10),  # 15% slower: not a tie
+    ]
+    assert select_best(records, fit_limit_bytes=LIMIT).number == 1
+
+
+def test_a_noisy_measurement_cannot_make_a_much_slower_config_a_tie() -> None:
+    fastest = rec(0, cand(16), sps=20.0, peak_gib=3.0, spread=0.9)
+    assert noise_band(fastest) == 0.10
+    slower = rec(1, cand(8), sps=15.0, peak_gib=1.0, spread=0.9)
+    assert select_best([fastest, slower], fit_limit_bytes=LIMIT).number == 0
+
+
+def test_efficiency_objective_is_throughput_per_gib() -> None:
+    records = [rec(0, cand(16), sps=20.0, peak_gib=4.0), rec(1, cand(8), sps=12.0, peak_gib=1.0)]
+    assert select_best(records, fit_limit_bytes=LIMIT, objective="efficiency").number == 1
+    assert select_best(records, fit_limit_bytes=LIMIT).number == 0
+
+
+def test_unstable_and_failed_configs_are_never_selected() -> None:
+    records = [
+        rec(0, cand(8), Outcome.UNSTABLE, peak_gib=1.0),
+        rec(1, cand(16), Outcome.ERROR, peak_gib=None),
+        rec(2, cand(32), Outcome.OOM, peak_gib=4.0),
+    ]
+    assert select_best(records, fit_limit_bytes=LIMIT) is None
+
+
+def test_ranked_puts_ok_first_by_throughput() -> None:
+    records = [rec(0, cand(8), Outcome.OOM), rec(1, cand(16), sps=5.0), rec(2, cand(32), sps=9.0)]
+    assert [r.number for r in ranked(records)] == [2, 1, 0]

@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+from helpers import SPACE, cand, rec
+
+from autotune.skips import open_candidates, skip_reason
+from autotune.trial import Outcome
+
+
+def test_larger_batches_of_an_oom_family_are_skipped_with_the_trial_that_implies_it() -> None:
+    records = [rec(4, cand(32), Outcome.OOM, peak_gib=5.0)]
+    skip = skip_reason(cand(64), records, SPACE)
+    assert skip is not None and skip.implies_oom
+    assert skip.reason == "skipped: batch 32 OOM in trial 4"
+
+
+def test_smaller_batches_and_other_families_are_not_skipped() -> None:
+    records = [rec(4, cand(32), Outcome.OOM, peak_gib=5.0)]
+    assert skip_reason(cand(16), records, SPACE) is None
+    assert skip_reason(cand(64, "bf16"), records, SPACE) is None
+    assert skip_reason(cand(64, "fp32", ckpt=True), records, SPACE) is None
+
+
+def test_measured_configs_are_never_rerun() -> None:
+    records = [rec(2, cand(16), Outcome.OK), rec(3, cand(8), Outcome.TIMEOUT, sps=None)]
+    assert skip_reason(cand(16), records, SPACE).reason == "duplicate of trial 2"
+    assert skip_reason(cand(8), records, SPACE).reason == "duplicate of trial 3"
+
+
+def test_fallback_batches_open_only_once_8_runs_out_of_memory() -> None:
+    skip = skip_reason(cand(4), [], SPACE)
+    assert skip is not None and not skip.implies_oom and "fallback" in skip.reason
+    records = [rec(1, cand(8), Outcome.OOM, peak_gib=5.0)]
+    assert skip_reason(cand(4), records, SPACE) is None
+    assert skip_reason(cand(4, "bf16"), records, SPACE) is not None
+
+
+def test_open_candidates_shrink_as_the_study_learns() -> None:
+    everything = len(open_candidates(SPACE, []))
+    assert everything == SPACE.size
+    records = [rec(1, cand(8), Outcome.OOM, peak_gib=5.0)]
+    left = open_candidates(SPACE, records)
+    # fp32/no-ckpt: 8 measured, 16-64 implied OOM, 1-4 now open.
+    assert cand(16) not in left and cand(8) not in left and cand(4) in left
+    assert len(left) == everything - 4 + 3
