@@ -12,7 +12,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from autotune.errors import AutotuneError, UsageError
+from autotune.errors import AutotuneError
 from autotune.units import format_size, parse_duration, parse_size
 
 DEFAULT_STUDIES = Path("studies")
@@ -22,7 +22,7 @@ class Terminated(BaseException):
     """SIGTERM, raised in the main thread so cleanup runs as for Ctrl-C."""
 
 
-class SizeType(click.ParamType):
+class SizeType(click.ParamType):  # type: ignore[type-arg]
     name = "SIZE"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> int:
@@ -34,7 +34,7 @@ class SizeType(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-class DurationType(click.ParamType):
+class DurationType(click.ParamType):  # type: ignore[type-arg]
     name = "DURATION"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> float:
@@ -46,7 +46,7 @@ class DurationType(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-class ListType(click.ParamType):
+class ListType(click.ParamType):  # type: ignore[type-arg]
     """A comma-separated list, each item checked against `choices` when given."""
 
     name = "LIST"
@@ -84,40 +84,80 @@ def cli(debug: bool) -> None:
 
 @cli.command()
 @click.option("--model", required=True, help="Local directory, hub id, or bundled preset.")
-@click.option("--task", default="auto", show_default=True,
-              type=click.Choice(["auto", "seq2seq", "causal-lm", "masked-lm", "classification"]))
+@click.option(
+    "--task",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "seq2seq", "causal-lm", "masked-lm", "classification"]),
+)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--memory-budget", type=SizeType(), help="e.g. 8GiB, 7500MB [default: the device's capacity]")
-@click.option("--headroom", default=0.05, show_default=True, type=click.FloatRange(0, 0.5),
-              help="Fraction of the budget kept free for fragmentation in long runs.")
-@click.option("--global-batch-size", default=32, show_default=True, type=click.IntRange(1),
-              help="Kept exactly: per-device batch x accumulation steps.")
-@click.option("--seq-len", type=click.IntRange(1), help="Longest input you train with [default: min(512, model limit)].")
-@click.option("--target-len", default=128, show_default=True, type=click.IntRange(1),
-              help="Longest target (seq2seq only).")
+@click.option(
+    "--memory-budget", type=SizeType(), help="e.g. 8GiB, 7500MB [default: the device's capacity]"
+)
+@click.option(
+    "--headroom",
+    default=0.05,
+    show_default=True,
+    type=click.FloatRange(0, 0.5),
+    help="Fraction of the budget kept free for fragmentation in long runs.",
+)
+@click.option(
+    "--global-batch-size",
+    default=32,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Kept exactly: per-device batch x accumulation steps.",
+)
+@click.option(
+    "--seq-len",
+    type=click.IntRange(1),
+    help="Longest input you train with [default: min(512, model limit)].",
+)
+@click.option(
+    "--target-len",
+    default=128,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Longest target (seq2seq only).",
+)
 @click.option("--precisions", type=ListType(("fp32", "tf32", "fp16", "bf16")))
 @click.option("--optimizers", type=ListType(), help="TrainingArguments optim names.")
 @click.option("--checkpointing", type=ListType(("on", "off")), help="on, off or on,off.")
-@click.option("--max-trials", default=20, show_default=True, type=click.IntRange(1),
-              help="Probes in the whole study; a resumed study counts earlier ones.")
-@click.option("--time-budget", type=DurationType(), help="No new probe starts after this, e.g. 10m.")
+@click.option(
+    "--max-trials",
+    default=20,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Probes in the whole study; a resumed study counts earlier ones.",
+)
+@click.option(
+    "--time-budget", type=DurationType(), help="No new probe starts after this, e.g. 10m."
+)
 @click.option("--trial-timeout", default="10m", show_default=True, type=DurationType())
-@click.option("--sampler", default="tpe", show_default=True, type=click.Choice(["tpe", "random", "nsga2"]))
+@click.option(
+    "--sampler", default="tpe", show_default=True, type=click.Choice(["tpe", "random", "nsga2"])
+)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--warmup-steps", default=3, show_default=True, type=click.IntRange(1))
 @click.option("--measure-steps", default=5, show_default=True, type=click.IntRange(2))
 @click.option("--study", "study_name", help="Study name [default: from the model name].")
 @click.option("--storage", help="Optuna storage URL [default: sqlite:///studies/autotune.db].")
-@click.option("--output", type=click.Path(path_type=Path), help="[default: studies/<study>.best.json]")
-@click.option("--objective", default="throughput", show_default=True,
-              type=click.Choice(["throughput", "efficiency"]))
+@click.option(
+    "--output", type=click.Path(path_type=Path), help="[default: studies/<study>.best.json]"
+)
+@click.option(
+    "--objective",
+    default="throughput",
+    show_default=True,
+    type=click.Choice(["throughput", "efficiency"]),
+)
 @click.option("--quiet", is_flag=True, help="Plain log lines instead of the live table.")
 def search(**options: Any) -> None:
     """Search configs for a model and export the fastest that fits."""
     from autotune.commands import search_command
 
     report = search_command(studies_dir=DEFAULT_STUDIES, **options)
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     best = report.best
     assert best is not None  # search_command raises NoFitError otherwise
     console.print(
@@ -131,16 +171,24 @@ def search(**options: Any) -> None:
 @cli.command()
 @click.option("--study", "study_name", required=True)
 @click.option("--storage", help="[default: sqlite:///studies/autotune.db]")
-@click.option("--output", type=click.Path(path_type=Path), help="[default: studies/<study>.best.json]")
-@click.option("--objective", default="throughput", show_default=True,
-              type=click.Choice(["throughput", "efficiency"]))
+@click.option(
+    "--output", type=click.Path(path_type=Path), help="[default: studies/<study>.best.json]"
+)
+@click.option(
+    "--objective",
+    default="throughput",
+    show_default=True,
+    type=click.Choice(["throughput", "efficiency"]),
+)
 def export(study_name: str, storage: str | None, output: Path | None, objective: str) -> None:
     """Write the best config of a stored study as TrainingArguments JSON."""
     from autotune.commands import export_command
 
     path = export_command(
-        study_name=study_name, storage=storage or default_storage(DEFAULT_STUDIES),
-        output=output or DEFAULT_STUDIES / f"{study_name}.best.json", objective=objective,
+        study_name=study_name,
+        storage=storage or default_storage(DEFAULT_STUDIES),
+        output=output or DEFAULT_STUDIES / f"{study_name}.best.json",
+        objective=objective,
     )
     click.echo(f"wrote {path}")
 
@@ -165,12 +213,14 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo("interrupted: the running trial was failed and re-queued; rerun to resume",
-                   err=True)
+        click.echo(
+            "interrupted: the running trial was failed and re-queued; rerun to resume", err=True
+        )
         sys.exit(130)
     except Terminated:
-        click.echo("terminated: the running trial was failed and re-queued; rerun to resume",
-                   err=True)
+        click.echo(
+            "terminated: the running trial was failed and re-queued; rerun to resume", err=True
+        )
         sys.exit(143)
     except AutotuneError as exc:
         if debug:

@@ -6,23 +6,32 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autotune.errors import UsageError
-from autotune.export import export_best
+from autotune.errors import NoFitError, UsageError
+from autotune.export import export_selected
 from autotune.hardware import detect_device
 from autotune.models import max_positions, resolve_model
 from autotune.search import SearchLimits, SearchReport, run_search
-from autotune.selection import fitting, ranked, select_best
 from autotune.space import derive_space
 from autotune.spec import SearchSpec
 from autotune.study import load_study, records
-from autotune.errors import NoFitError
 
 
 def build_spec(
-    *, model: str, task: str, device: str, memory_budget: int | None, headroom: float,
-    global_batch_size: int, seq_len: int | None, target_len: int,
-    precisions: tuple[str, ...] | None, optimizers: tuple[str, ...] | None,
-    checkpointing: tuple[str, ...] | None, warmup_steps: int, measure_steps: int, seed: int,
+    *,
+    model: str,
+    task: str,
+    device: str,
+    memory_budget: int | None,
+    headroom: float,
+    global_batch_size: int,
+    seq_len: int | None,
+    target_len: int,
+    precisions: tuple[str, ...] | None,
+    optimizers: tuple[str, ...] | None,
+    checkpointing: tuple[str, ...] | None,
+    warmup_steps: int,
+    measure_steps: int,
+    seed: int,
 ) -> SearchSpec:
     """Validate every option against the model and the device; raise UsageError if off."""
     model_spec = resolve_model(model, task=task)
@@ -38,21 +47,40 @@ def build_spec(
             f"{device_info.total_memory_bytes / 2**30:.1f} GiB"
         )
     space = derive_space(
-        device_info, global_batch_size=global_batch_size, precisions=precisions,
+        device_info,
+        global_batch_size=global_batch_size,
+        precisions=precisions,
         optimizers=optimizers,
         checkpointing=tuple(c == "on" for c in checkpointing) if checkpointing else None,
     )
     return SearchSpec(
-        model=model_spec, device=device_info, space=space, seq_len=seq_len,
-        target_len=target_len, memory_budget_bytes=memory_budget or device_info.total_memory_bytes,
-        headroom=headroom, warmup_steps=warmup_steps, measure_steps=measure_steps, seed=seed,
+        model=model_spec,
+        device=device_info,
+        space=space,
+        seq_len=seq_len,
+        target_len=target_len,
+        memory_budget_bytes=memory_budget or device_info.total_memory_bytes,
+        headroom=headroom,
+        warmup_steps=warmup_steps,
+        measure_steps=measure_steps,
+        seed=seed,
     )
 
 
 def search_command(
-    *, studies_dir: Path, model: str, study_name: str | None, storage: str | None,
-    output: Path | None, max_trials: int, time_budget: float | None, trial_timeout: float,
-    sampler: str, objective: str, quiet: bool, **spec_options: object,
+    *,
+    studies_dir: Path,
+    model: str,
+    study_name: str | None,
+    storage: str | None,
+    output: Path | None,
+    max_trials: int,
+    time_budget: float | None,
+    trial_timeout: float,
+    sampler: str,
+    objective: str,
+    quiet: bool,
+    **spec_options: object,
 ) -> SearchReport:
     from autotune.cli import default_storage, default_study_name
     from autotune.progress import Progress
@@ -63,21 +91,27 @@ def search_command(
     if storage.startswith("sqlite:///"):
         Path(storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     return run_search(
-        spec=spec, study_name=name, storage=storage, studies_dir=studies_dir,
-        limits=SearchLimits(max_trials, time_budget, trial_timeout), sampler=sampler,
-        output=output or studies_dir / f"{name}.best.json", objective=objective,
-        observer=Progress(Console(highlight=False), live=not quiet),
+        spec=spec,
+        study_name=name,
+        storage=storage,
+        studies_dir=studies_dir,
+        limits=SearchLimits(max_trials, time_budget, trial_timeout),
+        sampler=sampler,
+        output=output or studies_dir / f"{name}.best.json",
+        objective=objective,
+        observer=Progress(Console(highlight=False, soft_wrap=True), live=not quiet),
     )
 
 
 def export_command(*, study_name: str, storage: str, output: Path, objective: str) -> Path:
     study, spec = load_study(storage=storage, name=study_name)
-    recs = records(study, spec)
-    best = select_best(recs, fit_limit_bytes=spec.fit_limit_bytes, objective=objective)
+    best = export_selected(
+        records=records(study, spec),
+        spec=spec,
+        study_name=study_name,
+        output=output,
+        objective=objective,
+    )
     if best is None:
         raise NoFitError(f"study {study_name!r} has no trial that ran ok within the budget")
-    others = [r for r in ranked(fitting(recs, spec.fit_limit_bytes)) if r != best][:3]
-    return export_best(
-        record=best, spec=spec, study_name=study_name, output=output,
-        runners_up=others, objective=objective,
-    )
+    return output

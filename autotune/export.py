@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ExportError
+from autotune.selection import fitting, ranked, select_best
 from autotune.spec import SearchSpec
 from autotune.study import TrialRecord
 from autotune.trial import write_atomic
@@ -34,7 +35,8 @@ def verify(arguments: dict[str, Any]) -> None:
         path = Path(tmp) / "args.json"
         path.write_text(json.dumps(arguments), encoding="utf-8")
         try:
-            (parsed,) = HfArgumentParser(TrainingArguments).parse_json_file(str(path))
+            parser = HfArgumentParser(TrainingArguments)  # type: ignore[arg-type]
+            (parsed,) = parser.parse_json_file(str(path))
         except (ValueError, TypeError) as exc:
             raise ExportError(
                 f"TrainingArguments refuses the best config on this machine: {exc}"
@@ -45,8 +47,13 @@ def verify(arguments: dict[str, Any]) -> None:
 
 
 def export_best(
-    *, record: TrialRecord, spec: SearchSpec, study_name: str, output: Path,
-    runners_up: list[TrialRecord], objective: str,
+    *,
+    record: TrialRecord,
+    spec: SearchSpec,
+    study_name: str,
+    output: Path,
+    runners_up: list[TrialRecord],
+    objective: str,
 ) -> Path:
     """Write the arguments JSON and its sidecar atomically; returns the arguments path."""
     arguments = training_arguments(record, spec)
@@ -59,6 +66,30 @@ def export_best(
     except OSError as exc:
         raise ExportError(f"cannot write {output}: {exc.strerror or exc}") from None
     return output
+
+
+def export_selected(
+    *,
+    records: list[TrialRecord],
+    spec: SearchSpec,
+    study_name: str,
+    output: Path,
+    objective: str,
+) -> TrialRecord | None:
+    """Select the best of a study's records and export it; None when nothing fits."""
+    best = select_best(records, fit_limit_bytes=spec.fit_limit_bytes, objective=objective)
+    if best is None:
+        return None
+    others = [r for r in ranked(fitting(records, spec.fit_limit_bytes)) if r != best][:3]
+    export_best(
+        record=best,
+        spec=spec,
+        study_name=study_name,
+        output=output,
+        runners_up=others,
+        objective=objective,
+    )
+    return best
 
 
 def _figures(record: TrialRecord) -> dict[str, Any]:
@@ -75,7 +106,10 @@ def _figures(record: TrialRecord) -> dict[str, Any]:
 
 
 def _summary(
-    record: TrialRecord, spec: SearchSpec, study_name: str, runners_up: list[TrialRecord],
+    record: TrialRecord,
+    spec: SearchSpec,
+    study_name: str,
+    runners_up: list[TrialRecord],
     objective: str,
 ) -> dict[str, Any]:
     return {

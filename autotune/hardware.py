@@ -110,7 +110,7 @@ def enforce_memory_budget(device_kind: str, index: int, budget_bytes: int) -> No
         return
     import torch
 
-    torch.cuda.init()
+    torch.cuda.init()  # type: ignore[no-untyped-call]
     total = torch.cuda.get_device_properties(index).total_memory
     context = _cuda_context_bytes(index)
     fraction = max(0.0, min(1.0, (budget_bytes - context) / total))

@@ -92,7 +92,7 @@ def build_model(spec: ModelSpec) -> Any:
         "masked-lm": transformers.AutoModelForMaskedLM,
         "classification": transformers.AutoModelForSequenceClassification,
     }[spec.task]
-    return auto.from_config(config)
+    return auto.from_config(config)  # type: ignore[no-untyped-call]
 
 
 def max_positions(config: dict[str, Any]) -> int | None:
@@ -115,7 +115,9 @@ def _load_local(path: Path, name: str) -> dict[str, Any]:
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelConfigError(f"{config_path} is not valid JSON ({exc}); fix or regenerate it")
+        raise ModelConfigError(
+            f"{config_path} is not valid JSON ({exc}); fix or regenerate it"
+        ) from None
     if not isinstance(config, dict) or "model_type" not in config:
         raise ModelConfigError(
             f"{config_path} has no 'model_type'; it is not a transformers model config"

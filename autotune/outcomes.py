@@ -33,7 +33,9 @@ def is_out_of_memory(
     """Whether the exception that stopped a trial was the memory budget running out."""
     if isinstance(exc, MemoryError):
         return True
-    if type(exc).__name__ == "OutOfMemoryError":  # torch.cuda.OutOfMemoryError / torch.OutOfMemoryError
+    if (
+        type(exc).__name__ == "OutOfMemoryError"
+    ):  # torch.cuda.OutOfMemoryError / torch.OutOfMemoryError
         return True
     if limit_bytes is None:
         return False

@@ -14,8 +14,12 @@ from autotune.trial import Candidate, Outcome, TrialResult
 from autotune.units import format_duration, format_size
 
 _STYLE = {
-    Outcome.OK: "green", Outcome.OOM: "red", Outcome.UNSTABLE: "yellow",
-    Outcome.TIMEOUT: "magenta", Outcome.ERROR: "red", Outcome.SKIPPED: "dim",
+    Outcome.OK: "green",
+    Outcome.OOM: "red",
+    Outcome.UNSTABLE: "yellow",
+    Outcome.TIMEOUT: "magenta",
+    Outcome.ERROR: "red",
+    Outcome.SKIPPED: "dim",
 }
 
 
@@ -82,8 +86,11 @@ class Progress:
         budget = self.limits.time_budget_s
         left = f", {format_duration(budget - elapsed)} left" if budget else ""
         best = max(
-            (r.samples_per_s or 0.0 for _, _, r in self.rows
-             if r.outcome == Outcome.OK and (r.peak_memory_bytes or 0) <= self.budget),
+            (
+                r.samples_per_s or 0.0
+                for _, _, r in self.rows
+                if r.outcome == Outcome.OK and (r.peak_memory_bytes or 0) <= self.budget
+            ),
             default=None,
         )
         title = f"elapsed {format_duration(elapsed)}{left}" + (
@@ -94,7 +101,8 @@ class Progress:
             table.add_column(column)
         for number, candidate, result in self.rows[-15:]:
             table.add_row(
-                str(number), candidate.describe(),
+                str(number),
+                candidate.describe(),
                 f"[{_STYLE[result.outcome]}]{result.outcome.value}[/]",
                 f"{result.samples_per_s:.2f}" if result.samples_per_s else "",
                 format_size(result.peak_memory_bytes) if result.peak_memory_bytes else "",

@@ -7,6 +7,7 @@ a normal exit (so no stray grandchild survives the trial).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from autotune.probe import RESULT_NAME
 from autotune.trial import TrialConfig, TrialResult, write_atomic
 
 CONFIG_NAME = "config.json"
+_PR_SET_PDEATHSIG = 1
 
 
 def probe_command(config_path: Path) -> list[str]:
@@ -47,8 +49,13 @@ def run_trial(
     timed_out = False
     with open(trial_dir / "stdout.log", "wb") as out, open(trial_dir / "stderr.log", "wb") as err:
         child = subprocess.Popen(
-            argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=_child_env(),
+            argv,
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=_child_env(),
+            preexec_fn=_die_with_parent,
         )
         try:
             child.wait(timeout=timeout_s)
@@ -88,6 +95,19 @@ def read_result(path: Path) -> tuple[TrialResult | None, str]:
         return TrialResult.from_json(text), ""
     except (json.JSONDecodeError, ValueError, TypeError, KeyError) as exc:
         return None, f"malformed result.json ({type(exc).__name__})"
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGKILL if the search process dies (Linux prctl).
+
+    The child runs in its own session, so a SIGKILL of the search would otherwise leave
+    it running with nobody to enforce its timeout.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the parent's finally-block cleanup still covers Ctrl-C and SIGTERM
 
 
 def _child_env() -> dict[str, str]:

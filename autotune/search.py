@@ -13,9 +13,8 @@ from optuna.trial import TrialState
 
 from autotune import study as studies
 from autotune.errors import NoFitError
-from autotune.export import export_best
+from autotune.export import export_selected
 from autotune.runner import run_trial
-from autotune.selection import fitting, ranked, select_best
 from autotune.skips import open_candidates, skip_reason
 from autotune.space import seed_candidates
 from autotune.spec import SearchSpec
@@ -57,13 +56,15 @@ def run_search(
     studies_dir: Path,
     limits: SearchLimits,
     sampler: str,
-    output: Path | None,
+    output: Path,
     objective: str,
     observer: Observer,
 ) -> SearchReport:
     """Search, record every trial in the study, and export the best config to `output`."""
     study = studies.open_study(
-        storage=storage, name=study_name, spec=spec,
+        storage=storage,
+        name=study_name,
+        spec=spec,
         sampler=studies.make_sampler(sampler, spec.seed),
     )
     studies.recover_stale(study)
@@ -99,8 +100,12 @@ def _stop_reason(
 
 
 def _step(
-    study: optuna.Study, spec: SearchSpec, recs: list[TrialRecord], study_dir: Path,
-    limits: SearchLimits, observer: Observer,
+    study: optuna.Study,
+    spec: SearchSpec,
+    recs: list[TrialRecord],
+    study_dir: Path,
+    limits: SearchLimits,
+    observer: Observer,
 ) -> int:
     """Ask for one proposal; skip it or probe it. Returns 1 when a probe ran."""
     trial = study.ask(studies.distributions(spec))
@@ -146,20 +151,26 @@ def _step(
 
 
 def _finish(
-    spec: SearchSpec, study_name: str, recs: list[TrialRecord], probes: int, started: float,
-    output: Path | None, objective: str, stop: str,
+    spec: SearchSpec,
+    study_name: str,
+    recs: list[TrialRecord],
+    probes: int,
+    started: float,
+    output: Path,
+    objective: str,
+    stop: str,
 ) -> SearchReport:
-    best = select_best(recs, fit_limit_bytes=spec.fit_limit_bytes, objective=objective)
-    written = None
-    if best is not None and output is not None:
-        others = [r for r in ranked(fitting(recs, spec.fit_limit_bytes)) if r != best][:3]
-        written = export_best(
-            record=best, spec=spec, study_name=study_name, output=output,
-            runners_up=others, objective=objective,
-        )
+    best = export_selected(
+        records=recs, spec=spec, study_name=study_name, output=output, objective=objective
+    )
     return SearchReport(
-        study_name=study_name, best=best, records=tuple(recs), probes_this_run=probes,
-        elapsed_s=time.monotonic() - started, output=written, stop_reason=stop,
+        study_name=study_name,
+        best=best,
+        records=tuple(recs),
+        probes_this_run=probes,
+        elapsed_s=time.monotonic() - started,
+        output=output if best else None,
+        stop_reason=stop,
     )
 
 

@@ -15,7 +15,8 @@ MAX_NOISE = 0.10  # a noisy measurement never makes a config >10% slower count a
 def fitting(records: Sequence[TrialRecord], fit_limit_bytes: int) -> list[TrialRecord]:
     """Trials that ran cleanly with a measured peak within the limit."""
     return [
-        r for r in records
+        r
+        for r in records
         if r.result.outcome == Outcome.OK
         and r.result.samples_per_s is not None
         and r.result.peak_memory_bytes is not None
@@ -51,7 +52,7 @@ def noise_band(record: TrialRecord) -> float:
     """Relative uncertainty of a measured median: its IQR/median over sqrt(steps)."""
     steps = max(1, len(record.result.step_times_s))
     spread = record.result.step_time_spread or 0.0
-    return min(MAX_NOISE, max(MIN_NOISE, spread / steps**0.5))
+    return float(min(MAX_NOISE, max(MIN_NOISE, spread / steps**0.5)))
 
 
 def _sps(record: TrialRecord) -> float:

@@ -31,8 +31,7 @@ def skip_reason(
         candidate.per_device_train_batch_size
     ):
         return Skip(
-            f"skipped: batch {oom.candidate.per_device_train_batch_size} OOM in trial "
-            f"{oom.number}",
+            f"skipped: batch {oom.candidate.per_device_train_batch_size} OOM in trial {oom.number}",
             implies_oom=True,
         )
     if not fallback_open(candidate, records, space):
@@ -48,7 +47,8 @@ def skip_reason(
 def smallest_oom(candidate: Candidate, records: Sequence[TrialRecord]) -> TrialRecord | None:
     """The smallest batch of the candidate's family that was measured out of memory."""
     ooms = [
-        r for r in records
+        r
+        for r in records
         if r.candidate.family == candidate.family and r.result.outcome == Outcome.OOM
     ]
     return min(ooms, key=lambda r: r.candidate.per_device_train_batch_size, default=None)
@@ -65,4 +65,3 @@ def fallback_open(candidate: Candidate, records: Sequence[TrialRecord], space: S
 def open_candidates(space: SearchSpace, records: Sequence[TrialRecord]) -> list[Candidate]:
     """Candidates neither measured nor ruled out: what is left to search."""
     return [c for c in space.candidates() if skip_reason(c, records, space) is None]
-

@@ -18,14 +18,23 @@ from autotune.trial import PRECISIONS, Candidate
 
 FALLBACK_BATCHES = (1, 2, 4)
 DEFAULT_OPTIMIZERS = (
-    "adamw_torch", "adamw_torch_fused", "adafactor", "adamw_bnb_8bit", "adamw_torch_8bit",
+    "adamw_torch",
+    "adamw_torch_fused",
+    "adafactor",
+    "adamw_bnb_8bit",
+    "adamw_torch_8bit",
 )
 _NEEDS = {
-    "adamw_bnb_8bit": "bitsandbytes", "adamw_8bit": "bitsandbytes",
-    "paged_adamw_8bit": "bitsandbytes", "paged_adamw_32bit": "bitsandbytes",
-    "lion_8bit": "bitsandbytes", "lion_32bit": "bitsandbytes",
-    "paged_lion_8bit": "bitsandbytes", "paged_lion_32bit": "bitsandbytes",
-    "adamw_torch_8bit": "torchao", "adamw_torch_4bit": "torchao",
+    "adamw_bnb_8bit": "bitsandbytes",
+    "adamw_8bit": "bitsandbytes",
+    "paged_adamw_8bit": "bitsandbytes",
+    "paged_adamw_32bit": "bitsandbytes",
+    "lion_8bit": "bitsandbytes",
+    "lion_32bit": "bitsandbytes",
+    "paged_lion_8bit": "bitsandbytes",
+    "paged_lion_32bit": "bitsandbytes",
+    "adamw_torch_8bit": "torchao",
+    "adamw_torch_4bit": "torchao",
 }
 _NOT_HERE = {"adamw_torch_xla", "adamw_torch_npu_fused"}
 
@@ -61,8 +70,11 @@ class SearchSpace:
 
     @property
     def size(self) -> int:
-        return len(self.micro_batches) * len(self.precisions) * len(self.checkpointing) * len(
-            self.optimizers
+        return (
+            len(self.micro_batches)
+            * len(self.precisions)
+            * len(self.checkpointing)
+            * len(self.optimizers)
         )
 
 
@@ -87,10 +99,11 @@ def batch_choices(global_batch: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     regular = tuple(b for b in range(8, global_batch + 1, 8) if global_batch % b == 0)
     fallback = tuple(b for b in FALLBACK_BATCHES if global_batch % b == 0)
     if not regular and global_batch not in FALLBACK_BATCHES:
+        lower = max(8, global_batch - global_batch % 8)
         raise SpaceError(
             f"no per-device batch divides --global-batch-size {global_batch}: batches are "
             f"multiples of 8 (1, 2, 4 only as a fallback); use a multiple of 8, "
-            f"e.g. {max(8, global_batch - global_batch % 8)} or {global_batch - global_batch % 8 + 8}"
+            f"e.g. {lower} or {lower + 8}"
         )
     if not regular:  # a global batch of 1, 2 or 4: the small batches are all there is
         return fallback, ()

@@ -61,7 +61,7 @@ class SearchSpec:
             device["capability"] = tuple(device["capability"])
         raw["device"] = DeviceInfo(**device)
         space = {k: tuple(v) if isinstance(v, list) else v for k, v in raw["space"].items()}
-        raw["space"] = SearchSpace(**space)
+        raw["space"] = SearchSpace(**space)  # type: ignore[arg-type]
         return cls(**raw)
 
     def describe(self) -> str:

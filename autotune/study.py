@@ -89,7 +89,10 @@ def open_study(
     identity = json.dumps(spec.identity(), sort_keys=True)
     try:
         study = optuna.create_study(
-            storage=storage, study_name=name, sampler=sampler, load_if_exists=True,
+            storage=storage,
+            study_name=name,
+            sampler=sampler,
+            load_if_exists=True,
             directions=["maximize", "minimize"],
         )
     except (optuna.exceptions.StorageInternalError, ValueError, ImportError) as exc:
@@ -144,7 +147,11 @@ def records(study: optuna.Study, spec: SearchSpec) -> list[TrialRecord]:
 
 
 def tell(
-    study: optuna.Study, trial: optuna.Trial, spec: SearchSpec, result: TrialResult, *,
+    study: optuna.Study,
+    trial: optuna.Trial,
+    spec: SearchSpec,
+    result: TrialResult,
+    *,
     state: TrialState | None = None,
 ) -> None:
     """Record a result on the trial (user attributes) and tell the sampler."""

@@ -15,7 +15,7 @@ from transformers import TrainerCallback
 from autotune import hardware
 
 
-class StepTimer(TrainerCallback):  # type: ignore[misc]
+class StepTimer(TrainerCallback):
     def __init__(self, *, device_kind: str, warmup_steps: int) -> None:
         self.device_kind = device_kind
         self.warmup_steps = warmup_steps

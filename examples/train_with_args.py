@@ -60,7 +60,9 @@ class RandomTokens(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         g = torch.Generator().manual_seed(i)
         ids = torch.randint(0, self.vocab, (self.seq_len,), generator=g)
-        labels = torch.randint(0, self.vocab, (self.target_len,), generator=g) if self.seq2seq else ids
+        labels = (
+            torch.randint(0, self.vocab, (self.target_len,), generator=g) if self.seq2seq else ids
+        )
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
 
 
@@ -79,8 +81,11 @@ def main() -> None:
     auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
     model = auto.from_config(config)
     data = RandomTokens(
-        model_args.num_examples, model_args.seq_len, model_args.target_len,
-        config.vocab_size, seq2seq,
+        model_args.num_examples,
+        model_args.seq_len,
+        model_args.target_len,
+        config.vocab_size,
+        seq2seq,
     )
     trainer = Trainer(model=model, args=training_args, train_dataset=data)
     metrics = trainer.train().metrics

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,13 +9,28 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TINY_GPT2 = {
-    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_layer": 2,
-    "n_head": 4, "n_positions": 256, "vocab_size": 512, "bos_token_id": 0, "eos_token_id": 0,
+    "model_type": "gpt2",
+    "architectures": ["GPT2LMHeadModel"],
+    "n_embd": 64,
+    "n_layer": 2,
+    "n_head": 4,
+    "n_positions": 256,
+    "vocab_size": 512,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
 }
 TINY_T5 = {
-    "model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "d_model": 64,
-    "d_ff": 128, "d_kv": 16, "num_layers": 2, "num_heads": 4, "vocab_size": 512,
-    "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1,
+    "model_type": "t5",
+    "architectures": ["T5ForConditionalGeneration"],
+    "d_model": 64,
+    "d_ff": 128,
+    "d_kv": 16,
+    "num_layers": 2,
+    "num_heads": 4,
+    "vocab_size": 512,
+    "decoder_start_token_id": 0,
+    "pad_token_id": 0,
+    "eos_token_id": 1,
     "is_encoder_decoder": True,
 }
 
@@ -37,12 +51,14 @@ def tiny_t5(tmp_path: Path) -> Path:
     return write_model(tmp_path / "tiny-t5", TINY_T5)
 
 
-@pytest.fixture
-def cuda() -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `cuda` skip cleanly, and say why, on a machine without a GPU."""
     import torch
 
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
 
-
-PYTHON = sys.executable

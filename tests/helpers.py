@@ -9,8 +9,12 @@ from autotune.trial import Candidate, Outcome, TrialResult
 GIB = 2**30
 
 SPACE = SearchSpace(
-    global_batch_size=64, micro_batches=(8, 16, 32, 64), fallback_batches=(1, 2, 4),
-    precisions=("fp32", "bf16"), checkpointing=(False, True), optimizers=("adamw_torch",),
+    global_batch_size=64,
+    micro_batches=(8, 16, 32, 64),
+    fallback_batches=(1, 2, 4),
+    precisions=("fp32", "bf16"),
+    checkpointing=(False, True),
+    optimizers=("adamw_torch",),
 )
 
 
@@ -19,8 +23,13 @@ def cand(batch: int, precision: str = "fp32", ckpt: bool = False) -> Candidate:
 
 
 def rec(
-    number: int, candidate: Candidate, outcome: Outcome = Outcome.OK, *,
-    sps: float | None = 10.0, peak_gib: float | None = 1.0, spread: float = 0.0,
+    number: int,
+    candidate: Candidate,
+    outcome: Outcome = Outcome.OK,
+    *,
+    sps: float | None = 10.0,
+    peak_gib: float | None = 1.0,
+    spread: float = 0.0,
     steps: int = 5,
 ) -> TrialRecord:
     result = TrialResult(

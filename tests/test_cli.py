@@ -59,8 +59,10 @@ def test_model_dir_without_config(capsys: pytest.CaptureFixture[str], in_tmp: Pa
     (in_tmp / "empty").mkdir()
     code, err = run(["search", "--model", "./empty"], capsys)
     assert code == 2
-    assert err.strip() == "error: './empty' has no config.json; pass a model directory saved " \
+    assert (
+        err.strip() == "error: './empty' has no config.json; pass a model directory saved "
         "with save_pretrained, or a hub id"
+    )
     assert_nothing_written(in_tmp)
 
 

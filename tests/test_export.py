@@ -16,15 +16,22 @@ from autotune.trial import ModelSpec
 SPEC = SearchSpec(
     model=ModelSpec("tiny", "local", "causal-lm", {"model_type": "gpt2"}),
     device=DeviceInfo("cpu", None, "test cpu", 16 * 2**30),
-    space=SPACE, seq_len=128, target_len=32, memory_budget_bytes=8 * 2**30,
+    space=SPACE,
+    seq_len=128,
+    target_len=32,
+    memory_budget_bytes=8 * 2**30,
 )
 
 
 def test_export_round_trips_through_hf_argument_parser(tmp_path: Path) -> None:
     best = rec(3, cand(16, "bf16", ckpt=True), sps=12.0, peak_gib=2.0)
     out = export_best(
-        record=best, spec=SPEC, study_name="s", output=tmp_path / "best.json",
-        runners_up=[], objective="throughput",
+        record=best,
+        spec=SPEC,
+        study_name="s",
+        output=tmp_path / "best.json",
+        runners_up=[],
+        objective="throughput",
     )
     written = json.loads(out.read_text())
     (args,) = HfArgumentParser(TrainingArguments).parse_json_file(str(out))

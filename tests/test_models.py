@@ -45,13 +45,13 @@ def test_unknown_model_names_the_three_places_quickly(monkeypatch: pytest.Monkey
 
 
 def test_directory_without_config(tmp_path: Path) -> None:
-    with pytest.raises(ModelConfigError, match="has no config.json"):
+    with pytest.raises(ModelConfigError, match=r"has no config\.json"):
         resolve_model(str(tmp_path))
 
 
 def test_malformed_config(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(ModelConfigError, match="not valid JSON"):
+    with pytest.raises(ModelConfigError, match=r"not valid JSON"):
         resolve_model(str(tmp_path))
 
 

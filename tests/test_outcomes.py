@@ -19,7 +19,9 @@ class OutOfMemoryError(RuntimeError):
     [
         MemoryError(),
         OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
-        RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory"),
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory"
+        ),
         RuntimeError("could not create a primitive"),
         RuntimeError("std::bad_alloc"),
         RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)"),
@@ -52,8 +54,14 @@ def test_nan_loss_and_skipped_steps_are_unstable() -> None:
 
 
 def _exit(**kw: object) -> TrialResult:
-    args = {"returncode": 0, "result": None, "result_problem": "", "timed_out": False,
-            "limit_in_force": True, "timeout_s": 10.0}
+    args = {
+        "returncode": 0,
+        "result": None,
+        "result_problem": "",
+        "timed_out": False,
+        "limit_in_force": True,
+        "timeout_s": 10.0,
+    }
     args.update(kw)
     return classify_exit(**args)  # type: ignore[arg-type]
 
@@ -83,5 +91,7 @@ def test_child_result_is_kept_when_exit_is_clean() -> None:
 
 
 def test_result_round_trips_through_json() -> None:
-    result = TrialResult(Outcome.OK, samples_per_s=1.5, step_times_s=(0.1, 0.2), phases_s={"a": 1.0})
+    result = TrialResult(
+        Outcome.OK, samples_per_s=1.5, step_times_s=(0.1, 0.2), phases_s={"a": 1.0}
+    )
     assert TrialResult.from_json(result.to_json()) == result

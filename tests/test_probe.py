@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import write_model, TINY_GPT2
+from conftest import TINY_GPT2, write_model
 
 from autotune.models import resolve_model
 from autotune.runner import run_trial
@@ -20,9 +20,16 @@ MIB = 2**20
 
 def trial(tmp_path: Path, model: Path, candidate: Candidate, **kw: object) -> TrialConfig:
     args: dict[str, object] = dict(
-        number=0, trial_dir=str(tmp_path / "trial"), model=resolve_model(str(model)),
-        candidate=candidate, device="cpu", seq_len=64, target_len=16,
-        memory_budget_bytes=None, warmup_steps=2, measure_steps=3,
+        number=0,
+        trial_dir=str(tmp_path / "trial"),
+        model=resolve_model(str(model)),
+        candidate=candidate,
+        device="cpu",
+        seq_len=64,
+        target_len=16,
+        memory_budget_bytes=None,
+        warmup_steps=2,
+        measure_steps=3,
     )
     args.update(kw)
     return TrialConfig(**args)  # type: ignore[arg-type]
@@ -52,8 +59,11 @@ def test_probe_can_be_rerun_by_hand(tmp_path: Path, tiny_gpt2: Path) -> None:
 
 def test_real_out_of_memory_under_rlimit_data(tmp_path: Path, tiny_gpt2: Path) -> None:
     config = trial(
-        tmp_path, tiny_gpt2, Candidate(64, 1, "fp32", False, "adamw_torch"),
-        seq_len=256, memory_budget_bytes=800 * MIB,
+        tmp_path,
+        tiny_gpt2,
+        Candidate(64, 1, "fp32", False, "adamw_torch"),
+        seq_len=256,
+        memory_budget_bytes=800 * MIB,
     )
     result = run_trial(config, timeout_s=300)
     assert result.outcome == Outcome.OOM

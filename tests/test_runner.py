@@ -18,8 +18,14 @@ MODEL = ModelSpec("fake", "local", "causal-lm", {"model_type": "gpt2"})
 
 def config(tmp_path: Path, budget: int | None = 2**30) -> TrialConfig:
     return TrialConfig(
-        number=0, trial_dir=str(tmp_path / "trial"), model=MODEL, candidate=CANDIDATE,
-        device="cpu", seq_len=8, target_len=8, memory_budget_bytes=budget,
+        number=0,
+        trial_dir=str(tmp_path / "trial"),
+        model=MODEL,
+        candidate=CANDIDATE,
+        device="cpu",
+        seq_len=8,
+        target_len=8,
+        memory_budget_bytes=budget,
     )
 
 

@@ -21,8 +21,12 @@ BUDGET_MIB = 800
 def autotune(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "autotune", *args], cwd=cwd, env=env,
-        capture_output=True, text=True, timeout=900,
+        [sys.executable, "-m", "autotune", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
 
 
@@ -33,10 +37,30 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str],
     work = tmp_path_factory.mktemp("search")
     write_model(work / "tiny", TINY_GPT2)
     argv = [
-        "search", "--model", "./tiny", "--device", "cpu", "--memory-budget", f"{BUDGET_MIB}MiB",
-        "--global-batch-size", "64", "--seq-len", "256", "--precisions", "fp32,bf16",
-        "--optimizers", "adamw_torch", "--checkpointing", "off", "--max-trials", "5",
-        "--warmup-steps", "2", "--measure-steps", "3", "--quiet",
+        "search",
+        "--model",
+        "./tiny",
+        "--device",
+        "cpu",
+        "--memory-budget",
+        f"{BUDGET_MIB}MiB",
+        "--global-batch-size",
+        "64",
+        "--seq-len",
+        "256",
+        "--precisions",
+        "fp32,bf16",
+        "--optimizers",
+        "adamw_torch",
+        "--checkpointing",
+        "off",
+        "--max-trials",
+        "5",
+        "--warmup-steps",
+        "2",
+        "--measure-steps",
+        "3",
+        "--quiet",
     ]
     done = autotune(work, *argv)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -48,7 +72,9 @@ def trials(work: Path) -> list[optuna.trial.FrozenTrial]:
     return study.get_trials()
 
 
-def test_oom_trials_are_recorded_and_the_search_goes_on(searched: tuple[Path, list[str], str]) -> None:
+def test_oom_trials_are_recorded_and_the_search_goes_on(
+    searched: tuple[Path, list[str], str],
+) -> None:
     work, _, stdout = searched
     outcomes = [t.user_attrs.get("outcome") for t in trials(work)]
     assert "oom" in outcomes
@@ -59,14 +85,16 @@ def test_oom_trials_are_recorded_and_the_search_goes_on(searched: tuple[Path, li
             assert (work / "studies" / "tiny" / "trials" / str(t.number) / "result.json").is_file()
 
 
-def test_exported_config_was_measured_within_the_budget(searched: tuple[Path, list[str], str]) -> None:
+def test_exported_config_was_measured_within_the_budget(
+    searched: tuple[Path, list[str], str],
+) -> None:
     work, _, _ = searched
     best = work / "studies" / "tiny.best.json"
     (args,) = HfArgumentParser(TrainingArguments).parse_json_file(str(best))
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 64
     summary = json.loads((work / "studies" / "tiny.best.summary.json").read_text())
     assert summary["best"]["peak_memory_bytes"] <= BUDGET_MIB * MIB * 0.95
-    winner = [t for t in trials(work) if t.number == summary["best"]["trial"]][0]
+    winner = next(t for t in trials(work) if t.number == summary["best"]["trial"])
     assert winner.user_attrs["outcome"] == "ok"
     assert winner.params["per_device_train_batch_size"] == args.per_device_train_batch_size
     assert "samples_per_s" not in json.loads(best.read_text())
@@ -106,10 +134,27 @@ def test_the_example_script_trains_with_the_exported_json(
 ) -> None:
     work, _, _ = searched
     done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "train_with_args.py"), "studies/tiny.best.json",
-         "--model_name_or_path", "./tiny", "--output_dir", "out", "--max_steps", "2",
-         "--seq_len", "64", "--num_examples", "256", "--report_to", "none"],
-        cwd=work, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(ROOT / "examples" / "train_with_args.py"),
+            "studies/tiny.best.json",
+            "--model_name_or_path",
+            "./tiny",
+            "--output_dir",
+            "out",
+            "--max_steps",
+            "2",
+            "--seq_len",
+            "64",
+            "--num_examples",
+            "256",
+            "--report_to",
+            "none",
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=600,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -49,8 +49,11 @@ def test_tf32_on_cpu_is_an_empty_space() -> None:
 
 def test_options_narrow_each_dimension() -> None:
     space = derive_space(
-        A100, global_batch_size=64, precisions=["fp32", "bf16"],
-        optimizers=["adamw_torch", "adafactor"], checkpointing=[False],
+        A100,
+        global_batch_size=64,
+        precisions=["fp32", "bf16"],
+        optimizers=["adamw_torch", "adafactor"],
+        checkpointing=[False],
     )
     assert space.precisions == ("fp32", "bf16")
     assert space.optimizers == ("adamw_torch", "adafactor")
@@ -59,7 +62,7 @@ def test_options_narrow_each_dimension() -> None:
 
 
 def test_unknown_optimizer_is_refused_with_the_available_ones() -> None:
-    with pytest.raises(SpaceError, match="available: .*adamw_torch"):
+    with pytest.raises(SpaceError, match=r"available: .*adamw_torch"):
         derive_space(CPU, global_batch_size=32, optimizers=["adamw_magic"])
 
 

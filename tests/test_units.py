@@ -7,8 +7,13 @@ from autotune.units import format_duration, format_size, parse_duration, parse_s
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("8GiB", 8 * 2**30), ("7500MB", 7_500_000_000), ("512mib", 512 * 2**20),
-     ("1.5G", int(1.5 * 2**30)), ("1024", 1024)],
+    [
+        ("8GiB", 8 * 2**30),
+        ("7500MB", 7_500_000_000),
+        ("512mib", 512 * 2**20),
+        ("1.5G", int(1.5 * 2**30)),
+        ("1024", 1024),
+    ],
 )
 def test_parse_size(text: str, expected: int) -> None:
     assert parse_size(text) == expected

@@ -1,0 +1,135 @@
+"""Ctrl-C, SIGTERM and SIGKILL of the search itself: the study stays consistent, no
+process is left behind, and the same command resumes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import TINY_GPT2, write_model
+
+pytestmark = pytest.mark.slow
+
+ARGV = [
+    "search",
+    "--model",
+    "./tiny",
+    "--device",
+    "cpu",
+    "--global-batch-size",
+    "16",
+    "--seq-len",
+    "64",
+    "--precisions",
+    "fp32",
+    "--optimizers",
+    "adamw_torch,adafactor",
+    "--checkpointing",
+    "off",
+    "--max-trials",
+    "3",
+    "--warmup-steps",
+    "1",
+    "--measure-steps",
+    "2",
+    "--quiet",
+]
+
+
+def start(work: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "autotune", *ARGV],
+        cwd=work,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+
+
+def probes_running(work: Path) -> list[int]:
+    """PIDs of probe children whose config lies under this test's directory."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if "autotune.probe" in cmdline and str(work) in cmdline and state not in "ZX":
+            found.append(int(proc.name))
+    return found
+
+
+def wait_for_second_probe(work: Path, search: subprocess.Popen[str]) -> None:
+    """Wait until trial 0 is recorded and the next probe is running."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if (work / "studies/tiny/trials/0/result.json").exists() and probes_running(work):
+            return
+        assert search.poll() is None, search.communicate()
+        time.sleep(0.2)
+    raise AssertionError("the search never reached its second probe")
+
+
+def study(work: Path) -> optuna.Study:
+    return optuna.load_study(study_name="tiny", storage=f"sqlite:///{work}/studies/autotune.db")
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupt_fails_the_running_trial_and_the_rerun_finishes(
+    tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    write_model(tmp_path / "tiny", TINY_GPT2)
+    search = start(tmp_path)
+    wait_for_second_probe(tmp_path, search)
+    search.send_signal(sig)
+    _, err = search.communicate(timeout=60)
+    assert search.returncode == code
+    assert "rerun to resume" in err and "Traceback" not in err
+    assert probes_running(tmp_path) == []
+    states = {t.number: t.state for t in study(tmp_path).get_trials()}
+    assert optuna.trial.TrialState.RUNNING not in states.values()
+    assert states[0] == optuna.trial.TrialState.COMPLETE
+    interrupted = [t for t in study(tmp_path).get_trials() if t.state.name == "FAIL"]
+    assert interrupted and interrupted[0].user_attrs["reason"].startswith("interrupted")
+    resumed = start(tmp_path)
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    measured = [t for t in study(tmp_path).get_trials() if "result" in t.user_attrs]
+    assert len([t for t in measured if t.user_attrs["outcome"] != "skipped"]) == 3
+    assert any(t.params == interrupted[0].params for t in measured)
+
+
+def test_sigkill_of_the_search_kills_the_probe_and_the_rerun_recovers(tmp_path: Path) -> None:
+    write_model(tmp_path / "tiny", TINY_GPT2)
+    search = start(tmp_path)
+    wait_for_second_probe(tmp_path, search)
+    search.kill()
+    search.communicate(timeout=60)
+    deadline = time.monotonic() + 10
+    while probes_running(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert probes_running(tmp_path) == []
+    running = [t for t in study(tmp_path).get_trials() if t.state.name == "RUNNING"]
+    assert len(running) == 1
+    resumed = start(tmp_path)
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    trials = study(tmp_path).get_trials()
+    stale = trials[running[0].number]
+    assert stale.state.name == "FAIL" and "re-queued" in stale.user_attrs["reason"]
+    assert trials[0].user_attrs["outcome"] == "ok"  # measured before the kill: kept
+    assert any(
+        t.params == stale.params and t.user_attrs.get("outcome")
+        for t in trials[1:]
+        if t.number != stale.number
+    )
