@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -22,28 +23,24 @@ class Terminated(BaseException):
     """SIGTERM, raised in the main thread so cleanup runs as for Ctrl-C."""
 
 
-class SizeType(click.ParamType):  # type: ignore[type-arg]
-    name = "SIZE"
+class ParsedType(click.ParamType):  # type: ignore[type-arg]
+    """An option value parsed by one of our parsers; its ValueError becomes the message."""
 
-    def convert(self, value: Any, param: Any, ctx: Any) -> int:
-        if isinstance(value, int):
+    def __init__(self, name: str, parse: Callable[[str], Any]) -> None:
+        self.name = name
+        self.parse = parse
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if not isinstance(value, str):
             return value
         try:
-            return parse_size(str(value))
+            return self.parse(value)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
 
 
-class DurationType(click.ParamType):  # type: ignore[type-arg]
-    name = "DURATION"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> float:
-        if isinstance(value, float):
-            return value
-        try:
-            return parse_duration(str(value))
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+SIZE = ParsedType("SIZE", parse_size)
+DURATION = ParsedType("DURATION", parse_duration)
 
 
 class ListType(click.ParamType):  # type: ignore[type-arg]
@@ -92,7 +89,7 @@ def cli(debug: bool) -> None:
 )
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option(
-    "--memory-budget", type=SizeType(), help="e.g. 8GiB, 7500MB [default: the device's capacity]"
+    "--memory-budget", type=SIZE, help="e.g. 8GiB, 7500MB [default: the device's capacity]"
 )
 @click.option(
     "--headroom",
@@ -130,10 +127,8 @@ def cli(debug: bool) -> None:
     type=click.IntRange(1),
     help="Probes in the whole study; a resumed study counts earlier ones.",
 )
-@click.option(
-    "--time-budget", type=DurationType(), help="No new probe starts after this, e.g. 10m."
-)
-@click.option("--trial-timeout", default="10m", show_default=True, type=DurationType())
+@click.option("--time-budget", type=DURATION, help="No new probe starts after this, e.g. 10m.")
+@click.option("--trial-timeout", default="10m", show_default=True, type=DURATION)
 @click.option(
     "--sampler", default="tpe", show_default=True, type=click.Choice(["tpe", "random", "nsga2"])
 )

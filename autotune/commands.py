@@ -7,6 +7,7 @@ from pathlib import Path
 from rich.console import Console
 
 from autotune.errors import NoFitError, UsageError
+from autotune.estimate import check_budget, count_parameters
 from autotune.export import export_selected
 from autotune.hardware import detect_device
 from autotune.models import max_positions, resolve_model
@@ -46,6 +47,7 @@ def build_spec(
             f"--memory-budget {memory_budget / 2**30:.1f} GiB exceeds this device's "
             f"{device_info.total_memory_bytes / 2**30:.1f} GiB"
         )
+    budget = memory_budget or device_info.total_memory_bytes
     space = derive_space(
         device_info,
         global_batch_size=global_batch_size,
@@ -53,13 +55,14 @@ def build_spec(
         optimizers=optimizers,
         checkpointing=tuple(c == "on" for c in checkpointing) if checkpointing else None,
     )
+    check_budget(count_parameters(model_spec), space.optimizers, budget)
     return SearchSpec(
         model=model_spec,
         device=device_info,
         space=space,
         seq_len=seq_len,
         target_len=target_len,
-        memory_budget_bytes=memory_budget or device_info.total_memory_bytes,
+        memory_budget_bytes=budget,
         headroom=headroom,
         warmup_steps=warmup_steps,
         measure_steps=measure_steps,

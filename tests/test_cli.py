@@ -77,3 +77,10 @@ def test_export_of_a_missing_study(capsys: pytest.CaptureFixture[str], in_tmp: P
     code, err = run(["export", "--study", "nope", "--storage", f"sqlite:///{in_tmp}/x.db"], capsys)
     assert code == 1
     assert "no study named 'nope'" in err
+
+
+def test_budget_below_the_weights(capsys: pytest.CaptureFixture[str], in_tmp: Path) -> None:
+    code, err = run(["search", "--model", "gpt2", "--memory-budget", "100MiB"], capsys)
+    assert code == 2
+    assert "below the 475 MiB the fp32 weights alone need (124M parameters)" in err
+    assert_nothing_written(in_tmp)
