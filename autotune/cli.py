@@ -222,3 +222,9 @@ def main(argv: list[str] | None = None) -> None:
             raise
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except OSError as exc:  # the machine's fault (disk full, permissions), not the code's
+        if debug:
+            raise
+        where = f" ({exc.filename})" if exc.filename else ""
+        click.echo(f"error: {exc.strerror or exc}{where}", err=True)
+        sys.exit(1)

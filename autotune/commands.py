@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autotune.errors import NoFitError, UsageError
+from autotune.errors import NoFitError, StudyError, UsageError
 from autotune.estimate import check_budget, count_parameters
 from autotune.export import export_selected
 from autotune.hardware import detect_device
@@ -92,7 +92,13 @@ def search_command(
     name = study_name or default_study_name(model)
     storage = storage or default_storage(studies_dir)
     if storage.startswith("sqlite:///"):
-        Path(storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(storage.removeprefix("sqlite:///")).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StudyError(
+                f"cannot open storage {storage!r}: cannot create {folder} ({exc.strerror})"
+            ) from None
     return run_search(
         spec=spec,
         study_name=name,

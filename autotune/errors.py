@@ -35,5 +35,9 @@ class NoFitError(AutotuneError):
     """Every configuration probed ran out of memory or failed."""
 
 
+class TrialFilesError(AutotuneError):
+    """A trial's directory cannot be created or written (permissions, a full disk)."""
+
+
 class ExportError(AutotuneError):
     """The best configuration cannot be written as TrainingArguments JSON."""

@@ -72,6 +72,10 @@ def classify_exit(
     if returncode is not None and returncode < 0:
         sig = -returncode
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        if result is not None and result.outcome != Outcome.OK:
+            # It classified its own failure, then died tearing down (seen: SIGSEGV at exit
+            # after an OOM under RLIMIT_DATA). The typed result is the evidence.
+            return result.replace(reason=f"{result.reason}; then killed by {name}")
         if sig == signal.SIGKILL and limit_in_force:
             return TrialResult(
                 Outcome.OOM, reason="killed by SIGKILL under the memory limit (OOM killer)"

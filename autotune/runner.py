@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from autotune.errors import TrialFilesError
 from autotune.outcomes import classify_exit
 from autotune.probe import RESULT_NAME
 from autotune.trial import TrialConfig, TrialResult, write_atomic
@@ -39,12 +40,17 @@ def run_trial(
     `command` replaces the probe (tests use it to run a child that hangs or crashes).
     """
     trial_dir = Path(config.trial_dir)
-    trial_dir.mkdir(parents=True, exist_ok=True)
     config_path = trial_dir / CONFIG_NAME
-    write_atomic(config_path, config.to_json())
     result_path = trial_dir / RESULT_NAME
-    if result_path.exists():
-        result_path.unlink()  # a stale result from an interrupted run must not be read
+    try:
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(config_path, config.to_json())
+        result_path.unlink(missing_ok=True)  # a stale result from an interrupted run
+    except OSError as exc:
+        raise TrialFilesError(
+            f"cannot write trial files in {trial_dir}: {exc.strerror or exc}; free disk space "
+            "or fix the permissions of studies/, then rerun to resume"
+        ) from None
     argv = list(command) if command is not None else probe_command(config_path)
     timed_out = False
     with open(trial_dir / "stdout.log", "wb") as out, open(trial_dir / "stderr.log", "wb") as err:

@@ -139,9 +139,9 @@ def _step(
     observer.on_trial_start(trial.number, candidate)
     try:
         result = run_trial(config, timeout_s=limits.trial_timeout_s)
-    except BaseException:  # Ctrl-C, SIGTERM, a full disk: fail the trial, keep the study
+    except BaseException as exc:  # Ctrl-C, SIGTERM, a full disk: fail the trial, keep the study
         trial.set_user_attr("outcome", "error")
-        trial.set_user_attr("reason", "interrupted; re-queued")
+        trial.set_user_attr("reason", f"interrupted ({type(exc).__name__}); re-queued")
         study.tell(trial, state=TrialState.FAIL)
         study.enqueue_trial(studies.candidate_params(candidate))
         raise

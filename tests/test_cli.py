@@ -84,3 +84,21 @@ def test_budget_below_the_weights(capsys: pytest.CaptureFixture[str], in_tmp: Pa
     assert code == 2
     assert "below the 475 MiB the fp32 weights alone need (124M parameters)" in err
     assert_nothing_written(in_tmp)
+
+
+@pytest.mark.parametrize(
+    "storage",
+    [
+        "sqlite:////proc/no-such-dir/autotune.db",
+        "postgresql://nobody@127.0.0.1:1/none",
+        "bogus://x",
+    ],
+)
+def test_storage_that_cannot_be_opened(
+    storage: str, capsys: pytest.CaptureFixture[str], in_tmp: Path
+) -> None:
+    code, err = run(["search", "--model", "gpt2", "--storage", storage], capsys)
+    assert code == 1
+    assert err.startswith(f"error: cannot open storage {storage!r}")
+    assert len(err.strip().splitlines()) == 1
+    assert_nothing_written(in_tmp)

@@ -95,3 +95,11 @@ def test_result_round_trips_through_json() -> None:
         Outcome.OK, samples_per_s=1.5, step_times_s=(0.1, 0.2), phases_s={"a": 1.0}
     )
     assert TrialResult.from_json(result.to_json()) == result
+
+
+def test_a_typed_failure_survives_a_crash_at_exit() -> None:
+    oom = TrialResult(Outcome.OOM, reason="out of memory")
+    result = _exit(returncode=-signal.SIGSEGV, result=oom)
+    assert result.outcome == Outcome.OOM and "SIGSEGV" in result.reason
+    ok = TrialResult(Outcome.OK, samples_per_s=3.0)
+    assert _exit(returncode=-signal.SIGSEGV, result=ok).outcome == Outcome.ERROR

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.errors import TrialFilesError
 from autotune.runner import run_trial
 from autotune.trial import Candidate, ModelSpec, Outcome, TrialConfig
 
@@ -94,3 +95,9 @@ def test_sigterm_is_not_mistaken_for_oom(tmp_path: Path) -> None:
     code = f"import os; os.kill(os.getpid(), {int(signal.SIGTERM)})"
     result = run_trial(config(tmp_path), timeout_s=30, command=child(code))
     assert result.outcome == Outcome.ERROR and "SIGTERM" in result.reason
+
+
+def test_unwritable_trial_directory_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "trial").write_text("a file where the trial directory should be")
+    with pytest.raises(TrialFilesError, match=r"cannot write trial files in .*trial"):
+        run_trial(config(tmp_path), timeout_s=30, command=child("pass"))

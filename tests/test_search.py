@@ -160,3 +160,37 @@ def test_the_example_script_trains_with_the_exported_json(
     assert done.returncode == 0, done.stderr[-2000:]
     metrics = json.loads(done.stdout.strip().splitlines()[-1])
     assert metrics["train_samples_per_second"] > 0
+
+
+def test_nothing_fits_reports_and_writes_no_config(tmp_path: Path) -> None:
+    from conftest import TINY_GPT2, write_model
+
+    write_model(tmp_path / "tiny", TINY_GPT2)
+    done = autotune(
+        tmp_path,
+        "search",
+        "--model",
+        "./tiny",
+        "--device",
+        "cpu",
+        "--memory-budget",
+        "550MiB",
+        "--global-batch-size",
+        "8",
+        "--seq-len",
+        "256",
+        "--precisions",
+        "fp32",
+        "--optimizers",
+        "adamw_torch",
+        "--checkpointing",
+        "off",
+        "--max-trials",
+        "2",
+        "--quiet",
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: no config fits 522 MiB (budget 550 MiB less headroom): 2 oom")
+    assert "smallest peak measured" in last and "--optimizers adamw_bnb_8bit" in last
+    assert not (tmp_path / "studies" / "tiny.best.json").exists()
