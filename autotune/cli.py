@@ -100,10 +100,8 @@ def cli(debug: bool) -> None:
 )
 @click.option(
     "--global-batch-size",
-    default=32,
-    show_default=True,
     type=click.IntRange(1),
-    help="Kept exactly: per-device batch x accumulation steps.",
+    help="Kept exactly: per-device batch x accumulation steps [default: 32, or --base-args'].",
 )
 @click.option(
     "--seq-len",
@@ -112,10 +110,13 @@ def cli(debug: bool) -> None:
 )
 @click.option(
     "--target-len",
-    default=128,
-    show_default=True,
     type=click.IntRange(1),
-    help="Longest target (seq2seq only).",
+    help="Longest target, seq2seq only [default: 128, or --base-args' max_target_length].",
+)
+@click.option(
+    "--base-args",
+    type=click.Path(path_type=Path),
+    help="Your arguments JSON: global batch, sequence lengths and other fields come from it.",
 )
 @click.option("--precisions", type=ListType(("fp32", "tf32", "fp16", "bf16")))
 @click.option("--optimizers", type=ListType(), help="TrainingArguments optim names.")
@@ -163,29 +164,117 @@ def search(**options: Any) -> None:
     console.print(f"wrote {report.output}")
 
 
-@cli.command()
-@click.option("--study", "study_name", required=True)
-@click.option("--storage", help="[default: sqlite:///studies/autotune.db]")
-@click.option(
-    "--output", type=click.Path(path_type=Path), help="[default: studies/<study>.best.json]"
-)
-@click.option(
+def study_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--study and --storage, shared by the commands that read a stored study."""
+    command = click.option("--storage", help="[default: sqlite:///studies/autotune.db]")(command)
+    return click.option("--study", "study_name", required=True)(command)
+
+
+OBJECTIVE = click.option(
     "--objective",
     default="throughput",
     show_default=True,
     type=click.Choice(["throughput", "efficiency"]),
 )
-def export(study_name: str, storage: str | None, output: Path | None, objective: str) -> None:
-    """Write the best config of a stored study as TrainingArguments JSON."""
-    from autotune.commands import export_command
 
-    path = export_command(
+
+@cli.command()
+@study_options
+@click.option(
+    "--output", type=click.Path(path_type=Path), help="[default: studies/<study>.best.json]"
+)
+@click.option(
+    "--format",
+    "fmt",
+    default="json",
+    show_default=True,
+    type=click.Choice(["json", "cli"]),
+    help="json: write the file; cli: print the tuned fields as flags.",
+)
+@click.option(
+    "--merge-into",
+    type=click.Path(path_type=Path),
+    help="Replace only the tuned fields in this arguments JSON of yours.",
+)
+@OBJECTIVE
+def export(
+    study_name: str,
+    storage: str | None,
+    output: Path | None,
+    fmt: str,
+    merge_into: Path | None,
+    objective: str,
+) -> None:
+    """Write the best config of a stored study as TrainingArguments JSON."""
+    from autotune import commands
+
+    where = {
+        "study_name": study_name,
+        "storage": storage or default_storage(DEFAULT_STUDIES),
+        "objective": objective,
+    }
+    if fmt == "cli":
+        click.echo(commands.flags_command(**where))
+    elif merge_into is not None:
+        changed = commands.merge_command(merge_into=merge_into, **where)
+        diff = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()) or "nothing"
+        click.echo(f"updated {merge_into}: {diff}")
+    else:
+        path = commands.export_command(
+            output=output or DEFAULT_STUDIES / f"{study_name}.best.json", **where
+        )
+        click.echo(f"wrote {path}")
+
+
+@cli.command()
+@study_options
+@click.option(
+    "--format", "fmt", default="table", show_default=True, type=click.Choice(["table", "json"])
+)
+@OBJECTIVE
+def show(study_name: str, storage: str | None, fmt: str, objective: str) -> None:
+    """Every trial of a study, best first, and why each non-ok trial failed."""
+    from autotune import commands
+
+    commands.show_command(
         study_name=study_name,
         storage=storage or default_storage(DEFAULT_STUDIES),
-        output=output or DEFAULT_STUDIES / f"{study_name}.best.json",
+        fmt=fmt,
         objective=objective,
     )
-    click.echo(f"wrote {path}")
+
+
+@cli.command()
+@study_options
+@click.option(
+    "--output-dir", type=click.Path(path_type=Path), default=DEFAULT_STUDIES, show_default=True
+)
+def report(study_name: str, storage: str | None, output_dir: Path) -> None:
+    """An HTML page and PNG charts: throughput against memory, and by batch size."""
+    from autotune import commands
+
+    for path in commands.report_command(
+        study_name=study_name,
+        storage=storage or default_storage(DEFAULT_STUDIES),
+        output_dir=output_dir,
+    ):
+        click.echo(f"wrote {path}")
+
+
+@cli.command()
+@study_options
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
+def dashboard(study_name: str, storage: str | None, host: str, port: int) -> None:
+    """Review the study in optuna-dashboard (serves until Ctrl-C)."""
+    from autotune import commands
+
+    commands.dashboard_command(
+        study_name=study_name,
+        storage=storage or default_storage(DEFAULT_STUDIES),
+        host=host,
+        port=port,
+    )
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:

@@ -2,19 +2,36 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
-from autotune.errors import NoFitError, StudyError, UsageError
+from autotune.arguments import (
+    BaseArguments,
+    base_arguments,
+    cli_flags,
+    merge,
+    read_arguments_file,
+    training_fields,
+)
+from autotune.errors import ExportError, NoFitError, StudyError, UsageError
 from autotune.estimate import check_budget, count_parameters
-from autotune.export import export_selected
+from autotune.export import export_selected, verify
 from autotune.hardware import detect_device
 from autotune.models import max_positions, resolve_model
+from autotune.report import write_report
+from autotune.review import print_table, rows_json, trial_rows
 from autotune.search import SearchLimits, SearchReport, run_search
+from autotune.selection import select_best
 from autotune.space import derive_space
 from autotune.spec import SearchSpec
-from autotune.study import load_study, records
+from autotune.study import TrialRecord, load_study, records
+from autotune.trial import write_atomic
+
+DEFAULT_GLOBAL_BATCH = 32
+DEFAULT_TARGET_LEN = 128
 
 
 def build_spec(
@@ -24,9 +41,10 @@ def build_spec(
     device: str,
     memory_budget: int | None,
     headroom: float,
-    global_batch_size: int,
+    global_batch_size: int | None,
     seq_len: int | None,
-    target_len: int,
+    target_len: int | None,
+    base_args: Path | None,
     precisions: tuple[str, ...] | None,
     optimizers: tuple[str, ...] | None,
     checkpointing: tuple[str, ...] | None,
@@ -35,6 +53,10 @@ def build_spec(
     seed: int,
 ) -> SearchSpec:
     """Validate every option against the model and the device; raise UsageError if off."""
+    base = _base(base_args, global_batch_size)
+    global_batch_size = global_batch_size or base.global_batch_size or DEFAULT_GLOBAL_BATCH
+    seq_len = seq_len or base.seq_len
+    target_len = target_len or base.target_len or DEFAULT_TARGET_LEN
     model_spec = resolve_model(model, task=task)
     device_info = detect_device(device)
     limit = max_positions(model_spec.config)
@@ -67,7 +89,22 @@ def build_spec(
         warmup_steps=warmup_steps,
         measure_steps=measure_steps,
         seed=seed,
+        base_arguments=base.carried,
     )
+
+
+def _base(path: Path | None, global_batch_size: int | None) -> BaseArguments:
+    """What --base-args fixes: the global batch, sequence lengths, the other fields."""
+    if path is None:
+        return BaseArguments(None, None, None, {})
+    base = base_arguments(read_arguments_file(path, option="--base-args"))
+    if global_batch_size is not None and base.global_batch_size not in (None, global_batch_size):
+        raise UsageError(
+            f"--global-batch-size {global_batch_size} contradicts --base-args {path} "
+            f"(per_device_train_batch_size x gradient_accumulation_steps = "
+            f"{base.global_batch_size}); drop one of them"
+        )
+    return base
 
 
 def search_command(
@@ -112,15 +149,77 @@ def search_command(
     )
 
 
-def export_command(*, study_name: str, storage: str, output: Path, objective: str) -> Path:
+def best_of_study(
+    *, study_name: str, storage: str, objective: str
+) -> tuple[TrialRecord, SearchSpec, list[TrialRecord]]:
     study, spec = load_study(storage=storage, name=study_name)
-    best = export_selected(
-        records=records(study, spec),
-        spec=spec,
-        study_name=study_name,
-        output=output,
-        objective=objective,
-    )
+    recs = records(study, spec)
+    best = select_best(recs, fit_limit_bytes=spec.fit_limit_bytes, objective=objective)
     if best is None:
         raise NoFitError(f"study {study_name!r} has no trial that ran ok within the budget")
+    return best, spec, recs
+
+
+def export_command(*, study_name: str, storage: str, output: Path, objective: str) -> Path:
+    """Write the study's best config as TrainingArguments JSON (+ sidecar)."""
+    _, spec, recs = best_of_study(study_name=study_name, storage=storage, objective=objective)
+    export_selected(
+        records=recs, spec=spec, study_name=study_name, output=output, objective=objective
+    )
     return output
+
+
+def merge_command(
+    *, study_name: str, storage: str, objective: str, merge_into: Path
+) -> dict[str, tuple[Any, Any]]:
+    """Replace only the tuned fields in the user's arguments file; returns what changed."""
+    best, spec, _ = best_of_study(study_name=study_name, storage=storage, objective=objective)
+    user = read_arguments_file(merge_into, option="--merge-into")
+    tuned = best.candidate.training_arguments(device_kind=spec.device.kind)
+    merged = merge(user, tuned)
+    verify({k: v for k, v in merged.items() if k in training_fields()})
+    try:
+        write_atomic(merge_into, json.dumps(merged, indent=2) + "\n")
+    except OSError as exc:
+        raise ExportError(f"cannot write {merge_into}: {exc.strerror or exc}") from None
+    return {k: (user.get(k), v) for k, v in tuned.items() if user.get(k) != v}
+
+
+def flags_command(*, study_name: str, storage: str, objective: str) -> str:
+    """The tuned fields as command-line flags for HfArgumentParser scripts."""
+    best, spec, _ = best_of_study(study_name=study_name, storage=storage, objective=objective)
+    return cli_flags(best.candidate.training_arguments(device_kind=spec.device.kind))
+
+
+def show_command(*, study_name: str, storage: str, fmt: str, objective: str) -> None:
+    study, spec = load_study(storage=storage, name=study_name)
+    rows = trial_rows(records(study, spec), spec, objective)
+    if fmt == "json":
+        print(rows_json(rows, spec, study_name))
+    else:
+        print_table(rows, spec, study_name)
+
+
+def report_command(*, study_name: str, storage: str, output_dir: Path) -> list[Path]:
+    study, spec = load_study(storage=storage, name=study_name)
+    recs = records(study, spec)
+    return write_report(
+        records=recs,
+        rows=trial_rows(recs, spec, "throughput"),
+        spec=spec,
+        study_name=study_name,
+        output_dir=output_dir,
+    )
+
+
+def dashboard_command(*, study_name: str, storage: str, host: str, port: int) -> None:
+    """Serve optuna-dashboard on the study's storage until interrupted."""
+    from optuna_dashboard import run_server
+
+    study, _ = load_study(storage=storage, name=study_name)
+    print(
+        f"optuna-dashboard for study {study_name!r}: "
+        f"http://{host}:{port}/dashboard/studies/{study._study_id}",
+        flush=True,
+    )
+    run_server(storage, host=host, port=port)

@@ -24,7 +24,9 @@ def sidecar_path(output: Path) -> Path:
 
 
 def training_arguments(record: TrialRecord, spec: SearchSpec) -> dict[str, Any]:
-    return record.candidate.training_arguments(device_kind=spec.device.kind)
+    """What the probe ran: the user's carried base fields plus the tuned ones."""
+    tuned = record.candidate.training_arguments(device_kind=spec.device.kind)
+    return {**spec.base_arguments, **tuned}
 
 
 def verify(arguments: dict[str, Any]) -> None:

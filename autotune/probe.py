@@ -74,8 +74,11 @@ def _train(config: TrialConfig, phases: dict[str, float]) -> TrialResult:
         seed=config.seed,
     )
     args = TrainingArguments(
-        **config.candidate.training_arguments(device_kind=config.device_kind),
-        **_probe_only_arguments(config, total_steps),
+        **{
+            **config.base_arguments,
+            **config.candidate.training_arguments(device_kind=config.device_kind),
+            **_probe_only_arguments(config, total_steps),
+        }
     )
     timer = StepTimer(device_kind=config.device_kind, warmup_steps=config.warmup_steps)
     trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[timer])

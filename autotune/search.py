@@ -135,6 +135,7 @@ def _step(
         warmup_steps=spec.warmup_steps,
         measure_steps=spec.measure_steps,
         seed=spec.seed,
+        base_arguments=spec.base_arguments,
     )
     observer.on_trial_start(trial.number, candidate)
     try:

@@ -24,6 +24,7 @@ class SearchSpec:
     warmup_steps: int = 3
     measure_steps: int = 5
     seed: int = 0
+    base_arguments: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def fit_limit_bytes(self) -> int:
@@ -47,6 +48,7 @@ class SearchSpec:
             "headroom": self.headroom,
             "warmup_steps": self.warmup_steps,
             "measure_steps": self.measure_steps,
+            "base_arguments": self.base_arguments,
         }
 
     def to_json(self) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState
+from optuna_dashboard import save_note
 
 from autotune.errors import StudyError
 from autotune.spec import SearchSpec
@@ -105,6 +106,7 @@ def open_study(
         study.set_user_attr(SPEC_ATTR, spec.to_json())
         study.set_user_attr("description", spec.describe())
         study.set_metric_names(METRIC_NAMES)
+        save_note(study, _note(spec))
     elif stored != identity:
         raise StudyError(
             f"study {name!r} already holds a different search ({_difference(stored, identity)}); "
@@ -162,6 +164,9 @@ def tell(
         "result": result.to_json(),
         "gradient_accumulation_steps": spec.space.global_batch_size
         // int(trial.params["per_device_train_batch_size"]),
+        "training_arguments": candidate_of(spec, trial.params).training_arguments(
+            device_kind=spec.device.kind
+        ),
     }
     if result.samples_per_s is not None:
         attrs["samples_per_s"] = round(result.samples_per_s, 3)
@@ -218,6 +223,22 @@ def recover_stale(study: optuna.Study) -> list[int]:
             study.enqueue_trial(trial.params, skip_if_exists=False)
         recovered.append(trial.number)
     return recovered
+
+
+def _note(spec: SearchSpec) -> str:
+    """The study's description, as optuna-dashboard shows it."""
+    return (
+        f"# autotune: {spec.model.name}\n\n"
+        f"- task: {spec.model.task} (model from {spec.model.source})\n"
+        f"- device: {spec.device.kind} {spec.device.name}\n"
+        f"- memory budget: {spec.memory_budget_bytes / GIB:.2f} GiB "
+        f"(fits below {spec.fit_limit_bytes / GIB:.2f} GiB)\n"
+        f"- global batch: {spec.space.global_batch_size}\n"
+        f"- sequence length: {spec.seq_len}"
+        + (f", target length {spec.target_len}" if spec.model.task == "seq2seq" else "")
+        + "\n\nValues: samples_per_s (maximise), peak_memory_gib (minimise); the budget is a "
+        "constraint. Each trial's user attributes hold its outcome, reason and figures.\n"
+    )
 
 
 def _alive(pid: int) -> bool:

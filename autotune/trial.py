@@ -109,6 +109,7 @@ class TrialConfig:
     warmup_steps: int = 3
     measure_steps: int = 5
     seed: int = 0
+    base_arguments: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def device_kind(self) -> str:

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,3 +63,58 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+BUDGET_MIB = 800
+
+
+def autotune(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The real CLI, in a child process, offline."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def searched_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], str]:
+    """One real search on a tiny model under a budget where batches above 8 run out of
+    memory; shared by the tests that review, export and resume it."""
+    work = tmp_path_factory.mktemp("search")
+    write_model(work / "tiny", TINY_GPT2)
+    argv = [
+        "search",
+        "--model",
+        "./tiny",
+        "--device",
+        "cpu",
+        "--memory-budget",
+        f"{BUDGET_MIB}MiB",
+        "--global-batch-size",
+        "64",
+        "--seq-len",
+        "256",
+        "--precisions",
+        "fp32,bf16",
+        "--optimizers",
+        "adamw_torch",
+        "--checkpointing",
+        "off",
+        "--max-trials",
+        "5",
+        "--warmup-steps",
+        "2",
+        "--measure-steps",
+        "3",
+        "--quiet",
+    ]
+    done = autotune(work, *argv)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return work, argv, done.stdout

@@ -62,9 +62,10 @@ def probes_running(work: Path) -> list[int]:
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            cwd = os.readlink(proc / "cwd")
         except (OSError, IndexError):
             continue
-        if "autotune.probe" in cmdline and str(work) in cmdline and state not in "ZX":
+        if "autotune.probe" in cmdline and cwd == str(work) and state not in "ZX":
             found.append(int(proc.name))
     return found
 
@@ -73,7 +74,9 @@ def wait_for_second_probe(work: Path, search: subprocess.Popen[str]) -> None:
     """Wait until trial 0 is recorded and the next probe is running."""
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
-        if (work / "studies/tiny/trials/0/result.json").exists() and probes_running(work):
+        trials = work / "studies/tiny/trials"
+        later = trials.is_dir() and any(d.name != "0" for d in trials.iterdir())
+        if later and probes_running(work):
             return
         assert search.poll() is None, search.communicate()
         time.sleep(0.2)

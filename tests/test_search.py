@@ -10,61 +10,11 @@ from pathlib import Path
 
 import optuna
 import pytest
+from conftest import BUDGET_MIB, ROOT, autotune
 from transformers import HfArgumentParser, TrainingArguments
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
-BUDGET_MIB = 800
-
-
-def autotune(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "autotune", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-
-
-@pytest.fixture(scope="module")
-def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], str]:
-    from conftest import TINY_GPT2, write_model
-
-    work = tmp_path_factory.mktemp("search")
-    write_model(work / "tiny", TINY_GPT2)
-    argv = [
-        "search",
-        "--model",
-        "./tiny",
-        "--device",
-        "cpu",
-        "--memory-budget",
-        f"{BUDGET_MIB}MiB",
-        "--global-batch-size",
-        "64",
-        "--seq-len",
-        "256",
-        "--precisions",
-        "fp32,bf16",
-        "--optimizers",
-        "adamw_torch",
-        "--checkpointing",
-        "off",
-        "--max-trials",
-        "5",
-        "--warmup-steps",
-        "2",
-        "--measure-steps",
-        "3",
-        "--quiet",
-    ]
-    done = autotune(work, *argv)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return work, argv, done.stdout
 
 
 def trials(work: Path) -> list[optuna.trial.FrozenTrial]:
@@ -73,9 +23,9 @@ def trials(work: Path) -> list[optuna.trial.FrozenTrial]:
 
 
 def test_oom_trials_are_recorded_and_the_search_goes_on(
-    searched: tuple[Path, list[str], str],
+    searched_study: tuple[Path, list[str], str],
 ) -> None:
-    work, _, stdout = searched
+    work, _, stdout = searched_study
     outcomes = [t.user_attrs.get("outcome") for t in trials(work)]
     assert "oom" in outcomes
     assert outcomes.count("ok") >= 1
@@ -86,9 +36,9 @@ def test_oom_trials_are_recorded_and_the_search_goes_on(
 
 
 def test_exported_config_was_measured_within_the_budget(
-    searched: tuple[Path, list[str], str],
+    searched_study: tuple[Path, list[str], str],
 ) -> None:
-    work, _, _ = searched
+    work, _, _ = searched_study
     best = work / "studies" / "tiny.best.json"
     (args,) = HfArgumentParser(TrainingArguments).parse_json_file(str(best))
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 64
@@ -100,8 +50,8 @@ def test_exported_config_was_measured_within_the_budget(
     assert "samples_per_s" not in json.loads(best.read_text())
 
 
-def test_rerun_resumes_without_reprobing(searched: tuple[Path, list[str], str]) -> None:
-    work, argv, _ = searched
+def test_rerun_resumes_without_reprobing(searched_study: tuple[Path, list[str], str]) -> None:
+    work, argv, _ = searched_study
     before = sorted((work / "studies" / "tiny" / "trials").iterdir())
     done = autotune(work, *argv)
     assert done.returncode == 0, done.stderr
@@ -110,9 +60,9 @@ def test_rerun_resumes_without_reprobing(searched: tuple[Path, list[str], str]) 
 
 
 def test_a_different_search_under_the_same_name_is_refused(
-    searched: tuple[Path, list[str], str],
+    searched_study: tuple[Path, list[str], str],
 ) -> None:
-    work, argv, _ = searched
+    work, argv, _ = searched_study
     changed = [a if a != "256" else "128" for a in argv]
     done = autotune(work, *changed)
     assert done.returncode == 1
@@ -120,8 +70,8 @@ def test_a_different_search_under_the_same_name_is_refused(
     assert "seq_len: 256 vs 128" in done.stderr
 
 
-def test_export_command_writes_the_same_config(searched: tuple[Path, list[str], str]) -> None:
-    work, _, _ = searched
+def test_export_command_writes_the_same_config(searched_study: tuple[Path, list[str], str]) -> None:
+    work, _, _ = searched_study
     done = autotune(work, "export", "--study", "tiny", "--output", "again.json")
     assert done.returncode == 0, done.stderr
     assert json.loads((work / "again.json").read_text()) == json.loads(
@@ -130,9 +80,9 @@ def test_export_command_writes_the_same_config(searched: tuple[Path, list[str], 
 
 
 def test_the_example_script_trains_with_the_exported_json(
-    searched: tuple[Path, list[str], str],
+    searched_study: tuple[Path, list[str], str],
 ) -> None:
-    work, _, _ = searched
+    work, _, _ = searched_study
     done = subprocess.run(
         [
             sys.executable,

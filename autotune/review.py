@@ -1,0 +1,132 @@
+"""`autotune show`: every trial of a study, best first, with why each non-ok one failed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from autotune.selection import ranked, select_best
+from autotune.spec import SearchSpec
+from autotune.study import TrialRecord
+from autotune.trial import Outcome
+from autotune.units import format_size
+
+GIB = float(2**30)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialRow:
+    trial: int
+    best: bool
+    config: str
+    training_arguments: dict[str, Any]
+    outcome: str
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    peak_memory_gib: float | None
+    budget_used_pct: float | None
+    step_time_spread_pct: float | None
+    why: str
+
+
+def explain(record: TrialRecord, spec: SearchSpec) -> str:
+    """Why a trial is not a candidate, in a few words ('' for a clean ok)."""
+    r = record.result
+    budget = format_size(spec.memory_budget_bytes)
+    if r.outcome == Outcome.OOM:
+        at = f" at {format_size(r.peak_memory_bytes)}" if r.peak_memory_bytes else ""
+        return f"OOM{at} of {budget}"
+    if r.outcome == Outcome.OK and (r.peak_memory_bytes or 0) > spec.fit_limit_bytes:
+        return (
+            f"peak {format_size(r.peak_memory_bytes or 0)} over {format_size(spec.fit_limit_bytes)}"
+        )
+    return r.reason
+
+
+def trial_rows(records: Sequence[TrialRecord], spec: SearchSpec, objective: str) -> list[TrialRow]:
+    best = select_best(records, fit_limit_bytes=spec.fit_limit_bytes, objective=objective)
+    rows = []
+    for record in ranked(records):
+        r = record.result
+        peak = r.peak_memory_bytes
+        rows.append(
+            TrialRow(
+                trial=record.number,
+                best=best is not None and record.number == best.number,
+                config=record.candidate.describe(),
+                training_arguments=record.candidate.training_arguments(
+                    device_kind=spec.device.kind
+                ),
+                outcome=r.outcome.value,
+                samples_per_s=_round(r.samples_per_s, 3),
+                tokens_per_s=_round(r.tokens_per_s, 1),
+                peak_memory_gib=_round(peak / GIB if peak else None, 3),
+                budget_used_pct=_round(100 * peak / spec.memory_budget_bytes if peak else None, 1),
+                step_time_spread_pct=_round(
+                    100 * r.step_time_spread if r.step_time_spread is not None else None, 1
+                ),
+                why=explain(record, spec),
+            )
+        )
+    # The selected trial first, then the rest as ranked.
+    return sorted(rows, key=lambda row: not row.best)
+
+
+def rows_json(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) -> str:
+    return json.dumps(
+        {
+            "study": study_name,
+            "description": spec.describe(),
+            "memory_budget_bytes": spec.memory_budget_bytes,
+            "trials": [dataclasses.asdict(row) for row in rows],
+        },
+        indent=2,
+    )
+
+
+def render_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) -> Table:
+    table = Table(title=f"{study_name}: {spec.describe()}", title_justify="left")
+    for column in (
+        "trial",
+        "config",
+        "outcome",
+        "samples/s",
+        "tokens/s",
+        "peak",
+        "budget",
+        "spread",
+        "why",
+    ):
+        table.add_column(column, justify="right" if column in ("samples/s", "tokens/s") else "left")
+    for row in rows:
+        table.add_row(
+            f"{row.trial}{' *' if row.best else ''}",
+            row.config,
+            row.outcome,
+            _fmt(row.samples_per_s, ".2f"),
+            _fmt(row.tokens_per_s, ".0f"),
+            f"{row.peak_memory_gib:.2f} GiB" if row.peak_memory_gib is not None else "",
+            f"{row.budget_used_pct:.0f}%" if row.budget_used_pct is not None else "",
+            f"±{row.step_time_spread_pct:.0f}%" if row.step_time_spread_pct is not None else "",
+            row.why,
+        )
+    return table
+
+
+def print_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) -> None:
+    console = Console(highlight=False, width=200)
+    console.print(render_table(rows, spec, study_name))
+    console.print("* the config export writes")
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "" if value is None else format(value, spec)

@@ -1,0 +1,99 @@
+"""show, report and dashboard on a real study, through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import autotune
+
+pytestmark = pytest.mark.slow
+Study = tuple[Path, list[str], str]
+
+
+def test_show_lists_every_trial_best_first_with_reasons(searched_study: Study) -> None:
+    work, _, _ = searched_study
+    done = autotune(work, "show", "--study", "tiny")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    body = [ln for ln in lines if "│" in ln and "batch " in ln]
+    assert "*" in body[0].split("│")[1]  # the selected trial comes first
+    assert any("OOM at" in ln and "of 800 MiB" in ln for ln in body)
+    assert len(body) == len([ln for ln in body if ln.split("│")[3].strip()]) >= 5
+
+
+def test_show_json_for_scripts(searched_study: Study) -> None:
+    work, _, _ = searched_study
+    done = autotune(work, "show", "--study", "tiny", "--format", "json")
+    data = json.loads(done.stdout)
+    trials = data["trials"]
+    assert trials[0]["best"] and trials[0]["outcome"] == "ok"
+    assert trials[0]["training_arguments"]["per_device_train_batch_size"] == 8
+    ooms = [t for t in trials if t["outcome"] == "oom"]
+    assert ooms and all(t["why"].startswith("OOM at") for t in ooms)
+    outcomes = {"ok", "oom", "skipped", "unstable", "error", "timeout"}
+    assert {t["outcome"] for t in trials} <= outcomes
+
+
+def test_report_writes_html_with_both_charts(searched_study: Study) -> None:
+    work, _, _ = searched_study
+    done = autotune(work, "report", "--study", "tiny", "--output-dir", "out")
+    assert done.returncode == 0, done.stderr
+    page = (work / "out" / "tiny.report.html").read_text()
+    assert page.count("data:image/png;base64,") == 2
+    assert "Selected: trial" in page and "plain default" in page
+    for name in ("tiny.tradeoff.png", "tiny.by-batch.png"):
+        png = (work / "out" / name).read_bytes()
+        assert png.startswith(b"\x89PNG") and len(png) > 10_000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get_json(url: str) -> dict[str, object]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())  # type: ignore[no-any-return]
+
+
+def test_dashboard_serves_the_study_and_its_trials(searched_study: Study) -> None:
+    work, _, _ = searched_study
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "dashboard", "--study", "tiny", "--port", str(port)],
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                studies = get_json(f"{base}/api/studies")
+                break
+            except OSError:
+                assert server.poll() is None, server.communicate()
+                assert time.monotonic() < deadline
+                time.sleep(0.3)
+        (study,) = [s for s in studies["study_summaries"] if s["study_name"] == "tiny"]  # type: ignore[index]
+        detail = get_json(f"{base}/api/studies/{study['study_id']}")
+        trials = detail["trials"]
+        assert len(trials) >= 5  # type: ignore[arg-type]
+        params = {p["name"] for t in trials for p in t["params"]}  # type: ignore[index,union-attr]
+        assert {"per_device_train_batch_size", "optim", "activation_checkpointing"} <= params
+        attrs = {a["key"] for t in trials for a in t["user_attrs"]}  # type: ignore[index,union-attr]
+        assert {"outcome", "samples_per_s", "peak_memory_gib", "reason"} <= attrs
+        assert "autotune: ./tiny" in json.dumps(detail)  # the study's note
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)
