@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import signal
 import sys
 from collections.abc import Callable
@@ -14,9 +13,8 @@ import click
 from rich.console import Console
 
 from autotune.errors import AutotuneError
+from autotune.paths import DEFAULT_STUDIES, default_storage
 from autotune.units import format_size, parse_duration, parse_size
-
-DEFAULT_STUDIES = Path("studies")
 
 
 class Terminated(BaseException):
@@ -61,15 +59,6 @@ class ListType(click.ParamType):  # type: ignore[type-arg]
         if bad:
             self.fail(f"{', '.join(bad)} not in {', '.join(self.choices or ())}", param, ctx)
         return items
-
-
-def default_study_name(model: str) -> str:
-    tail = Path(model.rstrip("/")).name or "study"
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", tail)
-
-
-def default_storage(studies_dir: Path) -> str:
-    return f"sqlite:///{studies_dir}/autotune.db"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

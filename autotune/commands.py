@@ -21,6 +21,7 @@ from autotune.estimate import check_budget, count_parameters
 from autotune.export import export_selected, verify
 from autotune.hardware import detect_device
 from autotune.models import max_positions, resolve_model
+from autotune.paths import default_storage, default_study_name
 from autotune.report import write_report
 from autotune.review import print_table, rows_json, trial_rows
 from autotune.search import SearchLimits, SearchReport, run_search
@@ -122,7 +123,6 @@ def search_command(
     quiet: bool,
     **spec_options: object,
 ) -> SearchReport:
-    from autotune.cli import default_storage, default_study_name
     from autotune.progress import Progress
 
     spec = build_spec(model=model, **spec_options)  # type: ignore[arg-type]
@@ -136,17 +136,21 @@ def search_command(
             raise StudyError(
                 f"cannot open storage {storage!r}: cannot create {folder} ({exc.strerror})"
             ) from None
-    return run_search(
-        spec=spec,
-        study_name=name,
-        storage=storage,
-        studies_dir=studies_dir,
-        limits=SearchLimits(max_trials, time_budget, trial_timeout),
-        sampler=sampler,
-        output=output or studies_dir / f"{name}.best.json",
-        objective=objective,
-        observer=Progress(Console(highlight=False, soft_wrap=True), live=not quiet),
-    )
+    progress = Progress(Console(highlight=False, soft_wrap=True), live=not quiet)
+    try:
+        return run_search(
+            spec=spec,
+            study_name=name,
+            storage=storage,
+            studies_dir=studies_dir,
+            limits=SearchLimits(max_trials, time_budget, trial_timeout),
+            sampler=sampler,
+            output=output or studies_dir / f"{name}.best.json",
+            objective=objective,
+            observer=progress,
+        )
+    finally:
+        progress.close()
 
 
 def best_of_study(

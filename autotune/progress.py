@@ -67,11 +67,15 @@ class Progress:
         if not self.live:
             self.console.print(trial_line(number, candidate, result), soft_wrap=True)
 
-    def on_search_end(self, report: SearchReport) -> None:
+    def close(self) -> None:
+        """Stop the live display (also when the search ends by an exception)."""
         if self.live:
             self.live.update(self._table())
             self.live.stop()
             self.live = None
+
+    def on_search_end(self, report: SearchReport) -> None:
+        self.close()
         self.console.print(
             f"stopped: {report.stop_reason}; {report.probes_this_run} probe(s) this run, "
             f"{len(report.records)} trial(s) in the study, {format_duration(report.elapsed_s)}"

@@ -12,7 +12,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune import study as studies
-from autotune.errors import NoFitError
+from autotune.errors import AutotuneError, NoFitError
 from autotune.export import export_selected
 from autotune.runner import run_trial
 from autotune.skips import open_candidates, skip_reason
@@ -142,7 +142,8 @@ def _step(
         result = run_trial(config, timeout_s=limits.trial_timeout_s)
     except BaseException as exc:  # Ctrl-C, SIGTERM, a full disk: fail the trial, keep the study
         trial.set_user_attr("outcome", "error")
-        trial.set_user_attr("reason", f"interrupted ({type(exc).__name__}); re-queued")
+        why = str(exc) if isinstance(exc, AutotuneError) else f"interrupted ({type(exc).__name__})"
+        trial.set_user_attr("reason", f"{why}; re-queued")
         study.tell(trial, state=TrialState.FAIL)
         study.enqueue_trial(studies.candidate_params(candidate))
         raise

@@ -136,3 +136,36 @@ def test_sigkill_of_the_search_kills_the_probe_and_the_rerun_recovers(tmp_path: 
         for t in trials[1:]
         if t.number != stale.number
     )
+
+
+def test_unwritable_trial_directory_stops_cleanly_and_resumes(tmp_path: Path) -> None:
+    write_model(tmp_path / "tiny", TINY_GPT2)
+    (tmp_path / "studies" / "tiny").mkdir(parents=True)
+    blocker = tmp_path / "studies" / "tiny" / "trials"
+    blocker.write_text("not a directory")
+    argv = [a if a != "3" else "1" for a in ARGV]  # one probe is enough here
+    first = subprocess.run(
+        [sys.executable, "-m", "autotune", *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        check=False,
+    )
+    assert first.returncode == 1
+    last = first.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: cannot write trial files in studies/tiny/trials/0")
+    (trial,) = [t for t in study(tmp_path).get_trials() if t.state.name != "WAITING"]
+    assert trial.state.name == "FAIL" and "cannot write trial files" in trial.user_attrs["reason"]
+    blocker.unlink()
+    second = subprocess.run(
+        [sys.executable, "-m", "autotune", *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        check=False,
+    )
+    assert second.returncode == 0, second.stderr
+    outcomes = [t.user_attrs.get("outcome") for t in study(tmp_path).get_trials()]
+    assert [o for o in outcomes if o] == ["error", "ok"]
