@@ -123,6 +123,18 @@ def cli(debug: bool) -> None:
     "--sampler", default="tpe", show_default=True, type=click.Choice(["tpe", "random", "nsga2"])
 )
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option(
+    "--confirm-top",
+    default=3,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Measure this many finalists again, longer, before selecting (0: no confirmation).",
+)
+@click.option(
+    "--confirm-steps",
+    type=click.IntRange(2),
+    help="Measured steps of a confirmation run [default: 2 x --measure-steps].",
+)
 @click.option("--warmup-steps", default=3, show_default=True, type=click.IntRange(1))
 @click.option("--measure-steps", default=5, show_default=True, type=click.IntRange(2))
 @click.option("--study", "study_name", help="Study name [default: from the model name].")
@@ -151,6 +163,28 @@ def search(**options: Any) -> None:
         f"{format_size(best.result.peak_memory_bytes or 0)}"
     )
     console.print(f"wrote {report.output}")
+
+
+@cli.command()
+@click.option("--model", required=True, help="Local directory, hub id, or bundled preset.")
+@click.option(
+    "--task",
+    default="auto",
+    type=click.Choice(["auto", "seq2seq", "causal-lm", "masked-lm", "classification"]),
+)
+@click.option("--device", default="auto", show_default=True)
+@click.option("--seq-len", type=click.IntRange(1), help="[default: min(512, model limit)]")
+@click.option("--target-len", default=128, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--batch", default=8, show_default=True, type=click.IntRange(1), help="Per-device batch size."
+)
+@click.option("--precisions", type=ListType(("fp32", "tf32", "fp16", "bf16")))
+@click.option("--optimizers", type=ListType(), help="TrainingArguments optim names.")
+def estimate(**options: Any) -> None:
+    """Memory estimate per precision/optimizer/checkpointing, without running anything."""
+    from autotune.commands import estimate_command
+
+    estimate_command(**options)
 
 
 def study_options(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -17,7 +17,7 @@ from autotune.arguments import (
     training_fields,
 )
 from autotune.errors import ExportError, NoFitError, StudyError, UsageError
-from autotune.estimate import check_budget, count_parameters
+from autotune.estimate import PROCESS_BYTES, breakdown, check_budget, count_parameters
 from autotune.export import export_selected, verify
 from autotune.hardware import detect_device
 from autotune.models import max_positions, resolve_model
@@ -30,6 +30,7 @@ from autotune.space import derive_space
 from autotune.spec import SearchSpec
 from autotune.study import TrialRecord, load_study, records
 from autotune.trial import write_atomic
+from autotune.units import format_size
 
 DEFAULT_GLOBAL_BATCH = 32
 DEFAULT_TARGET_LEN = 128
@@ -78,7 +79,8 @@ def build_spec(
         optimizers=optimizers,
         checkpointing=tuple(c == "on" for c in checkpointing) if checkpointing else None,
     )
-    check_budget(count_parameters(model_spec), space.optimizers, budget)
+    parameters = count_parameters(model_spec)
+    check_budget(parameters, space.precisions, space.optimizers, budget)
     return SearchSpec(
         model=model_spec,
         device=device_info,
@@ -91,6 +93,7 @@ def build_spec(
         measure_steps=measure_steps,
         seed=seed,
         base_arguments=base.carried,
+        parameters=parameters,
     )
 
 
@@ -121,6 +124,8 @@ def search_command(
     sampler: str,
     objective: str,
     quiet: bool,
+    confirm_top: int,
+    confirm_steps: int | None,
     **spec_options: object,
 ) -> SearchReport:
     from autotune.progress import Progress
@@ -143,7 +148,13 @@ def search_command(
             study_name=name,
             storage=storage,
             studies_dir=studies_dir,
-            limits=SearchLimits(max_trials, time_budget, trial_timeout),
+            limits=SearchLimits(
+                max_trials=max_trials,
+                time_budget_s=time_budget,
+                trial_timeout_s=trial_timeout,
+                confirm_top=confirm_top,
+                confirm_steps=confirm_steps or 2 * spec.measure_steps,
+            ),
             sampler=sampler,
             output=output or studies_dir / f"{name}.best.json",
             objective=objective,
@@ -227,3 +238,64 @@ def dashboard_command(*, study_name: str, storage: str, host: str, port: int) ->
         flush=True,
     )
     run_server(storage, host=host, port=port)
+
+
+def estimate_command(
+    *,
+    model: str,
+    task: str,
+    device: str,
+    seq_len: int | None,
+    target_len: int,
+    batch: int,
+    precisions: tuple[str, ...] | None,
+    optimizers: tuple[str, ...] | None,
+) -> None:
+    """Print the memory estimate table; runs nothing."""
+    from rich.table import Table
+
+    model_spec = resolve_model(model, task=task)
+    device_info = detect_device(device)
+    seq = seq_len or min(512, max_positions(model_spec.config) or 512)
+    space = derive_space(
+        device_info, global_batch_size=batch, precisions=precisions, optimizers=optimizers
+    )
+    parameters = count_parameters(model_spec)
+    table = Table(
+        title=f"{model} ({model_spec.task}, {parameters / 1e6:.1f}M parameters): per-device "
+        f"batch {batch}, {seq} tokens"
+        + (f" / {target_len} target" if model_spec.task == "seq2seq" else "")
+        + f"; + about {format_size(PROCESS_BYTES[device_info.kind])} for the process",
+        title_justify="left",
+    )
+    for column in (
+        "precision",
+        "optim",
+        "checkpointing",
+        "bytes/param",
+        "weights",
+        "gradients",
+        "optimizer",
+        "activations",
+        "total",
+    ):
+        table.add_column(column, justify="left" if column in ("precision", "optim") else "right")
+    for precision in space.precisions:
+        for optim in space.optimizers:
+            for ckpt in (False, True):
+                candidate = space.candidate(batch, precision, ckpt, optim)
+                b = breakdown(
+                    parameters, model_spec.config, model_spec.task, candidate, seq, target_len
+                )
+                table.add_row(
+                    precision,
+                    optim,
+                    "on" if ckpt else "off",
+                    f"{b.static / parameters:.0f}",
+                    format_size(b.weights),
+                    format_size(b.gradients),
+                    format_size(b.optimizer_state),
+                    format_size(b.activations),
+                    format_size(b.total),
+                )
+    Console(width=160).print(table)

@@ -1,43 +1,139 @@
-"""Analytic memory figures from the parameter count, before anything runs.
+"""Analytic memory estimates, before anything runs, and refined by what has run.
 
-The pure part (bytes per parameter) is apart from the I/O (counting parameters on the
-meta device, which allocates nothing).
+Three parts kept apart: pure arithmetic (bytes per parameter, activation bytes from the
+architecture), the I/O (counting parameters on the meta device, which allocates
+nothing), and the fit of the activation term to the peaks a study has measured.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from autotune.trial import ModelSpec
+from autotune.errors import UsageError
+from autotune.trial import Candidate, ModelSpec, Outcome, TrialResult
+from autotune.units import format_size
 
-# Trainer keeps fp32 master weights under fp16/bf16 autocast: 4 bytes either way.
-WEIGHT_BYTES = 4
+if TYPE_CHECKING:
+    from autotune.spec import SearchSpec
+    from autotune.study import TrialRecord
+
+# The published rule (Hugging Face's single-GPU training guide): fp32 weights 4 bytes a
+# parameter, mixed precision 6 (fp32 master + 16-bit copy); gradients 4; optimizer state
+# 8 for AdamW, 2 for 8-bit Adam, about 4 for Adafactor.
+WEIGHT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 6, "bf16": 6}
 GRADIENT_BYTES = 4
-# Optimizer state bytes per parameter.
 OPTIMIZER_STATE_BYTES = {
-    "adamw_torch": 8,  # two fp32 moments
+    "adamw_torch": 8,
     "adamw_torch_fused": 8,
-    "adamw_bnb_8bit": 2,  # two 8-bit moments
+    "adamw_bnb_8bit": 2,
+    "adamw_8bit": 2,
+    "paged_adamw_8bit": 2,
     "adamw_torch_8bit": 2,
-    "adafactor": 4,  # factored second moment: about 4 bytes a parameter at most
+    "adamw_torch_4bit": 1,
+    "adafactor": 4,
+    "sgd": 0,
+    "adagrad": 4,
+    "rmsprop": 4,
+    "lion_8bit": 1,
+    "lion_32bit": 4,
 }
+DEFAULT_STATE_BYTES = 8
+PROCESS_BYTES = {"cpu": 350 * 2**20, "cuda": 600 * 2**20}  # interpreter + libraries / context
+FAR_OVER = 1.5  # skip only what the estimate puts this far over the budget
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelSize:
-    parameters: int
+class Breakdown:
+    weights: int
+    gradients: int
+    optimizer_state: int
+    activations: int
 
     @property
-    def weights_bytes(self) -> int:
-        return self.parameters * WEIGHT_BYTES
+    def static(self) -> int:
+        return self.weights + self.gradients + self.optimizer_state
 
-    def static_bytes(self, optim: str) -> int:
-        """Weights + gradients + optimizer state: what any batch size needs."""
-        state = OPTIMIZER_STATE_BYTES.get(optim, 8)
-        return self.parameters * (WEIGHT_BYTES + GRADIENT_BYTES + state)
+    @property
+    def total(self) -> int:
+        return self.static + self.activations
 
 
-def count_parameters(spec: ModelSpec) -> ModelSize:
+def state_bytes(optim: str) -> int:
+    return OPTIMIZER_STATE_BYTES.get(optim, DEFAULT_STATE_BYTES)
+
+
+def static_bytes(parameters: int, precision: str, optim: str) -> int:
+    """Weights + gradients + optimizer state: what any batch size needs."""
+    return parameters * (WEIGHT_BYTES[precision] + GRADIENT_BYTES + state_bytes(optim))
+
+
+def activation_bytes(
+    config: dict[str, Any], task: str, candidate: Candidate, seq_len: int, target_len: int
+) -> int:
+    """Activations of one micro-batch (Korthikanti et al. 2022, per layer, 16-bit:
+    s*b*h*(34 + 5*a*s/h)), doubled in fp32; with checkpointing only each layer's input
+    is kept, plus one layer recomputed. Logits and their gradient in fp32 on top."""
+    h = _first(config, "hidden_size", "d_model", "n_embd", default=768)
+    layers = _first(config, "num_hidden_layers", "num_layers", "n_layer", default=12)
+    heads = _first(config, "num_attention_heads", "num_heads", "n_head", default=12)
+    vocab = _first(config, "vocab_size", default=32000)
+    b = candidate.per_device_train_batch_size
+    scale = 2 if candidate.precision in ("fp32", "tf32") else 1
+
+    def layer(s: int, attended: int) -> int:
+        return s * b * h * (34 + 5 * heads * attended // h) * scale
+
+    stacks = [(layers, layer(seq_len, seq_len), seq_len)]
+    out_len = seq_len
+    if task == "seq2seq":
+        decoder_layers = _first(config, "num_decoder_layers", default=layers)
+        stacks.append((decoder_layers, layer(target_len, target_len + seq_len), target_len))
+        out_len = target_len
+    total = 0
+    for count, per_layer, s in stacks:
+        if candidate.activation_checkpointing:
+            total += count * 2 * s * b * h * scale + per_layer
+        else:
+            total += count * per_layer
+    logits = 0 if task == "classification" else 12 * b * out_len * vocab
+    return total + logits
+
+
+def breakdown(
+    parameters: int,
+    config: dict[str, Any],
+    task: str,
+    candidate: Candidate,
+    seq_len: int,
+    target_len: int,
+) -> Breakdown:
+    return Breakdown(
+        weights=parameters * WEIGHT_BYTES[candidate.precision],
+        gradients=parameters * GRADIENT_BYTES,
+        optimizer_state=parameters * state_bytes(candidate.optim),
+        activations=activation_bytes(config, task, candidate, seq_len, target_len),
+    )
+
+
+def activation_scale(
+    measured: Sequence[tuple[Breakdown, TrialResult]], process_bytes: int
+) -> float | None:
+    """How far the analytic activations are from this study's measured peaks.
+
+    The smallest ratio over clean runs: the most optimistic fit, so the estimate errs
+    towards "might fit" and never talks the search out of a config that would.
+    """
+    ratios = [
+        (r.peak_memory_bytes - process_bytes - b.static) / b.activations
+        for b, r in measured
+        if r.outcome == Outcome.OK and r.peak_memory_bytes and b.activations > 0
+    ]
+    return max(0.0, min(ratios)) if ratios else None
+
+
+def count_parameters(spec: ModelSpec) -> int:
     """Parameters of the model, built on the meta device (no memory, no weights)."""
     import torch
 
@@ -45,33 +141,74 @@ def count_parameters(spec: ModelSpec) -> ModelSize:
 
     with torch.device("meta"):
         model = build_model(spec)
-    return ModelSize(sum(p.numel() for p in model.parameters()))
+    return int(sum(p.numel() for p in model.parameters()))
 
 
-def check_budget(size: ModelSize, optimizers: tuple[str, ...], budget_bytes: int) -> None:
+def check_budget(
+    parameters: int, precisions: Sequence[str], optimizers: Sequence[str], budget_bytes: int
+) -> None:
     """Refuse a budget that no config can meet, saying what would fit instead."""
-    from autotune.errors import UsageError
-    from autotune.units import format_size
-
-    millions = f"{size.parameters / 1e6:.0f}M parameters"
-    if budget_bytes < size.weights_bytes:
-        cheapest = min(OPTIMIZER_STATE_BYTES, key=lambda o: size.static_bytes(o))
+    millions = f"{parameters / 1e6:.0f}M parameters"
+    weights = parameters * WEIGHT_BYTES["fp32"]
+    cheapest = min(OPTIMIZER_STATE_BYTES, key=state_bytes)
+    if budget_bytes < weights:
         raise UsageError(
-            f"--memory-budget {format_size(budget_bytes)} is below the "
-            f"{format_size(size.weights_bytes)} the fp32 weights alone need ({millions}); "
-            f"training needs at least {format_size(size.static_bytes(cheapest))} with "
-            f"{cheapest} (weights, gradients, optimizer state) plus activations"
+            f"--memory-budget {format_size(budget_bytes)} is below the {format_size(weights)} "
+            f"the fp32 weights alone need ({millions}); training needs at least "
+            f"{format_size(static_bytes(parameters, 'fp32', cheapest))} with {cheapest} "
+            "(weights, gradients, optimizer state) plus activations"
         )
-    fitting = [o for o in OPTIMIZER_STATE_BYTES if size.static_bytes(o) < budget_bytes]
-    if not any(size.static_bytes(o) < budget_bytes for o in optimizers):
-        need = min(size.static_bytes(o) for o in optimizers)
+    need = min(static_bytes(parameters, p, o) for p in precisions for o in optimizers)
+    if need >= budget_bytes:
+        fitting = [
+            o for o in OPTIMIZER_STATE_BYTES if static_bytes(parameters, "fp32", o) < budget_bytes
+        ]
         hint = (
-            f"--optimizers {','.join(fitting)} would leave room for activations"
+            f"--optimizers {','.join(fitting)} would leave room"
             if fitting
-            else "raise --memory-budget"
+            else ("raise --memory-budget")
         )
         raise UsageError(
             f"--memory-budget {format_size(budget_bytes)} cannot hold the weights, gradients "
-            f"and optimizer state of any optimizer searched ({format_size(need)} at least for "
+            f"and optimizer state of any config searched ({format_size(need)} at least for "
             f"{millions}); {hint}, with --checkpointing on and a smaller --global-batch-size"
         )
+
+
+def _first(config: dict[str, Any], *keys: str, default: int) -> int:
+    for key in keys:
+        if isinstance(config.get(key), int):
+            return int(config[key])
+    return default
+
+
+def make_predictor(
+    spec: SearchSpec, records: Sequence[TrialRecord]
+) -> Callable[[Candidate], int | None]:
+    """Predicted peak of a candidate from the analytic terms and this study's probes.
+
+    Before any clean probe the activation term is left out (an optimistic estimate), so
+    only a config whose weights, gradients and optimizer state alone are far over the
+    budget is skipped.
+    """
+    if not spec.parameters:
+        return lambda candidate: None
+    process = PROCESS_BYTES.get(spec.device.kind, 0)
+
+    def terms(candidate: Candidate) -> Breakdown:
+        return breakdown(
+            spec.parameters,
+            spec.model.config,
+            spec.model.task,
+            candidate,
+            spec.seq_len,
+            spec.target_len,
+        )
+
+    scale = activation_scale([(terms(r.candidate), r.result) for r in records], process)
+
+    def predict(candidate: Candidate) -> int:
+        b = terms(candidate)
+        return int(process + b.static + (scale or 0.0) * b.activations)
+
+    return predict

@@ -67,6 +67,10 @@ class Progress:
         if not self.live:
             self.console.print(trial_line(number, candidate, result), soft_wrap=True)
 
+    def on_confirm(self, number: int, candidate: Candidate, result: TrialResult) -> None:
+        line = trial_line(number, candidate, result).replace("trial", "confirm", 1)
+        self.console.print(line, soft_wrap=True)
+
     def close(self) -> None:
         """Stop the live display (also when the search ends by an exception)."""
         if self.live:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -13,8 +14,10 @@ from optuna.trial import TrialState
 
 from autotune import study as studies
 from autotune.errors import AutotuneError, NoFitError
+from autotune.estimate import FAR_OVER, make_predictor
 from autotune.export import export_selected
 from autotune.runner import run_trial
+from autotune.selection import fitting, ranked
 from autotune.skips import open_candidates, skip_reason
 from autotune.space import seed_candidates
 from autotune.spec import SearchSpec
@@ -28,6 +31,10 @@ class SearchLimits:
     max_trials: int = 20  # probes launched in the whole study (resumes count earlier ones)
     time_budget_s: float | None = None  # no new probe starts after this
     trial_timeout_s: float = 600.0
+    confirm_top: int = 3  # finalists measured again before selection (0: none)
+    confirm_steps: int = 10  # measured steps of a confirmation run
+    # With confirmation on, the search stops proposing at this share of the time budget.
+    search_share: float = 0.8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +52,7 @@ class Observer(Protocol):
     def on_search_start(self, spec: SearchSpec, study_name: str, limits: SearchLimits) -> None: ...
     def on_trial_start(self, number: int, candidate: Candidate) -> None: ...
     def on_trial_end(self, number: int, candidate: Candidate, result: TrialResult) -> None: ...
+    def on_confirm(self, number: int, candidate: Candidate, result: TrialResult) -> None: ...
     def on_search_end(self, report: SearchReport) -> None: ...
 
 
@@ -79,6 +87,7 @@ def run_search(
         stop = _stop_reason(recs, spec, limits, started)
         if not stop:
             probes += _step(study, spec, recs, studies_dir / study_name, limits, observer)
+    probes += _confirm(study, spec, studies_dir / study_name, limits, observer, started)
     recs = studies.records(study, spec)
     report = _finish(spec, study_name, recs, probes, started, output, objective, stop)
     observer.on_search_end(report)
@@ -92,9 +101,13 @@ def _stop_reason(
 ) -> str:
     if sum(r.result.outcome != Outcome.SKIPPED for r in recs) >= limits.max_trials:
         return f"reached --max-trials {limits.max_trials}"
-    if limits.time_budget_s is not None and time.monotonic() - started >= limits.time_budget_s:
-        return "time budget spent"
-    if not open_candidates(spec.space, recs):
+    share = limits.search_share if limits.confirm_top else 1.0
+    if (
+        limits.time_budget_s is not None
+        and time.monotonic() - started >= share * limits.time_budget_s
+    ):
+        return "time budget spent" + (" (the rest is for confirmation)" if share < 1 else "")
+    if not open_candidates(spec.space, recs, far_over_budget(spec, recs)):
         return "every config in the space is measured or ruled out"
     return ""
 
@@ -110,7 +123,8 @@ def _step(
     """Ask for one proposal; skip it or probe it. Returns 1 when a probe ran."""
     trial = study.ask(studies.distributions(spec))
     candidate = studies.candidate_of(spec, trial.params)
-    skip = skip_reason(candidate, recs, spec.space)
+    over = far_over_budget(spec, recs)
+    skip = skip_reason(candidate, recs, spec.space, over)
     if skip is not None:
         result = TrialResult(Outcome.SKIPPED, reason=skip.reason)
         state = None if skip.implies_oom else TrialState.PRUNED
@@ -118,25 +132,12 @@ def _step(
         if skip.implies_oom:
             observer.on_trial_end(trial.number, candidate, result)
         else:  # steer the next ask to a config still open
-            remaining = open_candidates(spec.space, recs)
+            remaining = open_candidates(spec.space, recs, over)
             pick = random.Random(spec.seed * 7919 + trial.number).choice(remaining)
             study.enqueue_trial(studies.candidate_params(pick))
         return 0
     studies.mark_running(trial)
-    config = TrialConfig(
-        number=trial.number,
-        trial_dir=str(study_dir / "trials" / str(trial.number)),
-        model=spec.model,
-        candidate=candidate,
-        device=spec.device.torch_device,
-        seq_len=spec.seq_len,
-        target_len=spec.target_len,
-        memory_budget_bytes=spec.memory_budget_bytes,
-        warmup_steps=spec.warmup_steps,
-        measure_steps=spec.measure_steps,
-        seed=spec.seed,
-        base_arguments=spec.base_arguments,
-    )
+    config = _trial_config(spec, trial.number, candidate, study_dir / "trials" / str(trial.number))
     observer.on_trial_start(trial.number, candidate)
     try:
         result = run_trial(config, timeout_s=limits.trial_timeout_s)
@@ -150,6 +151,70 @@ def _step(
     studies.tell(study, trial, spec, result)
     observer.on_trial_end(trial.number, candidate, result)
     return 1
+
+
+def far_over_budget(spec: SearchSpec, recs: list[TrialRecord]) -> Callable[[Candidate], str | None]:
+    """The estimate's verdict on a candidate: a reason when it is far over the budget."""
+    predict = make_predictor(spec, recs)
+    limit = FAR_OVER * spec.memory_budget_bytes
+
+    def over(candidate: Candidate) -> str | None:
+        peak = predict(candidate)
+        if peak is None or peak <= limit:
+            return None
+        budget = format_size(spec.memory_budget_bytes)
+        return f"estimate {format_size(peak)} is far over the {budget} budget"
+
+    return over
+
+
+def _trial_config(
+    spec: SearchSpec, number: int, candidate: Candidate, trial_dir: Path, measure_steps: int = 0
+) -> TrialConfig:
+    return TrialConfig(
+        number=number,
+        trial_dir=str(trial_dir),
+        model=spec.model,
+        candidate=candidate,
+        device=spec.device.torch_device,
+        seq_len=spec.seq_len,
+        target_len=spec.target_len,
+        memory_budget_bytes=spec.memory_budget_bytes,
+        warmup_steps=spec.warmup_steps,
+        measure_steps=measure_steps or spec.measure_steps,
+        seed=spec.seed,
+        base_arguments=spec.base_arguments,
+    )
+
+
+def _confirm(
+    study: optuna.Study,
+    spec: SearchSpec,
+    study_dir: Path,
+    limits: SearchLimits,
+    observer: Observer,
+    started: float,
+) -> int:
+    """Measure the top finalists again, longer, until each has two runs. Returns runs."""
+    runs = 0
+    for _ in range(2 * limits.confirm_top):
+        if limits.time_budget_s is not None and time.monotonic() - started >= limits.time_budget_s:
+            break
+        recs = studies.records(study, spec)
+        finalists = ranked(fitting(recs, spec.fit_limit_bytes))[: limits.confirm_top]
+        todo = [r for r in finalists if r.runs < 2]
+        if not todo:
+            break
+        record = todo[0]
+        trial_dir = study_dir / "trials" / f"{record.number}-confirm"
+        config = _trial_config(
+            spec, record.number, record.candidate, trial_dir, limits.confirm_steps
+        )
+        result = run_trial(config, timeout_s=limits.trial_timeout_s)
+        studies.add_confirmation(study, spec, record, result)
+        observer.on_confirm(record.number, record.candidate, result)
+        runs += 1
+    return runs
 
 
 def _finish(

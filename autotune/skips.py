@@ -6,7 +6,7 @@ Pure functions over the study's records, so the rules are tested without probing
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from autotune.space import SearchSpace
 from autotune.study import TrialRecord
@@ -20,7 +20,10 @@ class Skip:
 
 
 def skip_reason(
-    candidate: Candidate, records: Sequence[TrialRecord], space: SearchSpace
+    candidate: Candidate,
+    records: Sequence[TrialRecord],
+    space: SearchSpace,
+    predicted_over: Callable[[Candidate], str | None] = lambda c: None,
 ) -> Skip | None:
     """Why this proposal need not run, or None when it must be probed."""
     for record in records:
@@ -34,6 +37,9 @@ def skip_reason(
             f"skipped: batch {oom.candidate.per_device_train_batch_size} OOM in trial {oom.number}",
             implies_oom=True,
         )
+    over = predicted_over(candidate)
+    if over is not None:
+        return Skip(f"skipped: {over}", implies_oom=True)
     if not fallback_open(candidate, records, space):
         smallest = space.micro_batches[0]
         return Skip(
@@ -62,6 +68,10 @@ def fallback_open(candidate: Candidate, records: Sequence[TrialRecord], space: S
     return oom is not None and oom.candidate.per_device_train_batch_size <= space.micro_batches[0]
 
 
-def open_candidates(space: SearchSpace, records: Sequence[TrialRecord]) -> list[Candidate]:
+def open_candidates(
+    space: SearchSpace,
+    records: Sequence[TrialRecord],
+    predicted_over: Callable[[Candidate], str | None] = lambda c: None,
+) -> list[Candidate]:
     """Candidates neither measured nor ruled out: what is left to search."""
-    return [c for c in space.candidates() if skip_reason(c, records, space) is None]
+    return [c for c in space.candidates() if skip_reason(c, records, space, predicted_over) is None]

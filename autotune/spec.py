@@ -25,6 +25,7 @@ class SearchSpec:
     measure_steps: int = 5
     seed: int = 0
     base_arguments: dict[str, Any] = dataclasses.field(default_factory=dict)
+    parameters: int = 0  # counted on the meta device; 0 when unknown
 
     @property
     def fit_limit_bytes(self) -> int:

@@ -20,6 +20,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState
 from optuna_dashboard import save_note
 
+from autotune.confirm import combine
 from autotune.errors import StudyError
 from autotune.spec import SearchSpec
 from autotune.trial import Candidate, Outcome, TrialResult
@@ -39,7 +40,8 @@ class TrialRecord:
 
     number: int
     candidate: Candidate
-    result: TrialResult
+    result: TrialResult  # pooled over the confirmation runs, when there are any
+    runs: int = 1
 
 
 def distributions(spec: SearchSpec) -> dict[str, BaseDistribution]:
@@ -137,15 +139,51 @@ def records(study: optuna.Study, spec: SearchSpec) -> list[TrialRecord]:
     Redundant proposals (a duplicate, an unneeded fallback) are pruned trials and are
     left out, as are running and interrupted ones.
     """
+    finished = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+        if "result" in t.user_attrs
+    ]
+    confirmations: dict[int, list[TrialResult]] = {}
+    for trial in finished:
+        if "confirms" in trial.user_attrs:
+            confirmations.setdefault(int(trial.user_attrs["confirms"]), []).append(
+                TrialResult.from_json(trial.user_attrs["result"])
+            )
     found = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-        raw = trial.user_attrs.get("result")
-        if raw is None:
+    for trial in finished:
+        if "confirms" in trial.user_attrs:
             continue
+        extra = confirmations.get(trial.number, [])
+        result = combine(TrialResult.from_json(trial.user_attrs["result"]), extra)
         found.append(
-            TrialRecord(trial.number, candidate_of(spec, trial.params), TrialResult.from_json(raw))
+            TrialRecord(trial.number, candidate_of(spec, trial.params), result, 1 + len(extra))
         )
     return found
+
+
+def add_confirmation(
+    study: optuna.Study, spec: SearchSpec, record: TrialRecord, result: TrialResult
+) -> None:
+    """Store a confirmation run as a finished trial pointing at the trial it confirms."""
+    values = None
+    if result.outcome == Outcome.OK and result.peak_memory_bytes is not None:
+        values = [float(result.samples_per_s or 0.0), result.peak_memory_bytes / GIB]
+    study.add_trial(
+        optuna.trial.create_trial(
+            params=candidate_params(record.candidate),
+            distributions=distributions(spec),
+            values=values,
+            state=TrialState.COMPLETE if values is not None else TrialState.FAIL,
+            user_attrs={
+                "confirms": record.number,
+                "outcome": result.outcome.value,
+                "reason": result.reason or f"confirms trial {record.number}",
+                "result": result.to_json(),
+                "samples_per_s": round(result.samples_per_s or 0.0, 3),
+            },
+        )
+    )
 
 
 def tell(

@@ -1,33 +1,60 @@
 from __future__ import annotations
 
 import pytest
+from helpers import GIB, cand
 
 from autotune.errors import UsageError
-from autotune.estimate import OPTIMIZER_STATE_BYTES, ModelSize, check_budget, count_parameters
+from autotune.estimate import (
+    Breakdown,
+    activation_bytes,
+    activation_scale,
+    check_budget,
+    count_parameters,
+    static_bytes,
+)
 from autotune.models import resolve_model
+from autotune.trial import Outcome, TrialResult
 
-GIB = 2**30
+GPT2 = {"n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257}
 
 
 def test_parameter_count_of_presets_without_allocating() -> None:
     # gpt2 as published: 124,439,808 parameters (tied embeddings).
-    assert count_parameters(resolve_model("gpt2")).parameters == 124_439_808
+    assert count_parameters(resolve_model("gpt2")) == 124_439_808
 
 
-def test_static_bytes_follow_the_published_rule() -> None:
-    size = ModelSize(1_000_000)
-    assert size.static_bytes("adamw_torch") == 16 * 10**6  # 4 weights + 4 grads + 8 state
-    assert size.static_bytes("adamw_torch") - size.static_bytes("adamw_bnb_8bit") == 6 * 10**6
-    assert OPTIMIZER_STATE_BYTES["adafactor"] == 4
+def test_bytes_per_parameter_follow_the_published_rule() -> None:
+    assert static_bytes(1, "bf16", "adamw_torch") == 18  # mixed-precision AdamW
+    assert static_bytes(1, "fp16", "adamw_torch") - static_bytes(1, "fp16", "adamw_bnb_8bit") == 6
+    assert static_bytes(1, "fp32", "adafactor") - static_bytes(1, "fp32", "sgd") == 4
+    assert static_bytes(1, "fp32", "adamw_torch") == 16
+
+
+def test_activations_grow_with_batch_and_shrink_with_checkpointing() -> None:
+    small = activation_bytes(GPT2, "causal-lm", cand(8), 512, 0)
+    assert activation_bytes(GPT2, "causal-lm", cand(16), 512, 0) == 2 * small
+    assert activation_bytes(GPT2, "causal-lm", cand(8, ckpt=True), 512, 0) < small / 2
+    assert activation_bytes(GPT2, "causal-lm", cand(8, "bf16"), 512, 0) < small
+
+
+def test_activation_scale_is_the_most_optimistic_fit() -> None:
+    b = Breakdown(weights=GIB, gradients=GIB, optimizer_state=0, activations=GIB)
+    runs = [
+        (b, TrialResult(Outcome.OK, peak_memory_bytes=4 * GIB)),  # 2 GiB of activations
+        (b, TrialResult(Outcome.OK, peak_memory_bytes=3 * GIB)),  # 1 GiB
+        (b, TrialResult(Outcome.OOM, peak_memory_bytes=9 * GIB)),  # not a clean run
+    ]
+    assert activation_scale(runs, process_bytes=0) == 1.0
+    assert activation_scale([], process_bytes=0) is None
 
 
 def test_budget_below_the_weights_is_refused_with_the_estimate() -> None:
     with pytest.raises(UsageError, match=r"below the 3\.7 GiB the fp32 weights alone need"):
-        check_budget(ModelSize(10**9), ("adamw_torch",), 2 * GIB)
+        check_budget(10**9, ("fp32",), ("adamw_torch",), 2 * GIB)
 
 
 def test_budget_that_only_an_8bit_optimizer_meets_says_so() -> None:
-    size = ModelSize(100_000_000)  # adamw 1.6 GB, 8-bit 1.0 GB, adafactor 1.2 GB
-    with pytest.raises(UsageError, match=r"--optimizers adamw_bnb_8bit,adamw_torch_8bit"):
-        check_budget(size, ("adamw_torch",), int(1.1e9))
-    check_budget(size, ("adamw_torch", "adamw_bnb_8bit"), int(1.1e9))  # one fits: fine
+    params = 100_000_000  # fp32 adamw 1.6 GB, 8-bit 1.0 GB, adafactor 1.2 GB
+    with pytest.raises(UsageError, match=r"--optimizers .*adamw_bnb_8bit"):
+        check_budget(params, ("fp32",), ("adamw_torch",), int(1.1e9))
+    check_budget(params, ("fp32",), ("adamw_torch", "adamw_bnb_8bit"), int(1.1e9))

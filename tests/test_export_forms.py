@@ -117,6 +117,8 @@ def test_base_args_fix_the_global_batch_and_carry_the_rest(tmp_path: Path) -> No
         "1",
         "--measure-steps",
         "2",
+        "--confirm-top",
+        "0",
         "--quiet",
     )
     assert done.returncode == 0, done.stderr

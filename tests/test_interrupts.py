@@ -38,6 +38,8 @@ ARGV = [
     "1",
     "--measure-steps",
     "2",
+    "--confirm-top",
+    "0",
     "--quiet",
 ]
 

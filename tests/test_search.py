@@ -44,6 +44,8 @@ def test_exported_config_was_measured_within_the_budget(
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 64
     summary = json.loads((work / "studies" / "tiny.best.summary.json").read_text())
     assert summary["best"]["peak_memory_bytes"] <= BUDGET_MIB * MIB * 0.95
+    # Confirmed before crowned: a second, longer run (3 + 6 measured steps).
+    assert summary["best"]["runs"] == 2 and summary["best"]["measured_steps"] == 9
     winner = next(t for t in trials(work) if t.number == summary["best"]["trial"])
     assert winner.user_attrs["outcome"] == "ok"
     assert winner.params["per_device_train_batch_size"] == args.per_device_train_batch_size

@@ -1,0 +1,42 @@
+"""Confirm before crowning: the finalists are measured again, longer, before selection.
+
+A confirmation is a separate run of the same config with more measured steps, stored
+as its own trial (user attribute `confirms`: the trial it confirms). Selection then
+uses the pooled step times of every run of a config, so one lucky run cannot win, and
+a config that fails a confirmation (OOM, NaN) is out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+
+from autotune.trial import Outcome, TrialResult
+
+
+def combine(original: TrialResult, confirmations: Sequence[TrialResult]) -> TrialResult:
+    """The figures of all runs of one config: pooled step times, the highest peak."""
+    if not confirmations or original.outcome != Outcome.OK:
+        return original
+    for run in confirmations:
+        if run.outcome != Outcome.OK:
+            return run.replace(reason=f"confirmation run: {run.reason or run.outcome.value}")
+    runs = [original, *confirmations]
+    times = [t for run in runs for t in run.step_times_s]
+    median = statistics.median(times)
+    q1, _, q3 = statistics.quantiles(times, n=4)
+    samples_per_step = (original.samples_per_s or 0.0) * (original.step_time_median_s or 0.0)
+    tokens_per_sample = (original.tokens_per_s or 0.0) / (original.samples_per_s or 1.0)
+    samples_per_s = samples_per_step / median
+    peaks = [r.peak_memory_bytes for r in runs if r.peak_memory_bytes is not None]
+    return dataclasses.replace(
+        original,
+        samples_per_s=samples_per_s,
+        tokens_per_s=samples_per_s * tokens_per_sample,
+        step_time_median_s=median,
+        step_time_spread=(q3 - q1) / median,
+        step_times_s=tuple(times),
+        peak_memory_bytes=max(peaks) if peaks else None,
+        final_loss=confirmations[-1].final_loss,
+    )
