@@ -29,6 +29,7 @@ def combine(original: TrialResult, confirmations: Sequence[TrialResult]) -> Tria
     samples_per_step = (original.samples_per_s or 0.0) * (original.step_time_median_s or 0.0)
     tokens_per_sample = (original.tokens_per_s or 0.0) / (original.samples_per_s or 1.0)
     samples_per_s = samples_per_step / median
+    flops_per_sample = (original.model_flops_per_s or 0.0) / (original.samples_per_s or 1.0)
     peaks = [r.peak_memory_bytes for r in runs if r.peak_memory_bytes is not None]
     return dataclasses.replace(
         original,
@@ -39,4 +40,5 @@ def combine(original: TrialResult, confirmations: Sequence[TrialResult]) -> Tria
         step_times_s=tuple(times),
         peak_memory_bytes=max(peaks) if peaks else None,
         final_loss=confirmations[-1].final_loss,
+        model_flops_per_s=flops_per_sample * samples_per_s if flops_per_sample else None,
     )

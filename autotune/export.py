@@ -104,6 +104,9 @@ def _figures(record: TrialRecord) -> dict[str, Any]:
         "step_time_median_s": r.step_time_median_s,
         "step_time_spread": r.step_time_spread,
         "peak_memory_bytes": r.peak_memory_bytes,
+        "model_flops_per_s": r.model_flops_per_s,
+        "peak_flops_per_s": r.peak_flops_per_s,
+        "mfu": r.mfu,
         "runs": record.runs,
         "measured_steps": len(r.step_times_s),
     }

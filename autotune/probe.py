@@ -45,7 +45,7 @@ def run_probe(config: TrialConfig) -> TrialResult:
     phases["total"] = time.perf_counter() - started
     return result.replace(
         peak_memory_bytes=hardware.peak_memory_bytes(config.device_kind, index),
-        phases_s={k: round(v, 3) for k, v in phases.items()},
+        phases_s={k: round(v, 3) for k, v in phases.items()} | _warmup_split(result, phases),
         versions=versions,
     )
 
@@ -55,6 +55,7 @@ def _train(config: TrialConfig, phases: dict[str, float]) -> TrialResult:
     from transformers import Trainer, TrainingArguments, set_seed
 
     from autotune.data import WorstCaseDataset
+    from autotune.flops import flops_per_sample, measure_peak_flops
     from autotune.models import build_model
     from autotune.timing import StepTimer
 
@@ -85,8 +86,17 @@ def _train(config: TrialConfig, phases: dict[str, float]) -> TrialResult:
     tick = time.perf_counter()
     output = trainer.train()
     phases["train"] = time.perf_counter() - tick
+    per_sample = flops_per_sample(model, config.model.task, config.seq_len, config.target_len)
     del trainer, model
-    return _measured(config, timer, float(output.training_loss))
+    result = _measured(config, timer, float(output.training_loss))
+    if result.samples_per_s is None:
+        return result
+    tick = time.perf_counter()
+    peak = measure_peak_flops(config.device_kind, config.candidate.precision)
+    phases["peak_flops"] = time.perf_counter() - tick
+    return result.replace(
+        model_flops_per_s=per_sample * result.samples_per_s, peak_flops_per_s=peak
+    )
 
 
 def _probe_only_arguments(config: TrialConfig, total_steps: int) -> dict[str, Any]:
@@ -125,6 +135,14 @@ def _measured(config: TrialConfig, timer: Any, final_loss: float) -> TrialResult
         loss_finite=math.isfinite(final_loss),
         skipped_steps=timer.skipped_in_window,
     )
+
+
+def _warmup_split(result: TrialResult, phases: dict[str, float]) -> dict[str, float]:
+    """Split the train phase into warm-up and measured steps, for the overhead breakdown."""
+    if "train" not in phases or not result.step_times_s:
+        return {}
+    measured = sum(result.step_times_s)
+    return {"measured_steps": round(measured, 3), "warmup": round(phases["train"] - measured, 3)}
 
 
 def _failure(exc: BaseException, config: TrialConfig) -> TrialResult:

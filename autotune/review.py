@@ -31,6 +31,7 @@ class TrialRow:
     peak_memory_gib: float | None
     budget_used_pct: float | None
     step_time_spread_pct: float | None
+    mfu_pct: float | None
     why: str
 
 
@@ -70,6 +71,7 @@ def trial_rows(records: Sequence[TrialRecord], spec: SearchSpec, objective: str)
                 step_time_spread_pct=_round(
                     100 * r.step_time_spread if r.step_time_spread is not None else None, 1
                 ),
+                mfu_pct=_round(100 * r.mfu if r.mfu is not None else None, 1),
                 why=explain(record, spec),
             )
         )
@@ -100,6 +102,7 @@ def render_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) ->
         "peak",
         "budget",
         "spread",
+        "MFU",
         "why",
     ):
         table.add_column(column, justify="right" if column in ("samples/s", "tokens/s") else "left")
@@ -113,6 +116,7 @@ def render_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) ->
             f"{row.peak_memory_gib:.2f} GiB" if row.peak_memory_gib is not None else "",
             f"{row.budget_used_pct:.0f}%" if row.budget_used_pct is not None else "",
             f"±{row.step_time_spread_pct:.0f}%" if row.step_time_spread_pct is not None else "",
+            f"{row.mfu_pct:.1f}%" if row.mfu_pct is not None else "",
             row.why,
         )
     return table

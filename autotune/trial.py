@@ -150,6 +150,8 @@ class TrialResult:
     final_loss: float | None = None
     loss_finite: bool | None = None
     skipped_steps: int = 0
+    model_flops_per_s: float | None = None  # achieved: FLOPs per sample x samples/s
+    peak_flops_per_s: float | None = None  # a matrix multiply at this precision, same device
     phases_s: dict[str, float] = dataclasses.field(default_factory=dict)
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
     error: str = ""
@@ -168,6 +170,13 @@ class TrialResult:
         raw["outcome"] = Outcome(raw["outcome"])
         raw["step_times_s"] = tuple(float(t) for t in raw.get("step_times_s", ()))
         return cls(**raw)
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOP utilisation: achieved model FLOP/s over the measured peak."""
+        if not self.model_flops_per_s or not self.peak_flops_per_s:
+            return None
+        return self.model_flops_per_s / self.peak_flops_per_s
 
     def replace(self, **changes: Any) -> TrialResult:
         return dataclasses.replace(self, **changes)

@@ -15,8 +15,12 @@ LIMIT = 4 * GIB
 def run(step_times: list[float], peak_gib: float = 1.0, batch: int = 16) -> TrialResult:
     median = sorted(step_times)[len(step_times) // 2]
     return TrialResult(
-        Outcome.OK, samples_per_s=batch / median, tokens_per_s=batch / median * 100,
-        step_time_median_s=median, step_time_spread=0.0, step_times_s=tuple(step_times),
+        Outcome.OK,
+        samples_per_s=batch / median,
+        tokens_per_s=batch / median * 100,
+        step_time_median_s=median,
+        step_time_spread=0.0,
+        step_times_s=tuple(step_times),
         peak_memory_bytes=int(peak_gib * GIB),
     )
 

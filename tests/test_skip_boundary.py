@@ -17,8 +17,12 @@ from autotune.trial import Outcome, TrialConfig
 pytestmark = pytest.mark.slow
 
 SPACE = SearchSpace(
-    global_batch_size=64, micro_batches=(8, 16, 32, 64), fallback_batches=(1, 2, 4),
-    precisions=("fp32",), checkpointing=(False,), optimizers=("adamw_torch",),
+    global_batch_size=64,
+    micro_batches=(8, 16, 32, 64),
+    fallback_batches=(1, 2, 4),
+    precisions=("fp32",),
+    checkpointing=(False,),
+    optimizers=("adamw_torch",),
 )
 
 
@@ -28,9 +32,16 @@ def test_skips_only_batches_above_a_measured_oom(tmp_path: Path, tiny_gpt2: Path
     for batch in SPACE.micro_batches:
         candidate = SPACE.candidate(batch, "fp32", False, "adamw_torch")
         config = TrialConfig(
-            number=batch, trial_dir=str(tmp_path / str(batch)), model=model, candidate=candidate,
-            device="cpu", seq_len=256, target_len=8, memory_budget_bytes=BUDGET_MIB * 2**20,
-            warmup_steps=1, measure_steps=2,
+            number=batch,
+            trial_dir=str(tmp_path / str(batch)),
+            model=model,
+            candidate=candidate,
+            device="cpu",
+            seq_len=256,
+            target_len=8,
+            memory_budget_bytes=BUDGET_MIB * 2**20,
+            warmup_steps=1,
+            measure_steps=2,
         )
         measured[batch] = TrialRecord(batch, candidate, run_trial(config, timeout_s=300))
     outcomes = {b: r.result.outcome for b, r in measured.items()}
