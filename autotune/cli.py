@@ -135,6 +135,12 @@ def cli(debug: bool) -> None:
     type=click.IntRange(2),
     help="Measured steps of a confirmation run [default: 2 x --measure-steps].",
 )
+@click.option(
+    "--fork-server/--no-fork-server",
+    default=True,
+    show_default=True,
+    help="Fork each probe from a pre-imported server (saves the import of every trial).",
+)
 @click.option("--warmup-steps", default=3, show_default=True, type=click.IntRange(1))
 @click.option("--measure-steps", default=5, show_default=True, type=click.IntRange(2))
 @click.option("--study", "study_name", help="Study name [default: from the model name].")
@@ -153,6 +159,9 @@ def search(**options: Any) -> None:
     """Search configs for a model and export the fastest that fits."""
     from autotune.commands import search_command
 
+    # SIGTERM unwinds like Ctrl-C, so the running trial's process group is killed and
+    # the trial is failed and re-queued (other commands keep the default: just exit).
+    signal.signal(signal.SIGTERM, _on_sigterm)
     report = search_command(studies_dir=DEFAULT_STUDIES, **options)
     console = Console(highlight=False, soft_wrap=True)
     best = report.best
@@ -300,6 +309,9 @@ def dashboard(study_name: str, storage: str | None, host: str, port: int) -> Non
     )
 
 
+_RESUME = ": the running trial was failed and re-queued; rerun to resume"
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated()
 
@@ -307,7 +319,6 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
-    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         cli.main(args=args, prog_name="autotune", standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -320,14 +331,10 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo(
-            "interrupted: the running trial was failed and re-queued; rerun to resume", err=True
-        )
+        click.echo(f"interrupted{_RESUME if 'search' in args else ''}", err=True)
         sys.exit(130)
     except Terminated:
-        click.echo(
-            "terminated: the running trial was failed and re-queued; rerun to resume", err=True
-        )
+        click.echo(f"terminated{_RESUME}", err=True)
         sys.exit(143)
     except AutotuneError as exc:
         if debug:

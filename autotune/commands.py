@@ -126,6 +126,7 @@ def search_command(
     quiet: bool,
     confirm_top: int,
     confirm_steps: int | None,
+    fork_server: bool,
     **spec_options: object,
 ) -> SearchReport:
     from autotune.progress import Progress
@@ -154,6 +155,7 @@ def search_command(
                 trial_timeout_s=trial_timeout,
                 confirm_top=confirm_top,
                 confirm_steps=confirm_steps or 2 * spec.measure_steps,
+                fork_server=fork_server,
             ),
             sampler=sampler,
             output=output or studies_dir / f"{name}.best.json",

@@ -33,7 +33,7 @@ def flops_per_sample(model: Any, task: str, seq_len: int, target_len: int) -> fl
     return float(6 * parameters * tokens + attention)
 
 
-def measure_peak_flops(device_kind: str, precision: str, seconds: float = 0.5) -> float:
+def measure_peak_flops(device_kind: str, precision: str, seconds: float = 0.3) -> float:
     """FLOP/s of a square matrix multiply at this precision on this device."""
     import torch
 

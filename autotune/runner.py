@@ -13,13 +13,18 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autotune.errors import TrialFilesError
 from autotune.outcomes import classify_exit
 from autotune.probe import RESULT_NAME
 from autotune.trial import TrialConfig, TrialResult, write_atomic
+
+if TYPE_CHECKING:
+    from autotune.forkserver import ForkServer
 
 CONFIG_NAME = "config.json"
 _PR_SET_PDEATHSIG = 1
@@ -34,6 +39,7 @@ def run_trial(
     *,
     timeout_s: float,
     command: Sequence[str] | None = None,
+    server: ForkServer | None = None,
 ) -> TrialResult:
     """Run one trial to completion and return its classified result.
 
@@ -51,7 +57,29 @@ def run_trial(
             f"cannot write trial files in {trial_dir}: {exc.strerror or exc}; free disk space "
             "or fix the permissions of studies/, then rerun to resume"
         ) from None
-    argv = list(command) if command is not None else probe_command(config_path)
+    started = time.monotonic()
+    if server is not None and command is None:
+        if config.device_kind == "cpu" and server.data_limit != config.memory_budget_bytes:
+            raise ValueError("the fork server must run under the trial's memory budget")
+        returncode, timed_out = _run_forked(server, config_path, trial_dir, timeout_s)
+    else:
+        argv = list(command) if command is not None else probe_command(config_path)
+        returncode, timed_out = _run_process(argv, trial_dir, timeout_s)
+    wall = time.monotonic() - started
+    result, problem = read_result(result_path)
+    classified = classify_exit(
+        returncode=returncode,
+        result=result,
+        result_problem=problem,
+        timed_out=timed_out,
+        limit_in_force=config.memory_budget_bytes is not None,
+        timeout_s=timeout_s,
+    )
+    return classified.replace(phases_s={**classified.phases_s, "wall": round(wall, 3)})
+
+
+def _run_process(argv: list[str], trial_dir: Path, timeout_s: float) -> tuple[int, bool]:
+    """A fresh interpreter in a new session; returns (return code, timed out)."""
     timed_out = False
     with open(trial_dir / "stdout.log", "wb") as out, open(trial_dir / "stderr.log", "wb") as err:
         child = subprocess.Popen(
@@ -60,8 +88,8 @@ def run_trial(
             stderr=err,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env=_child_env(),
-            preexec_fn=_die_with_parent,
+            env=child_env(),
+            preexec_fn=die_with_parent,
         )
         try:
             child.wait(timeout=timeout_s)
@@ -69,15 +97,36 @@ def run_trial(
             timed_out = True
         finally:
             kill_group(child)
-    result, problem = read_result(result_path)
-    return classify_exit(
-        returncode=child.returncode,
-        result=result,
-        result_problem=problem,
-        timed_out=timed_out,
-        limit_in_force=config.memory_budget_bytes is not None,
-        timeout_s=timeout_s,
-    )
+    return int(child.returncode), timed_out
+
+
+def _run_forked(
+    server: ForkServer, config_path: Path, trial_dir: Path, timeout_s: float
+) -> tuple[int, bool]:
+    """A child forked from the pre-imported server; returns (return code, timed out)."""
+    pid = server.start(config_path, trial_dir / "stdout.log", trial_dir / "stderr.log")
+    returncode: int | None = None
+    killed: int | None = None
+    try:
+        returncode = server.wait(timeout_s)
+    finally:
+        if returncode is None:  # timed out, or interrupted: the whole group goes
+            _killpg(pid)
+            try:
+                killed = server.wait(60)
+            except RuntimeError:
+                killed = None  # the server went too (Ctrl-C reached it): nothing to reap
+    _killpg(pid)  # a grandchild left behind by a child that exited
+    if returncode is not None:
+        return returncode, False
+    return (killed if killed is not None else -signal.SIGKILL), True
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def kill_group(child: subprocess.Popen[bytes]) -> None:
@@ -103,7 +152,7 @@ def read_result(path: Path) -> tuple[TrialResult | None, str]:
         return None, f"malformed result.json ({type(exc).__name__})"
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child before exec: get SIGKILL if the search process dies (Linux prctl).
 
     The child runs in its own session, so a SIGKILL of the search would otherwise leave
@@ -116,7 +165,7 @@ def _die_with_parent() -> None:
         pass  # not Linux: the parent's finally-block cleanup still covers Ctrl-C and SIGTERM
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")  # the child builds from a config: never the hub
     env.setdefault("TOKENIZERS_PARALLELISM", "false")

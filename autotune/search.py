@@ -16,6 +16,7 @@ from autotune import study as studies
 from autotune.errors import AutotuneError, NoFitError
 from autotune.estimate import FAR_OVER, make_predictor
 from autotune.export import export_selected
+from autotune.forkserver import ForkServer
 from autotune.runner import run_trial
 from autotune.selection import fitting, ranked
 from autotune.skips import open_candidates, skip_reason
@@ -35,6 +36,7 @@ class SearchLimits:
     confirm_steps: int = 10  # measured steps of a confirmation run
     # With confirmation on, the search stops proposing at this share of the time budget.
     search_share: float = 0.8
+    fork_server: bool = True  # children forked from a pre-imported server
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,12 +84,20 @@ def run_search(
     observer.on_search_start(spec, study_name, limits)
     started = time.monotonic()
     probes, stop = 0, ""
-    while not stop:
-        recs = studies.records(study, spec)
-        stop = _stop_reason(recs, spec, limits, started)
-        if not stop:
-            probes += _step(study, spec, recs, studies_dir / study_name, limits, observer)
-    probes += _confirm(study, spec, studies_dir / study_name, limits, observer, started)
+    study_dir = studies_dir / study_name
+    launcher = Launcher(
+        study_dir / "forkserver.log" if limits.fork_server else None,
+        data_limit=spec.memory_budget_bytes if spec.device.kind == "cpu" else None,
+    )
+    try:
+        while not stop:
+            recs = studies.records(study, spec)
+            stop = _stop_reason(recs, spec, limits, started)
+            if not stop:
+                probes += _step(study, spec, recs, study_dir, limits, observer, launcher)
+        probes += _confirm(study, spec, study_dir, limits, observer, started, launcher)
+    finally:
+        launcher.close()
     recs = studies.records(study, spec)
     report = _finish(spec, study_name, recs, probes, started, output, objective, stop)
     observer.on_search_end(report)
@@ -119,6 +129,7 @@ def _step(
     study_dir: Path,
     limits: SearchLimits,
     observer: Observer,
+    launcher: Launcher,
 ) -> int:
     """Ask for one proposal; skip it or probe it. Returns 1 when a probe ran."""
     trial = study.ask(studies.distributions(spec))
@@ -140,7 +151,7 @@ def _step(
     config = _trial_config(spec, trial.number, candidate, study_dir / "trials" / str(trial.number))
     observer.on_trial_start(trial.number, candidate)
     try:
-        result = run_trial(config, timeout_s=limits.trial_timeout_s)
+        result = launcher.run(config, timeout_s=limits.trial_timeout_s)
     except BaseException as exc:  # Ctrl-C, SIGTERM, a full disk: fail the trial, keep the study
         trial.set_user_attr("outcome", "error")
         why = str(exc) if isinstance(exc, AutotuneError) else f"interrupted ({type(exc).__name__})"
@@ -166,6 +177,28 @@ def far_over_budget(spec: SearchSpec, recs: list[TrialRecord]) -> Callable[[Cand
         return f"estimate {format_size(peak)} is far over the {budget} budget"
 
     return over
+
+
+class Launcher:
+    """Runs probes: forked from a pre-imported server when `server_log` is given (started
+    on first use, restarted if it dies), else each in a fresh interpreter."""
+
+    def __init__(self, server_log: Path | None, *, data_limit: int | None) -> None:
+        self.server_log = server_log
+        self.data_limit = data_limit  # the CPU budget, which the server must run under
+        self.server: ForkServer | None = None
+
+    def run(self, config: TrialConfig, *, timeout_s: float) -> TrialResult:
+        if self.server_log is not None and (
+            self.server is None or self.server.process.poll() is not None
+        ):
+            self.server = ForkServer(self.server_log, data_limit=self.data_limit)
+        return run_trial(config, timeout_s=timeout_s, server=self.server)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
 
 
 def _trial_config(
@@ -194,6 +227,7 @@ def _confirm(
     limits: SearchLimits,
     observer: Observer,
     started: float,
+    launcher: Launcher,
 ) -> int:
     """Measure the top finalists again, longer, until each has two runs. Returns runs."""
     runs = 0
@@ -210,7 +244,7 @@ def _confirm(
         config = _trial_config(
             spec, record.number, record.candidate, trial_dir, limits.confirm_steps
         )
-        result = run_trial(config, timeout_s=limits.trial_timeout_s)
+        result = launcher.run(config, timeout_s=limits.trial_timeout_s)
         studies.add_confirmation(study, spec, record, result)
         observer.on_confirm(record.number, record.candidate, result)
         runs += 1

@@ -37,7 +37,7 @@ ARGV = [
     "--warmup-steps",
     "1",
     "--measure-steps",
-    "2",
+    "40",  # each probe lasts a few seconds: long enough to be caught running
     "--confirm-top",
     "0",
     "--quiet",
@@ -55,19 +55,26 @@ def start(work: Path) -> subprocess.Popen[str]:
     )
 
 
-def probes_running(work: Path) -> list[int]:
-    """PIDs of probe children whose config lies under this test's directory."""
+def probes_running(work: Path, *, trials_only: bool = False) -> list[int]:
+    """PIDs of probe children (or fork servers) working in this test's directory.
+
+    A trial's child leads its own session; with `trials_only` the server is left out.
+    """
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
             cwd = os.readlink(proc / "cwd")
         except (OSError, IndexError):
             continue
-        if "autotune.probe" in cmdline and cwd == str(work) and state not in "ZX":
+        state, session = stat[0], int(stat[3])
+        ours = "autotune.probe" in cmdline or "autotune.forkserver" in cmdline
+        if trials_only and session != int(proc.name):
+            continue
+        if ours and cwd == str(work) and state not in "ZX":
             found.append(int(proc.name))
     return found
 
@@ -78,7 +85,7 @@ def wait_for_second_probe(work: Path, search: subprocess.Popen[str]) -> None:
     while time.monotonic() < deadline:
         trials = work / "studies/tiny/trials"
         later = trials.is_dir() and any(d.name != "0" for d in trials.iterdir())
-        if later and probes_running(work):
+        if later and probes_running(work, trials_only=True):
             return
         assert search.poll() is None, search.communicate()
         time.sleep(0.2)

@@ -101,3 +101,42 @@ def test_unwritable_trial_directory_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "trial").write_text("a file where the trial directory should be")
     with pytest.raises(TrialFilesError, match=r"cannot write trial files in .*trial"):
         run_trial(config(tmp_path), timeout_s=30, command=child("pass"))
+
+
+@pytest.mark.slow
+def test_fork_server_runs_a_real_probe_and_kills_it_on_timeout(
+    tmp_path: Path, tiny_gpt2: Path
+) -> None:
+    from autotune.forkserver import ForkServer
+    from autotune.models import resolve_model
+
+    model = resolve_model(str(tiny_gpt2))
+    server = ForkServer(tmp_path / "forkserver.log", data_limit=2**30)
+    try:
+        ok = TrialConfig(
+            number=0,
+            trial_dir=str(tmp_path / "ok"),
+            model=model,
+            candidate=CANDIDATE,
+            device="cpu",
+            seq_len=32,
+            target_len=8,
+            memory_budget_bytes=2**30,
+            warmup_steps=1,
+            measure_steps=2,
+        )
+        result = run_trial(ok, timeout_s=120, server=server)
+        assert result.outcome == Outcome.OK, result.reason
+        assert result.phases_s["import"] < 1.0  # pre-imported: the point of the server
+        slow = TrialConfig(
+            **{**ok.__dict__, "trial_dir": str(tmp_path / "slow"), "measure_steps": 10_000}
+        )
+        started = time.monotonic()
+        timed_out = run_trial(slow, timeout_s=3, server=server)
+        assert timed_out.outcome == Outcome.TIMEOUT
+        assert time.monotonic() - started < 30
+        again = run_trial(ok, timeout_s=120, server=server)  # the server goes on serving
+        assert again.outcome == Outcome.OK
+    finally:
+        server.close()
+    assert server.process.returncode is not None

@@ -1,0 +1,164 @@
+"""A pre-imported fork server for probe children: each trial still gets its own process,
+without paying for the torch + transformers import every time.
+
+The server is started once per search (`python -m autotune.forkserver`), imports the
+heavy libraries, and then, for each request on stdin (one JSON line: the probe's
+config path and log paths), forks a child that starts its own session, dies with the
+server, redirects its output, and runs the probe. The server answers with the child's
+pid, and later with its exit status. Nothing CUDA is initialised before the fork.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+PRELOAD = (
+    "torch",
+    "transformers.trainer",  # `transformers` alone is lazy: the Trainer is the heavy part
+    "transformers.training_args",
+    "transformers.models.auto.modeling_auto",
+    "accelerate",
+    "autotune.probe",
+    "autotune.timing",
+    "autotune.data",
+    "autotune.flops",
+    "autotune.models",
+)
+
+
+def serve(requests: IO[str], replies: IO[str], data_limit: int | None) -> None:
+    import importlib
+
+    if data_limit is not None:
+        # The limit a child will run under, set before the imports: libraries size their
+        # arenas to it exactly as in a fresh probe process, and the children inherit it.
+        resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
+    for name in PRELOAD:
+        importlib.import_module(name)
+    _reply(replies, {"ready": True})
+    for line in requests:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:  # the trial's child
+            _run_child(request)
+        _reply(replies, {"pid": pid})
+        _, status = os.waitpid(pid, 0)
+        _reply(replies, {"pid": pid, "returncode": _returncode(status)})
+
+
+def _run_child(request: dict[str, Any]) -> None:
+    code = 1
+    try:
+        os.setsid()
+        from autotune.runner import die_with_parent
+
+        die_with_parent()
+        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(target, fd)
+            os.close(target)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        from autotune.probe import main
+
+        code = main([request["config"]])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # the probe classifies its own failures; this is a crash
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _returncode(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def _reply(replies: IO[str], message: dict[str, Any]) -> None:
+    replies.write(json.dumps(message) + "\n")
+    replies.flush()
+
+
+class ForkServer:
+    """The parent's handle on a running server; one trial at a time."""
+
+    def __init__(self, log: Path, *, data_limit: int | None = None) -> None:
+        from autotune.runner import child_env, die_with_parent
+
+        self.data_limit = data_limit
+        log.parent.mkdir(parents=True, exist_ok=True)
+        limit = [] if data_limit is None else [str(data_limit)]
+        with open(log, "ab") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "autotune.forkserver", *limit],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                bufsize=0,
+                env=child_env(),
+                preexec_fn=die_with_parent,
+            )
+        self._buffer = b""
+        self._read(timeout=300)  # {"ready": true}: the imports are done
+
+    def start(self, config: Path, stdout: Path, stderr: Path) -> int:
+        """Fork a probe child for this config; returns its pid (also its process group)."""
+        assert self.process.stdin is not None
+        request = {"config": str(config), "stdout": str(stdout), "stderr": str(stderr)}
+        self.process.stdin.write((json.dumps(request) + "\n").encode())
+        reply = self._read(timeout=60)
+        if reply is None:
+            raise RuntimeError("the fork server did not answer within 60 s")
+        return int(reply["pid"])
+
+    def wait(self, timeout: float | None) -> int | None:
+        """The current child's return code (negative: a signal), or None on timeout."""
+        reply = self._read(timeout)
+        return None if reply is None else int(reply["returncode"])
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def _read(self, timeout: float | None) -> dict[str, Any] | None:
+        """One JSON line from the server, or None if none came within the timeout."""
+        assert self.process.stdout is not None
+        fd = self.process.stdout.fileno()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise RuntimeError(f"the fork server exited (code {self.process.poll()})")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return dict(json.loads(line))
+
+
+if __name__ == "__main__":
+    serve(sys.stdin, sys.stdout, int(sys.argv[1]) if len(sys.argv) > 1 else None)
