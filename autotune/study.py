@@ -109,7 +109,7 @@ def open_study(
         study.set_user_attr("description", spec.describe())
         study.set_metric_names(METRIC_NAMES)
         save_note(study, _note(spec))
-    elif stored != identity:
+    elif not _same_search(stored, identity):
         raise StudyError(
             f"study {name!r} already holds a different search ({_difference(stored, identity)}); "
             f"pass --study with a new name to start another, or repeat the original options"
@@ -289,6 +289,14 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _same_search(stored: str, wanted: str) -> bool:
+    """Equal identities; a setting newer than the stored study matches when left empty."""
+    old, new = json.loads(stored), json.loads(wanted)
+    return all(old.get(k) == v if k in old else not v for k, v in new.items()) and all(
+        k in new for k in old
+    )
 
 
 def _difference(stored: str, wanted: str) -> str:

@@ -34,8 +34,8 @@ class ModelArguments:
         default="google/mt5-small",
         metadata={"help": "A directory with config.json, or an id autotune has a preset for."},
     )
-    seq_len: int = field(default=128)
-    target_len: int = field(default=32)
+    max_seq_length: int = field(default=128)
+    max_target_length: int = field(default=32)
     num_examples: int = field(default=256)
 
 
@@ -69,7 +69,8 @@ class RandomTokens(torch.utils.data.Dataset):
 def main() -> None:
     parser = HfArgumentParser((ModelArguments, TrainingArguments))
     if len(sys.argv) >= 2 and sys.argv[1].endswith(".json"):
-        # The JSON gives the TrainingArguments; the remaining flags the rest.
+        # A JSON file (exported, or your own with tuned fields merged in), and any flags
+        # after it, which win.
         with open(sys.argv[1], encoding="utf-8") as handle:
             tuned = json.load(handle)
         flags = [f"--{k}={v}" for k, v in tuned.items()]
@@ -82,8 +83,8 @@ def main() -> None:
     model = auto.from_config(config)
     data = RandomTokens(
         model_args.num_examples,
-        model_args.seq_len,
-        model_args.target_len,
+        model_args.max_seq_length,
+        model_args.max_target_length,
         config.vocab_size,
         seq2seq,
     )

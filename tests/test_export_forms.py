@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import autotune
+from conftest import ROOT, autotune
 from transformers import HfArgumentParser, TrainingArguments
 
 pytestmark = pytest.mark.slow
@@ -56,6 +59,25 @@ def test_merge_into_replaces_only_the_tuned_fields(searched_study: Study, tmp_pa
     training = {k: v for k, v in merged.items() if k != "model_name_or_path"}
     (args,) = HfArgumentParser(TrainingArguments).parse_dict(training)
     assert args.learning_rate == 3e-4 and args.lr_scheduler_type == "cosine"
+    # The user's own script trains with the merged file, unchanged.
+    trained = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "train_with_args.py"),
+            str(mine),
+            "--max_steps",
+            "2",
+            "--max_seq_length",
+            "64",
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert trained.returncode == 0, trained.stderr[-2000:]
 
 
 @pytest.mark.parametrize(

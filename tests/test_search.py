@@ -96,7 +96,7 @@ def test_the_example_script_trains_with_the_exported_json(
             "out",
             "--max_steps",
             "2",
-            "--seq_len",
+            "--max_seq_length",
             "64",
             "--num_examples",
             "256",
