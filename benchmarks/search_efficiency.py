@@ -17,7 +17,7 @@ Every "found" config is scored by its grid measurement, so all methods are compa
 the same numbers. Prints the figures and appends them to benchmarks/RESULTS.md (and
 writes benchmarks/search_efficiency.json).
 
-    python benchmarks/search_efficiency.py           # about 10 minutes on 2 cores
+    python benchmarks/search_efficiency.py           # about 12 minutes on 2 cores
     python benchmarks/search_efficiency.py --quick   # a smaller space, for CI
 """
 
@@ -57,7 +57,7 @@ def settings(quick: bool) -> dict[str, object]:
         return {"global_batch": 32, "seq_len": 128, "budget_mib": 800,
                 "precisions": ("fp32", "bf16"), "optimizers": ("adamw_torch", "adafactor"),
                 "seeds": 2, "steps": (1, 2)}
-    return {"global_batch": 64, "seq_len": 256, "budget_mib": 1000,
+    return {"global_batch": 32, "seq_len": 128, "budget_mib": 800,
             "precisions": ("fp32", "bf16", "fp16"),
             "optimizers": ("adamw_torch", "adamw_torch_fused", "adafactor"),
             "seeds": 5, "steps": (2, 3)}

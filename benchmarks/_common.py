@@ -1,0 +1,67 @@
+"""What the benchmark scripts share: the machine line, a real training run, Markdown."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def machine() -> dict[str, str]:
+    import torch
+    import transformers
+
+    from autotune.hardware import cpu_memory_bytes, cpu_name
+
+    return {
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{cpu_name()}, {os.cpu_count()} cores, {cpu_memory_bytes() / 2**30:.0f} GiB",
+        "versions": f"Python {platform.python_version()}, torch {torch.__version__}, "
+                    f"transformers {transformers.__version__}",
+    }
+
+
+def train(spec: dict[str, Any], work: Path) -> dict[str, Any]:
+    """A real Trainer run in a child process under the spec's RLIMIT_DATA."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", dir=work, delete=False) as handle:
+        json.dump(spec, handle)
+    out = Path(handle.name).with_suffix(".out.json")
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(HERE / "_train_child.py"), handle.name, str(out)],
+        capture_output=True, text=True, check=False, cwd=work,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    if not out.exists():
+        killed = done.returncode < 0
+        return {"outcome": "oom" if killed else "error", "wall_s": time.monotonic() - started,
+                "error": done.stderr[-300:]}
+    result: dict[str, Any] = json.loads(out.read_text())
+    result["process_wall_s"] = time.monotonic() - started
+    return result
+
+
+def autotune(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args], cwd=work, capture_output=True, text=True,
+        check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+
+
+def save(name: str, figures: dict[str, Any], markdown: str, append: bool) -> None:
+    print(json.dumps(figures, indent=2))
+    print(markdown)
+    if append:
+        (HERE / f"{name}.json").write_text(json.dumps(figures, indent=2) + "\n")
+        with open(HERE / "RESULTS.md", "a", encoding="utf-8") as out:
+            out.write(markdown)

@@ -1,0 +1,33 @@
+"""Smoke test: each benchmark script runs end to end in its --quick form."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        ("vs_default.py", "| autotune |"),
+        ("fidelity.py", "| selected |"),
+        ("seed_table.py", "| 8-bit adam |"),
+    ],
+)
+def test_benchmark_runs_quick(script: str, expected: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--no-append"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert expected in done.stdout
