@@ -45,6 +45,10 @@ def serve(requests: IO[str], replies: IO[str], data_limit: int | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
     for name in PRELOAD:
         importlib.import_module(name)
+    from autotune.hardware import FORK_RSS_FILE_ENV, _proc_status_kib
+
+    # The children report peaks as a fresh process would (see untouched_library_bytes).
+    os.environ[FORK_RSS_FILE_ENV] = str(_proc_status_kib("RssFile") * 1024)
     _reply(replies, {"ready": True})
     for line in requests:
         request = json.loads(line)

@@ -141,7 +141,25 @@ def peak_memory_bytes(device_kind: str, index: int) -> int:
 
         return int(torch.cuda.max_memory_reserved(index)) + _cuda_context_bytes(index)
     # ru_maxrss is in KiB on Linux.
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    return peak + untouched_library_bytes()
+
+
+FORK_RSS_FILE_ENV = "AUTOTUNE_SERVER_RSS_FILE"
+
+
+def untouched_library_bytes() -> int:
+    """File-backed pages (shared libraries) a forked child has not touched.
+
+    A child forked from the pre-imported server does not count the libraries' pages
+    in its resident set until it touches them (fork does not copy those page tables),
+    while a fresh training process, having loaded them, counts them all. Adding the
+    server's file-backed resident pages the child lacks keeps the two comparable.
+    """
+    server = os.environ.get(FORK_RSS_FILE_ENV)
+    if not server:
+        return 0
+    return max(0, int(server) - _proc_status_kib("RssFile") * 1024)
 
 
 def device_name(device_kind: str, index: int) -> str:
