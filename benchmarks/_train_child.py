@@ -57,7 +57,9 @@ try:
         "outcome": "ok",
         "per_device_train_batch_size": per_device,
         "samples_per_step": samples_per_step,
-        "steady_samples_per_s": samples_per_step * len(intervals) / sum(intervals),
+        "steady_samples_per_s": (
+            samples_per_step * len(intervals) / sum(intervals) if intervals else None
+        ),
         "steps": len(steps.ends),
     }
 except BaseException as exc:  # classify like the probe does

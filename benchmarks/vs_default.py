@@ -41,8 +41,8 @@ def settings(quick: bool) -> dict[str, Any]:
     if quick:
         return {"global_batch": 16, "seq_len": 64, "target_len": 16, "budget_mib": 700,
                 "train_steps": 6, "max_trials": 4}
-    return {"global_batch": 32, "seq_len": 256, "target_len": 64, "budget_mib": 1400,
-            "train_steps": 30, "max_trials": 12}
+    return {"global_batch": 16, "seq_len": 128, "target_len": 32, "budget_mib": 1000,
+            "train_steps": 15, "max_trials": 10}
 
 
 def spec(s: dict[str, Any], args: dict[str, Any], steps: int) -> dict[str, Any]:
