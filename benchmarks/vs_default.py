@@ -39,9 +39,9 @@ MODEL = {
 
 def settings(quick: bool) -> dict[str, Any]:
     if quick:
-        return {"global_batch": 16, "seq_len": 64, "target_len": 16, "budget_mib": 700,
+        return {"global_batch": 16, "seq_len": 64, "target_len": 16, "budget_mib": 900,
                 "train_steps": 6, "max_trials": 4}
-    return {"global_batch": 16, "seq_len": 128, "target_len": 32, "budget_mib": 1000,
+    return {"global_batch": 16, "seq_len": 128, "target_len": 32, "budget_mib": 950,
             "train_steps": 15, "max_trials": 10}
 
 
