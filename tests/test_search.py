@@ -32,7 +32,9 @@ def test_oom_trials_are_recorded_and_the_search_goes_on(
     assert "wrote studies/tiny.best.json" in stdout
     for t in trials(work):
         if t.user_attrs.get("outcome") in ("ok", "oom"):
-            assert (work / "studies" / "tiny" / "trials" / str(t.number) / "result.json").is_file()
+            # A confirmation run lives beside the trial it confirms.
+            name = f"{t.user_attrs['confirms']}-confirm" if "confirms" in t.user_attrs else t.number
+            assert (work / "studies" / "tiny" / "trials" / str(name) / "result.json").is_file()
 
 
 def test_exported_config_was_measured_within_the_budget(
