@@ -179,10 +179,16 @@ def best_of_study(
 
 def export_command(*, study_name: str, storage: str, output: Path, objective: str) -> Path:
     """Write the study's best config as TrainingArguments JSON (+ sidecar)."""
-    _, spec, recs = best_of_study(study_name=study_name, storage=storage, objective=objective)
-    export_selected(
-        records=recs, spec=spec, study_name=study_name, output=output, objective=objective
+    study, spec = load_study(storage=storage, name=study_name)
+    best = export_selected(
+        records=records(study, spec),
+        spec=spec,
+        study_name=study_name,
+        output=output,
+        objective=objective,
     )
+    if best is None:
+        raise NoFitError(f"study {study_name!r} has no trial that ran ok within the budget")
     return output
 
 

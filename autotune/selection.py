@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from autotune.study import TrialRecord
 from autotune.trial import Outcome
 
-OBJECTIVES = ("throughput", "efficiency")
 MIN_NOISE = 0.01  # two configs closer than 1% are a tie even when both measured tight
 MAX_NOISE = 0.10  # a noisy measurement never makes a config >10% slower count as a tie
 

@@ -82,9 +82,6 @@ def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     raise StudyError(f"unknown sampler {name!r}; choose tpe, random or nsga2")
 
 
-SAMPLERS = ("tpe", "random", "nsga2")
-
-
 def open_study(
     *, storage: str, name: str, spec: SearchSpec, sampler: optuna.samplers.BaseSampler
 ) -> optuna.Study:
