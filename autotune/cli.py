@@ -6,19 +6,14 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import click
 from rich.console import Console
 
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, Terminated, raise_terminated
 from autotune.paths import DEFAULT_STUDIES, default_storage
 from autotune.units import format_size, parse_duration, parse_size
-
-
-class Terminated(BaseException):
-    """SIGTERM, raised in the main thread so cleanup runs as for Ctrl-C."""
 
 
 class ParsedType(click.ParamType):  # type: ignore[type-arg]
@@ -144,7 +139,31 @@ def cli(debug: bool) -> None:
 @click.option("--warmup-steps", default=3, show_default=True, type=click.IntRange(1))
 @click.option("--measure-steps", default=5, show_default=True, type=click.IntRange(2))
 @click.option("--study", "study_name", help="Study name [default: from the model name].")
-@click.option("--storage", help="Optuna storage URL [default: sqlite:///studies/autotune.db].")
+@click.option(
+    "--storage",
+    help="Optuna storage URL, e.g. postgresql://user@host/db to share the study between "
+    "machines [default: sqlite:///studies/autotune.db].",
+)
+@click.option(
+    "--parallel",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    help="CPU: run this many trials at a time, the cores split between them.",
+)
+@click.option(
+    "--devices",
+    type=ListType(),
+    help="CUDA: run one trial at a time on each of these GPUs, e.g. 0,1,2,3.",
+)
+@click.option(
+    "--nproc-per-node",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Probe each config as a DDP run of N processes (torchrun; gloo on the CPU); "
+    "global batch = per-device batch x accumulation x N.",
+)
 @click.option(
     "--output", type=click.Path(path_type=Path), help="[default: studies/<study>.best.json]"
 )
@@ -161,7 +180,7 @@ def search(**options: Any) -> None:
 
     # SIGTERM unwinds like Ctrl-C, so the running trial's process group is killed and
     # the trial is failed and re-queued (other commands keep the default: just exit).
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGTERM, raise_terminated)
     report = search_command(studies_dir=DEFAULT_STUDIES, **options)
     console = Console(highlight=False, soft_wrap=True)
     best = report.best
@@ -310,10 +329,6 @@ def dashboard(study_name: str, storage: str | None, host: str, port: int) -> Non
 
 
 _RESUME = ": the running trial was failed and re-queued; rerun to resume"
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise Terminated()
 
 
 def main(argv: list[str] | None = None) -> None:

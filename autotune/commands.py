@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,7 @@ def build_spec(
     warmup_steps: int,
     measure_steps: int,
     seed: int,
+    nproc_per_node: int = 1,
 ) -> SearchSpec:
     """Validate every option against the model and the device; raise UsageError if off."""
     base = _base(base_args, global_batch_size)
@@ -72,9 +75,10 @@ def build_spec(
             f"{device_info.total_memory_bytes / 2**30:.1f} GiB"
         )
     budget = memory_budget or device_info.total_memory_bytes
+    _check_processes(nproc_per_node, global_batch_size, device_info.kind)
     space = derive_space(
         device_info,
-        global_batch_size=global_batch_size,
+        global_batch_size=global_batch_size // nproc_per_node,
         precisions=precisions,
         optimizers=optimizers,
         checkpointing=tuple(c == "on" for c in checkpointing) if checkpointing else None,
@@ -94,7 +98,27 @@ def build_spec(
         seed=seed,
         base_arguments=base.carried,
         parameters=parameters,
+        nproc_per_node=nproc_per_node,
     )
+
+
+def _check_processes(nproc_per_node: int, global_batch_size: int, device_kind: str) -> None:
+    """A DDP probe needs a global batch the processes share evenly, and the GPUs."""
+    if nproc_per_node == 1:
+        return
+    if global_batch_size % nproc_per_node:
+        raise UsageError(
+            f"--global-batch-size {global_batch_size} is not divisible by --nproc-per-node "
+            f"{nproc_per_node}; each process takes an equal share of the batch"
+        )
+    if device_kind == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < nproc_per_node:
+            raise UsageError(
+                f"--nproc-per-node {nproc_per_node} needs {nproc_per_node} GPUs; "
+                f"{torch.cuda.device_count()} visible"
+            )
 
 
 def _base(path: Path | None, global_batch_size: int | None) -> BaseArguments:
@@ -127,11 +151,20 @@ def search_command(
     confirm_top: int,
     confirm_steps: int | None,
     fork_server: bool,
+    parallel: int = 1,
+    devices: tuple[str, ...] | None = None,
     **spec_options: object,
 ) -> SearchReport:
     from autotune.progress import Progress
+    from autotune.workers import plan_slots, run_workers
 
     spec = build_spec(model=model, **spec_options)  # type: ignore[arg-type]
+    if spec.nproc_per_node > 1 and (parallel > 1 or devices):
+        raise UsageError(
+            "--nproc-per-node runs each probe on several devices already; "
+            "drop --parallel/--devices, or run several searches on one --storage"
+        )
+    slots = plan_slots(spec.device.kind, parallel, devices) if parallel > 1 or devices else []
     name = study_name or default_study_name(model)
     storage = storage or default_storage(studies_dir)
     if storage.startswith("sqlite:///"):
@@ -142,21 +175,35 @@ def search_command(
             raise StudyError(
                 f"cannot open storage {storage!r}: cannot create {folder} ({exc.strerror})"
             ) from None
-    progress = Progress(Console(highlight=False, soft_wrap=True), live=not quiet)
+    limits = SearchLimits(
+        max_trials=max_trials,
+        time_budget_s=time_budget,
+        trial_timeout_s=trial_timeout,
+        confirm_top=confirm_top,
+        confirm_steps=confirm_steps or 2 * spec.measure_steps,
+        fork_server=fork_server,
+    )
+    if slots:
+        started = time.monotonic()
+        run_workers(
+            spec=spec,
+            slots=slots,
+            study_name=name,
+            storage=storage,
+            studies_dir=studies_dir,
+            sampler=sampler,
+            limits=limits,
+        )
+        left = None if time_budget is None else max(0.0, time_budget - (time.monotonic() - started))
+        limits = dataclasses.replace(limits, explore=False, time_budget_s=left)
+    progress = Progress(Console(highlight=False, soft_wrap=True), live=not quiet and not slots)
     try:
         return run_search(
             spec=spec,
             study_name=name,
             storage=storage,
             studies_dir=studies_dir,
-            limits=SearchLimits(
-                max_trials=max_trials,
-                time_budget_s=time_budget,
-                trial_timeout_s=trial_timeout,
-                confirm_top=confirm_top,
-                confirm_steps=confirm_steps or 2 * spec.measure_steps,
-                fork_server=fork_server,
-            ),
+            limits=limits,
             sampler=sampler,
             output=output or studies_dir / f"{name}.best.json",
             objective=objective,

@@ -4,6 +4,10 @@ A confirmation is a separate run of the same config with more measured steps, st
 as its own trial (user attribute `confirms`: the trial it confirms). Selection then
 uses the pooled step times of every run of a config, so one lucky run cannot win, and
 a config that fails a confirmation (OOM, NaN) is out.
+
+Figures measured while other probes shared the cores (`--parallel` on the CPU) are
+not comparable with figures measured alone: once a config has a run measured alone,
+only its runs measured alone are pooled.
 """
 
 from __future__ import annotations
@@ -15,6 +19,13 @@ from collections.abc import Sequence
 from autotune.trial import Outcome, TrialResult
 
 
+def pooled(original: TrialResult, confirmations: Sequence[TrialResult]) -> list[TrialResult]:
+    """The runs whose step times are comparable: all, or only those measured alone."""
+    runs = [original, *confirmations]
+    alone = [r for r in runs if r.concurrent == 1]
+    return alone if alone and len(alone) < len(runs) else runs
+
+
 def combine(original: TrialResult, confirmations: Sequence[TrialResult]) -> TrialResult:
     """The figures of all runs of one config: pooled step times, the highest peak."""
     if not confirmations or original.outcome != Outcome.OK:
@@ -22,7 +33,9 @@ def combine(original: TrialResult, confirmations: Sequence[TrialResult]) -> Tria
     for run in confirmations:
         if run.outcome != Outcome.OK:
             return run.replace(reason=f"confirmation run: {run.reason or run.outcome.value}")
-    runs = [original, *confirmations]
+    every = [original, *confirmations]
+    runs = pooled(original, confirmations)
+    original = runs[0]
     times = [t for run in runs for t in run.step_times_s]
     median = statistics.median(times)
     q1, _, q3 = statistics.quantiles(times, n=4)
@@ -30,7 +43,7 @@ def combine(original: TrialResult, confirmations: Sequence[TrialResult]) -> Tria
     tokens_per_sample = (original.tokens_per_s or 0.0) / (original.samples_per_s or 1.0)
     samples_per_s = samples_per_step / median
     flops_per_sample = (original.model_flops_per_s or 0.0) / (original.samples_per_s or 1.0)
-    peaks = [r.peak_memory_bytes for r in runs if r.peak_memory_bytes is not None]
+    peaks = [r.peak_memory_bytes for r in every if r.peak_memory_bytes is not None]
     return dataclasses.replace(
         original,
         samples_per_s=samples_per_s,

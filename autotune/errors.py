@@ -2,6 +2,17 @@
 
 from __future__ import annotations
 
+from types import FrameType
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so cleanup runs as for Ctrl-C."""
+
+
+def raise_terminated(signum: int, frame: FrameType | None) -> None:
+    """A SIGTERM handler: unwind like Ctrl-C (the running trial is failed and re-queued)."""
+    raise Terminated()
+
 
 class AutotuneError(Exception):
     """Base of every error autotune raises on purpose. Exit code 1."""

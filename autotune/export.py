@@ -112,6 +112,13 @@ def _figures(record: TrialRecord) -> dict[str, Any]:
     }
 
 
+def launch_line(nproc_per_node: int) -> str:
+    """How to run the user's script with the exported JSON, as it was probed."""
+    if nproc_per_node > 1:
+        return f"torchrun --nproc-per-node {nproc_per_node} your_script.py ARGS.json"
+    return "python your_script.py ARGS.json"
+
+
 def _summary(
     record: TrialRecord,
     spec: SearchSpec,
@@ -128,7 +135,9 @@ def _summary(
         "device": {"kind": spec.device.kind, "name": spec.device.name},
         "memory_budget_bytes": spec.memory_budget_bytes,
         "fit_limit_bytes": spec.fit_limit_bytes,
-        "global_batch_size": spec.space.global_batch_size,
+        "global_batch_size": spec.global_batch_size,
+        "nproc_per_node": spec.nproc_per_node,
+        "launch": launch_line(spec.nproc_per_node),
         "seq_len": spec.seq_len,
         "target_len": spec.target_len if spec.model.task == "seq2seq" else None,
         "probe_steps": {"warmup": spec.warmup_steps, "measured": spec.measure_steps},

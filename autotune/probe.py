@@ -4,12 +4,17 @@ A pure function of config.json: it sets the memory limit, builds the model with
 random weights, runs the real `transformers.Trainer` with the candidate's
 TrainingArguments for warm-up + measured optimizer steps, and writes result.json
 beside the config. Rerun it by hand to reproduce a trial.
+
+Launched by torchrun (a DDP probe), each rank writes result.rank<R>.json and a rank
+that fails exits non-zero, so torchrun stops the ranks waiting on it in a collective;
+the parent merges the ranks' results (merge_ranks).
 """
 
 from __future__ import annotations
 
 import gc
 import math
+import os
 import statistics
 import sys
 import time
@@ -28,6 +33,7 @@ def run_probe(config: TrialConfig) -> TrialResult:
     """Run the trial and return what it measured; an OOM or crash becomes a typed result."""
     started = time.perf_counter()
     index = int(config.device.split(":")[1]) if ":" in config.device else 0
+    index = int(os.environ.get("LOCAL_RANK", index))  # a DDP rank uses its own GPU
     phases: dict[str, float] = {}
     if config.memory_budget_bytes is not None:
         hardware.enforce_memory_budget(config.device_kind, index, config.memory_budget_bytes)
@@ -42,11 +48,13 @@ def run_probe(config: TrialConfig) -> TrialResult:
         versions = hardware.describe_environment(config.device_kind, index)
     except Exception as exc:  # e.g. a CUDA error after a crash: keep the result anyway
         versions = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+    versions["world_size"] = os.environ.get("WORLD_SIZE", "1")
     phases["total"] = time.perf_counter() - started
     return result.replace(
         peak_memory_bytes=hardware.peak_memory_bytes(config.device_kind, index),
         phases_s={k: round(v, 3) for k, v in phases.items()} | _warmup_split(result, phases),
         versions=versions,
+        concurrent=config.concurrent,
     )
 
 
@@ -163,8 +171,45 @@ def main(argv: list[str] | None = None) -> int:
     config_path = Path(argv[0])
     config = TrialConfig.from_json(config_path.read_text(encoding="utf-8"))
     result = run_probe(config)
-    write_atomic(config_path.with_name(RESULT_NAME), result.to_json())
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        write_atomic(config_path.with_name(RESULT_NAME), result.to_json())
+        return 0
+    rank = int(os.environ.get("RANK", "0"))
+    write_atomic(config_path.with_name(rank_result_name(rank)), result.to_json())
+    if result.outcome != Outcome.OK:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # torchrun then stops the other ranks, which wait in a collective
     return 0
+
+
+def rank_result_name(rank: int) -> str:
+    return f"result.rank{rank}.json"
+
+
+def merge_ranks(trial_dir: Path, world_size: int) -> None:
+    """Write result.json from the ranks' results: a failing rank's result wins (an OOM
+    before other failures); otherwise rank 0's figures with the highest rank's peak.
+    Writes nothing when no rank wrote a result, or when an ok run lacks a rank."""
+    results = []
+    for rank in range(world_size):
+        path = trial_dir / rank_result_name(rank)
+        try:
+            results.append(TrialResult.from_json(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+    failed = sorted(
+        (r for r in results if r.outcome != Outcome.OK), key=lambda r: r.outcome != Outcome.OOM
+    )
+    if failed:
+        merged = failed[0]
+    elif results and len(results) == world_size:
+        merged = results[0]
+    else:
+        return
+    peaks = [r.peak_memory_bytes for r in results if r.peak_memory_bytes is not None]
+    merged = merged.replace(peak_memory_bytes=max(peaks) if peaks else None)
+    write_atomic(trial_dir / RESULT_NAME, merged.to_json())
 
 
 if __name__ == "__main__":

@@ -38,10 +38,9 @@ class TrialRow:
 def explain(record: TrialRecord, spec: SearchSpec) -> str:
     """Why a trial is not a candidate, in a few words ('' for a clean ok)."""
     r = record.result
-    budget = format_size(spec.memory_budget_bytes)
     if r.outcome == Outcome.OOM:
         at = f" at {format_size(r.peak_memory_bytes)}" if r.peak_memory_bytes else ""
-        return f"OOM{at} of {budget}"
+        return f"OOM{at} of {format_size(spec.fit_limit_bytes)}"
     if r.outcome == Outcome.OK and (r.peak_memory_bytes or 0) > spec.fit_limit_bytes:
         return (
             f"peak {format_size(r.peak_memory_bytes or 0)} over {format_size(spec.fit_limit_bytes)}"

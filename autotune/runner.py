@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from autotune.errors import TrialFilesError
 from autotune.outcomes import classify_exit
-from autotune.probe import RESULT_NAME
+from autotune.probe import RESULT_NAME, merge_ranks
 from autotune.trial import TrialConfig, TrialResult, write_atomic
 
 if TYPE_CHECKING:
@@ -30,7 +30,13 @@ CONFIG_NAME = "config.json"
 _PR_SET_PDEATHSIG = 1
 
 
-def probe_command(config_path: Path) -> list[str]:
+def probe_command(config_path: Path, nproc_per_node: int = 1) -> list[str]:
+    """The child: the probe, or torchrun starting one probe per rank (gloo on the CPU)."""
+    if nproc_per_node > 1:
+        return [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc_per_node}", "-m", "autotune.probe", str(config_path),
+        ]  # fmt: skip
     return [sys.executable, "-m", "autotune.probe", str(config_path)]
 
 
@@ -51,20 +57,27 @@ def run_trial(
     try:
         trial_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(config_path, config.to_json())
-        result_path.unlink(missing_ok=True)  # a stale result from an interrupted run
+        for stale in trial_dir.glob("result*.json"):  # from an interrupted run
+            stale.unlink()
     except OSError as exc:
         raise TrialFilesError(
             f"cannot write trial files in {trial_dir}: {exc.strerror or exc}; free disk space "
             "or fix the permissions of studies/, then rerun to resume"
         ) from None
     started = time.monotonic()
-    if server is not None and command is None:
+    if server is not None and command is None and config.nproc_per_node == 1:
         if config.device_kind == "cpu" and server.data_limit != config.memory_budget_bytes:
             raise ValueError("the fork server must run under the trial's memory budget")
         returncode, timed_out = _run_forked(server, config_path, trial_dir, timeout_s)
     else:
-        argv = list(command) if command is not None else probe_command(config_path)
+        argv = (
+            list(command)
+            if command is not None
+            else probe_command(config_path, config.nproc_per_node)
+        )
         returncode, timed_out = _run_process(argv, trial_dir, timeout_s)
+        if config.nproc_per_node > 1:
+            merge_ranks(trial_dir, config.nproc_per_node)
     wall = time.monotonic() - started
     result, problem = read_result(result_path)
     classified = classify_exit(

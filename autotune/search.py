@@ -37,6 +37,12 @@ class SearchLimits:
     # With confirmation on, the search stops proposing at this share of the time budget.
     search_share: float = 0.8
     fork_server: bool = True  # children forked from a pre-imported server
+    # How many probes share this machine's cores at a time (--parallel on the CPU);
+    # recorded with each result, so figures measured side by side are told apart.
+    concurrent: int = 1
+    poll_s: float = 2.0  # how often a worker waiting on other workers' trials looks again
+    explore: bool = True  # propose and probe (off: only confirm and export)
+    conclude: bool = True  # confirm the finalists and export (off: a --parallel worker)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,34 +77,39 @@ def run_search(
     observer: Observer,
 ) -> SearchReport:
     """Search, record every trial in the study, and export the best config to `output`."""
-    study = studies.open_study(
-        storage=storage,
-        name=study_name,
-        spec=spec,
-        sampler=studies.make_sampler(sampler, spec.seed),
-    )
-    studies.recover_stale(study)
-    if not study.get_trials(deepcopy=False):
-        for seed in seed_candidates(spec.space, spec.device):
-            study.enqueue_trial(studies.candidate_params(seed))
+    study = prepare_study(spec=spec, study_name=study_name, storage=storage, sampler=sampler)
     observer.on_search_start(spec, study_name, limits)
     started = time.monotonic()
     probes, stop = 0, ""
     study_dir = studies_dir / study_name
     launcher = Launcher(
         study_dir / "forkserver.log" if limits.fork_server else None,
-        data_limit=spec.memory_budget_bytes if spec.device.kind == "cpu" else None,
+        data_limit=spec.fit_limit_bytes if spec.device.kind == "cpu" else None,
     )
     try:
-        while not stop:
+        while limits.explore and not stop:
+            studies.recover_stale(study)  # a dead worker's trial goes back in the queue
             recs = studies.records(study, spec)
-            stop = _stop_reason(recs, spec, limits, started)
-            if not stop:
-                probes += _step(study, spec, recs, study_dir, limits, observer, launcher)
-        probes += _confirm(study, spec, study_dir, limits, observer, started, launcher)
+            busy = studies.in_flight(study, spec)
+            over = far_over_budget(spec, recs)
+            stop = _stop_reason(recs, busy, spec, limits, started, over)
+            if stop:
+                break
+            if not open_candidates(spec.space, recs, over, busy):
+                _wait_for_others(study, limits)  # what is left is being probed elsewhere
+                continue
+            probes += _step(study, spec, recs, busy, over, study_dir, limits, observer, launcher)
+        if limits.conclude:
+            while studies.in_flight(study, spec):  # finalists are chosen from every result
+                _wait_for_others(study, limits)
+            probes += _confirm(study, spec, study_dir, limits, observer, started, launcher)
     finally:
         launcher.close()
     recs = studies.records(study, spec)
+    if not limits.conclude:
+        return SearchReport(
+            study_name, None, tuple(recs), probes, time.monotonic() - started, None, stop
+        )
     report = _finish(spec, study_name, recs, probes, started, output, objective, stop)
     observer.on_search_end(report)
     if report.best is None:
@@ -106,10 +117,31 @@ def run_search(
     return report
 
 
+def prepare_study(*, spec: SearchSpec, study_name: str, storage: str, sampler: str) -> optuna.Study:
+    """Open (or create) the study, recover dead workers' trials, queue first guesses."""
+    study = studies.open_study(
+        storage=storage,
+        name=study_name,
+        spec=spec,
+        sampler=studies.make_sampler(sampler, spec.seed),
+    )
+    studies.recover_stale(study)
+    if not study.get_trials(deepcopy=False):  # a worker starting at this moment may do it too
+        for seed in seed_candidates(spec.space, spec.device):
+            study.enqueue_trial(studies.candidate_params(seed))
+    return study
+
+
 def _stop_reason(
-    recs: list[TrialRecord], spec: SearchSpec, limits: SearchLimits, started: float
+    recs: list[TrialRecord],
+    busy: dict[Candidate, int],
+    spec: SearchSpec,
+    limits: SearchLimits,
+    started: float,
+    over: Callable[[Candidate], str | None],
 ) -> str:
-    if sum(r.result.outcome != Outcome.SKIPPED for r in recs) >= limits.max_trials:
+    """Why no new probe should start ('' to go on). Probes running elsewhere count."""
+    if sum(r.result.outcome != Outcome.SKIPPED for r in recs) + len(busy) >= limits.max_trials:
         return f"reached --max-trials {limits.max_trials}"
     share = limits.search_share if limits.confirm_top else 1.0
     if (
@@ -117,15 +149,23 @@ def _stop_reason(
         and time.monotonic() - started >= share * limits.time_budget_s
     ):
         return "time budget spent" + (" (the rest is for confirmation)" if share < 1 else "")
-    if not open_candidates(spec.space, recs, far_over_budget(spec, recs)):
+    if not busy and not open_candidates(spec.space, recs, over):
         return "every config in the space is measured or ruled out"
     return ""
+
+
+def _wait_for_others(study: optuna.Study, limits: SearchLimits) -> None:
+    """Pause while other workers' trials run; take over those whose worker died."""
+    time.sleep(limits.poll_s)
+    studies.recover_stale(study)
 
 
 def _step(
     study: optuna.Study,
     spec: SearchSpec,
     recs: list[TrialRecord],
+    busy: dict[Candidate, int],
+    over: Callable[[Candidate], str | None],
     study_dir: Path,
     limits: SearchLimits,
     observer: Observer,
@@ -134,8 +174,7 @@ def _step(
     """Ask for one proposal; skip it or probe it. Returns 1 when a probe ran."""
     trial = study.ask(studies.distributions(spec))
     candidate = studies.candidate_of(spec, trial.params)
-    over = far_over_budget(spec, recs)
-    skip = skip_reason(candidate, recs, spec.space, over)
+    skip = skip_reason(candidate, recs, spec.space, over, busy)
     if skip is not None:
         result = TrialResult(Outcome.SKIPPED, reason=skip.reason)
         state = None if skip.implies_oom else TrialState.PRUNED
@@ -143,15 +182,25 @@ def _step(
         if skip.implies_oom:
             observer.on_trial_end(trial.number, candidate, result)
         else:  # steer the next ask to a config still open
-            remaining = open_candidates(spec.space, recs, over)
-            pick = random.Random(spec.seed * 7919 + trial.number).choice(remaining)
-            study.enqueue_trial(studies.candidate_params(pick))
+            remaining = open_candidates(spec.space, recs, over, busy)
+            if remaining:
+                pick = random.Random(spec.seed * 7919 + trial.number).choice(remaining)
+                study.enqueue_trial(studies.candidate_params(pick))
         return 0
-    studies.mark_running(trial)
-    config = _trial_config(spec, trial.number, candidate, study_dir / "trials" / str(trial.number))
+    studies.mark_running(trial, candidate)
+    rival = studies.contested(study, trial.number, candidate, limits.max_trials)
+    if rival is not None:  # another worker got there first: let it run, pick again
+        result = TrialResult(Outcome.SKIPPED, reason=rival)
+        studies.tell(study, trial, spec, result, state=TrialState.PRUNED)
+        time.sleep(random.uniform(0.0, 0.5))  # two yielding workers do not retry in step
+        return 0
+    config = _trial_config(
+        spec, trial.number, candidate, study_dir / "trials" / str(trial.number), limits.concurrent
+    )
     observer.on_trial_start(trial.number, candidate)
     try:
-        result = launcher.run(config, timeout_s=limits.trial_timeout_s)
+        with studies.heartbeat(trial):
+            result = launcher.run(config, timeout_s=limits.trial_timeout_s)
     except BaseException as exc:  # Ctrl-C, SIGTERM, a full disk: fail the trial, keep the study
         trial.set_user_attr("outcome", "error")
         why = str(exc) if isinstance(exc, AutotuneError) else f"interrupted ({type(exc).__name__})"
@@ -185,7 +234,7 @@ class Launcher:
 
     def __init__(self, server_log: Path | None, *, data_limit: int | None) -> None:
         self.server_log = server_log
-        self.data_limit = data_limit  # the CPU budget, which the server must run under
+        self.data_limit = data_limit  # the CPU probe limit, which the server must run under
         self.server: ForkServer | None = None
 
     def run(self, config: TrialConfig, *, timeout_s: float) -> TrialResult:
@@ -202,7 +251,12 @@ class Launcher:
 
 
 def _trial_config(
-    spec: SearchSpec, number: int, candidate: Candidate, trial_dir: Path, measure_steps: int = 0
+    spec: SearchSpec,
+    number: int,
+    candidate: Candidate,
+    trial_dir: Path,
+    concurrent: int,
+    measure_steps: int = 0,
 ) -> TrialConfig:
     return TrialConfig(
         number=number,
@@ -212,11 +266,13 @@ def _trial_config(
         device=spec.device.torch_device,
         seq_len=spec.seq_len,
         target_len=spec.target_len,
-        memory_budget_bytes=spec.memory_budget_bytes,
+        memory_budget_bytes=spec.fit_limit_bytes,
         warmup_steps=spec.warmup_steps,
         measure_steps=measure_steps or spec.measure_steps,
         seed=spec.seed,
         base_arguments=spec.base_arguments,
+        concurrent=concurrent,
+        nproc_per_node=spec.nproc_per_node,
     )
 
 
@@ -241,8 +297,9 @@ def _confirm(
             break
         record = todo[0]
         trial_dir = study_dir / "trials" / f"{record.number}-confirm"
+        # Confirmations run one at a time, alone on the machine (concurrent = 1).
         config = _trial_config(
-            spec, record.number, record.candidate, trial_dir, limits.confirm_steps
+            spec, record.number, record.candidate, trial_dir, 1, limits.confirm_steps
         )
         result = launcher.run(config, timeout_s=limits.trial_timeout_s)
         studies.add_confirmation(study, spec, record, result)

@@ -6,7 +6,7 @@ Pure functions over the study's records, so the rules are tested without probing
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from autotune.space import SearchSpace
 from autotune.study import TrialRecord
@@ -24,11 +24,17 @@ def skip_reason(
     records: Sequence[TrialRecord],
     space: SearchSpace,
     predicted_over: Callable[[Candidate], str | None] = lambda c: None,
+    in_flight: Mapping[Candidate, int] | None = None,
 ) -> Skip | None:
-    """Why this proposal need not run, or None when it must be probed."""
+    """Why this proposal need not run, or None when it must be probed.
+
+    `in_flight` maps configs other workers are probing now to their trial numbers.
+    """
     for record in records:
         if record.candidate == candidate:
             return Skip(f"duplicate of trial {record.number}", implies_oom=False)
+    if in_flight and candidate in in_flight:
+        return Skip(f"trial {in_flight[candidate]} is probing it", implies_oom=False)
     oom = smallest_oom(candidate, records)
     if oom is not None and oom.candidate.per_device_train_batch_size < (
         candidate.per_device_train_batch_size
@@ -72,6 +78,11 @@ def open_candidates(
     space: SearchSpace,
     records: Sequence[TrialRecord],
     predicted_over: Callable[[Candidate], str | None] = lambda c: None,
+    in_flight: Mapping[Candidate, int] | None = None,
 ) -> list[Candidate]:
-    """Candidates neither measured nor ruled out: what is left to search."""
-    return [c for c in space.candidates() if skip_reason(c, records, space, predicted_over) is None]
+    """Candidates neither measured, ruled out, nor being probed: what is left to search."""
+    return [
+        c
+        for c in space.candidates()
+        if skip_reason(c, records, space, predicted_over, in_flight) is None
+    ]

@@ -26,10 +26,23 @@ class SearchSpec:
     seed: int = 0
     base_arguments: dict[str, Any] = dataclasses.field(default_factory=dict)
     parameters: int = 0  # counted on the meta device; 0 when unknown
+    nproc_per_node: int = 1  # DDP processes per probe (torchrun); the space is per process
+
+    @property
+    def global_batch_size(self) -> int:
+        """The effective batch: per-device batch x accumulation x processes."""
+        return self.space.global_batch_size * self.nproc_per_node
 
     @property
     def fit_limit_bytes(self) -> int:
-        """A config fits when its measured peak is at most this."""
+        """A config fits when its measured peak is at most this; probes run under it.
+
+        Enforcing the budget less the headroom in the probe (not the budget itself)
+        leaves the headroom spare in the user's run, in the currency the limit
+        counts: on the CPU, RLIMIT_DATA counts reserved data pages, which run a few
+        percent above the resident peak, and the allocator's high-water creeps up
+        for tens of steps after the probe's window (benchmarks/fidelity.py).
+        """
         return int(self.memory_budget_bytes * (1.0 - self.headroom))
 
     def identity(self) -> dict[str, Any]:
@@ -50,6 +63,7 @@ class SearchSpec:
             "warmup_steps": self.warmup_steps,
             "measure_steps": self.measure_steps,
             "base_arguments": self.base_arguments,
+            "nproc_per_node": self.nproc_per_node if self.nproc_per_node > 1 else 0,
         }
 
     def to_json(self) -> str:
@@ -74,6 +88,9 @@ class SearchSpec:
         )
         return (
             f"{self.model.name} ({self.model.task}) on {self.device.kind} {self.device.name}; "
-            f"budget {self.memory_budget_bytes / 2**30:.1f} GiB; global batch "
-            f"{self.space.global_batch_size}; {lengths} {kind}"
+            f"budget {self.memory_budget_bytes / 2**30:.1f} GiB"
+            + (" per process" if self.nproc_per_node > 1 else "")
+            + f"; global batch {self.global_batch_size}"
+            + (f" over {self.nproc_per_node} processes" if self.nproc_per_node > 1 else "")
+            + f"; {lengths} {kind}"
         )

@@ -8,19 +8,24 @@ feasible when its peak is within the budget less the headroom.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import socket
+import time
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import optuna
+import sqlalchemy.exc
 from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.storages._heartbeat import BaseHeartbeat, get_heartbeat_thread
 from optuna.trial import TrialState
 from optuna_dashboard import save_note
 
-from autotune.confirm import combine
+from autotune.confirm import combine, pooled
 from autotune.errors import StudyError
 from autotune.spec import SearchSpec
 from autotune.trial import Candidate, Outcome, TrialResult
@@ -31,7 +36,13 @@ GIB = float(2**30)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+# We record heartbeats ourselves around each probe (ask/tell, not Study.optimize).
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
 METRIC_NAMES = ["samples_per_s", "peak_memory_gib"]
+# A searching process records a heartbeat for its running trial this often; a trial
+# whose heartbeat is older than three intervals belongs to a dead worker (any host).
+HEARTBEAT_S = max(1, int(os.environ.get("AUTOTUNE_HEARTBEAT_S", "10")))
+CLAIM_ATTR = "claim"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +85,11 @@ def candidate_of(spec: SearchSpec, params: dict[str, Any]) -> Candidate:
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=4)
+        # constant_liar: trials running in other workers count as poor points, so two
+        # workers sharing the study are not steered to the same config.
+        return optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, n_startup_trials=4, constant_liar=True
+        )
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "nsga2":
@@ -89,12 +104,17 @@ def open_study(
     identity = json.dumps(spec.identity(), sort_keys=True)
     try:
         study = optuna.create_study(
-            storage=storage,
+            storage=make_storage(storage),
             study_name=name,
             sampler=sampler,
             load_if_exists=True,
             directions=["maximize", "minimize"],
         )
+    except (optuna.exceptions.DuplicatedStudyError, sqlalchemy.exc.IntegrityError):
+        # Another worker created the study at the same moment: join it.
+        study = optuna.load_study(study_name=name, storage=make_storage(storage), sampler=sampler)
+    except StudyError:
+        raise
     except (optuna.exceptions.StorageInternalError, ValueError, ImportError) as exc:
         raise StudyError(f"cannot open storage {storage!r}: {_first_line(exc)}") from None
     except Exception as exc:  # sqlalchemy errors: a path that cannot be created or written
@@ -114,10 +134,46 @@ def open_study(
     return study
 
 
+def make_storage(url: str) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage (SQLite, PostgreSQL, MySQL) with heartbeats for running trials."""
+    engine: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        # Several workers on one SQLite file wait for each other's writes.
+        engine = {"connect_args": {"timeout": 60}}
+    elif "://" in url:
+        engine = {"pool_pre_ping": True}
+    for attempt in range(3):
+        try:
+            return optuna.storages.RDBStorage(
+                url,
+                engine_kwargs=engine,
+                heartbeat_interval=HEARTBEAT_S,
+                grace_period=3 * HEARTBEAT_S,
+            )
+        except ImportError as exc:
+            driver = url.split(":", 1)[0]
+            raise StudyError(
+                f"cannot open storage {url!r}: the driver for {driver} is not installed "
+                f"({_first_line(exc)}); for PostgreSQL: pip install psycopg2-binary"
+            ) from None
+        except sqlalchemy.exc.SQLAlchemyError as exc:
+            # Two workers creating the tables of a new storage at once: one loses the race.
+            if (
+                "already exists" not in str(exc) and "duplicate key" not in str(exc)
+            ) or attempt == 2:
+                raise StudyError(f"cannot open storage {url!r}: {_first_line(exc)}") from None
+            time.sleep(0.5 + attempt)
+        except Exception as exc:
+            raise StudyError(f"cannot open storage {url!r}: {_first_line(exc)}") from None
+    raise AssertionError("unreachable")
+
+
 def load_study(*, storage: str, name: str) -> tuple[optuna.Study, SearchSpec]:
     """An existing study and the spec it was created with (for export and review)."""
     try:
-        study = optuna.load_study(study_name=name, storage=storage)
+        study = optuna.load_study(study_name=name, storage=make_storage(storage))
+    except StudyError:
+        raise
     except KeyError:
         raise StudyError(
             f"no study named {name!r} in {storage}; run `autotune search` first or check --storage"
@@ -152,9 +208,14 @@ def records(study: optuna.Study, spec: SearchSpec) -> list[TrialRecord]:
         if "confirms" in trial.user_attrs:
             continue
         extra = confirmations.get(trial.number, [])
-        result = combine(TrialResult.from_json(trial.user_attrs["result"]), extra)
+        first = TrialResult.from_json(trial.user_attrs["result"])
         found.append(
-            TrialRecord(trial.number, candidate_of(spec, trial.params), result, 1 + len(extra))
+            TrialRecord(
+                trial.number,
+                candidate_of(spec, trial.params),
+                combine(first, extra),
+                len(pooled(first, extra)),
+            )
         )
     return found
 
@@ -234,30 +295,107 @@ def tell(
         study.tell(trial, state=state or TrialState.FAIL)
 
 
-def mark_running(trial: optuna.Trial) -> None:
-    """Who runs this trial, so a later search can tell a dead one from a live one."""
+def claim_key(candidate: Candidate) -> str:
+    c = candidate
+    return f"{c.per_device_train_batch_size}|{c.precision}|{c.activation_checkpointing}|{c.optim}"
+
+
+def mark_running(trial: optuna.Trial, candidate: Candidate) -> None:
+    """Claim the config for this trial: who runs it (host, pid) and a first heartbeat."""
     trial.set_user_attr("host", socket.gethostname())
     trial.set_user_attr("pid", os.getpid())
+    trial.set_user_attr(CLAIM_ATTR, claim_key(candidate))
+    _heartbeats(trial.study).record_heartbeat(trial._trial_id)
+
+
+@contextlib.contextmanager
+def heartbeat(trial: optuna.Trial) -> Iterator[None]:
+    """Record the trial's heartbeat every HEARTBEAT_S seconds while the block runs."""
+    beat = get_heartbeat_thread(trial._trial_id, trial.study._storage)
+    beat.start()
+    try:
+        yield
+    finally:
+        beat.join()
+
+
+def in_flight(study: optuna.Study, spec: SearchSpec, exclude: int = -1) -> dict[Candidate, int]:
+    """Configs being probed now (by any worker): config -> trial number."""
+    return {
+        candidate_of(spec, t.params): t.number
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if CLAIM_ATTR in t.user_attrs and t.number != exclude
+    }
+
+
+def contested(
+    study: optuna.Study, number: int, candidate: Candidate, max_trials: int
+) -> str | None:
+    """Why this freshly claimed trial must yield, or None when the claim holds.
+
+    Every worker writes its claim before it reads the others', and yields on seeing
+    any rival claim. Two workers that pick one config at the same moment may both
+    yield (and pick again), but both can never run it: the second to read always
+    sees the first one's claim.
+    """
+    mine = claim_key(candidate)
+    probes = 1  # this one
+    for other in study.get_trials(deepcopy=False):
+        if other.number == number:
+            continue
+        attrs = other.user_attrs
+        if other.state == TrialState.RUNNING and CLAIM_ATTR in attrs:
+            probes += 1
+            if attrs[CLAIM_ATTR] == mine:
+                return f"trial {other.number} is probing the same config"
+        elif other.state in (TrialState.COMPLETE, TrialState.FAIL) and "result" in attrs:
+            if "confirms" in attrs or attrs.get("outcome") == Outcome.SKIPPED.value:
+                continue
+            probes += 1
+            if attrs.get(CLAIM_ATTR) == mine:
+                return f"trial {other.number} measured the same config"
+    if probes > max_trials:
+        return f"other workers reached --max-trials {max_trials}"
+    return None
 
 
 def recover_stale(study: optuna.Study) -> list[int]:
-    """Fail RUNNING trials whose search process on this host is gone; re-queue their params."""
+    """Fail RUNNING trials whose worker is gone, and re-queue their params.
+
+    Gone: a search process on this host that no longer exists (seen at once), or a
+    worker anywhere whose heartbeat is older than the storage's grace period.
+    """
+    storage = _heartbeats(study)
+    stale = set(storage._get_stale_trial_ids(study._study_id))
     recovered = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if trial.user_attrs.get("host") != socket.gethostname():
-            continue
         pid = trial.user_attrs.get("pid")
-        if isinstance(pid, int) and _alive(pid):
-            continue
-        study._storage.set_trial_user_attr(trial._trial_id, "outcome", "error")
-        study._storage.set_trial_user_attr(
-            trial._trial_id, "reason", "search process died during the trial; re-queued"
+        dead_here = trial.user_attrs.get("host") == socket.gethostname() and not (
+            isinstance(pid, int) and _alive(pid)
         )
-        study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+        if trial._trial_id not in stale and not dead_here:
+            continue
+        why = "search process died" if dead_here else "worker stopped sending heartbeats"
+        try:
+            storage.set_trial_user_attr(trial._trial_id, "outcome", "error")
+            reason = f"{why} during the trial; re-queued"
+            storage.set_trial_user_attr(trial._trial_id, "reason", reason)
+            if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+                continue
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue  # another worker recovered it (or it finished) first
         if trial.params:
             study.enqueue_trial(trial.params, skip_if_exists=False)
         recovered.append(trial.number)
     return recovered
+
+
+def _heartbeats(study: optuna.Study) -> Any:
+    """The study's storage, which records heartbeats (every storage make_storage builds)."""
+    storage = study._storage
+    if not isinstance(storage, BaseHeartbeat):
+        raise StudyError("this storage keeps no heartbeats; use an RDB storage URL")
+    return storage
 
 
 def _note(spec: SearchSpec) -> str:
@@ -268,7 +406,9 @@ def _note(spec: SearchSpec) -> str:
         f"- device: {spec.device.kind} {spec.device.name}\n"
         f"- memory budget: {spec.memory_budget_bytes / GIB:.2f} GiB "
         f"(fits below {spec.fit_limit_bytes / GIB:.2f} GiB)\n"
-        f"- global batch: {spec.space.global_batch_size}\n"
+        f"- global batch: {spec.global_batch_size}"
+        + (f" ({spec.nproc_per_node} DDP processes)" if spec.nproc_per_node > 1 else "")
+        + "\n"
         f"- sequence length: {spec.seq_len}"
         + (f", target length {spec.target_len}" if spec.model.task == "seq2seq" else "")
         + "\n\nValues: samples_per_s (maximise), peak_memory_gib (minimise); the budget is a "

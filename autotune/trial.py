@@ -110,6 +110,8 @@ class TrialConfig:
     measure_steps: int = 5
     seed: int = 0
     base_arguments: dict[str, Any] = dataclasses.field(default_factory=dict)
+    concurrent: int = 1  # probes sharing the machine's cores while this one runs
+    nproc_per_node: int = 1  # >1: a DDP run of this many processes, launched by torchrun
 
     @property
     def device_kind(self) -> str:
@@ -118,7 +120,7 @@ class TrialConfig:
     @property
     def global_batch_size(self) -> int:
         c = self.candidate
-        return c.per_device_train_batch_size * c.gradient_accumulation_steps
+        return c.per_device_train_batch_size * c.gradient_accumulation_steps * self.nproc_per_node
 
     @property
     def tokens_per_sample(self) -> int:
@@ -155,6 +157,7 @@ class TrialResult:
     phases_s: dict[str, float] = dataclasses.field(default_factory=dict)
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
     error: str = ""
+    concurrent: int = 1  # probes that shared the machine's cores with this one
 
     def to_json(self) -> str:
         raw = dataclasses.asdict(self)

@@ -29,7 +29,7 @@ MODEL = {
 
 def settings(quick: bool) -> dict[str, Any]:
     if quick:
-        return {"global_batch": 16, "seq_len": 128, "budget_mib": 900, "long_steps": 8,
+        return {"global_batch": 16, "seq_len": 128, "budget_mib": 1000, "long_steps": 8,
                 "max_trials": 4}
     return {"global_batch": 32, "seq_len": 256, "budget_mib": 1300, "long_steps": 60,
             "max_trials": 12}

@@ -2,8 +2,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -118,3 +121,31 @@ def searched_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list
     done = autotune(work, *argv)
     assert done.returncode == 0, done.stdout + done.stderr
     return work, argv, done.stdout
+
+
+@pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real PostgreSQL server: the one .ci/run started (AUTOTUNE_TEST_POSTGRES), else one
+    started here with .ci/postgres; the tests that need it skip, saying why, without."""
+    url = os.environ.get("AUTOTUNE_TEST_POSTGRES")
+    if url:
+        yield url
+        return
+    folder = Path(tempfile.mkdtemp(prefix="autotune-pg-"))
+    started = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "postgres"), str(folder)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if started.returncode != 0:
+        pytest.skip(f"no PostgreSQL server could be started: {started.stderr.strip()[:200]}")
+    try:
+        yield started.stdout.strip()
+    finally:
+        subprocess.run(
+            ["bash", str(ROOT / ".ci" / "postgres"), "--stop", str(folder)],
+            capture_output=True,
+            check=False,
+        )
+        shutil.rmtree(folder, ignore_errors=True)

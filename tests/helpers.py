@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from autotune.hardware import DeviceInfo
 from autotune.space import SearchSpace
+from autotune.spec import SearchSpec
 from autotune.study import TrialRecord
-from autotune.trial import Candidate, Outcome, TrialResult
+from autotune.trial import Candidate, ModelSpec, Outcome, TrialResult
 
 GIB = 2**30
 
@@ -15,6 +17,15 @@ SPACE = SearchSpace(
     precisions=("fp32", "bf16"),
     checkpointing=(False, True),
     optimizers=("adamw_torch",),
+)
+
+SPEC = SearchSpec(
+    model=ModelSpec("tiny", "local", "causal-lm", {"model_type": "gpt2"}),
+    device=DeviceInfo("cpu", None, "test cpu", 16 * 2**30),
+    space=SPACE,
+    seq_len=128,
+    target_len=32,
+    memory_budget_bytes=8 * 2**30,
 )
 
 

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow
     [
         ("fidelity.py", "| selected |"),
         ("seed_table.py", "| 8-bit adam |"),
+        ("scaleout.py", "| 2 workers (--parallel 2) |"),
     ],
 )
 def test_benchmark_runs_quick(script: str, expected: str) -> None:

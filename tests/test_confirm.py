@@ -4,7 +4,7 @@ import dataclasses
 
 from helpers import GIB, cand
 
-from autotune.confirm import combine
+from autotune.confirm import combine, pooled
 from autotune.selection import select_best
 from autotune.study import TrialRecord
 from autotune.trial import Outcome, TrialResult
@@ -61,3 +61,14 @@ def test_no_confirmation_leaves_the_result_alone() -> None:
     only = run([1.0, 1.1, 0.9])
     assert combine(only, []) == only
     assert dataclasses.replace(only) == combine(only, [])
+
+
+def test_runs_measured_side_by_side_are_not_pooled_with_runs_measured_alone() -> None:
+    shared = dataclasses.replace(run([2.0, 2.1, 2.0], peak_gib=1.5), concurrent=2)
+    alone = run([1.0, 1.1, 1.0, 1.0])
+    assert pooled(shared, [alone]) == [alone]
+    pooled_result = combine(shared, [alone])
+    assert pooled_result.step_times_s == alone.step_times_s
+    assert pooled_result.samples_per_s == 16 / 1.0
+    assert pooled_result.peak_memory_bytes == int(1.5 * GIB)  # the highest peak of every run
+    assert pooled(shared, []) == [shared]  # nothing measured alone yet: what there is

@@ -4,23 +4,11 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import SPACE, cand, rec
+from helpers import SPEC, cand, rec
 from transformers import HfArgumentParser, TrainingArguments
 
 from autotune.errors import ExportError
 from autotune.export import export_best, sidecar_path, verify
-from autotune.hardware import DeviceInfo
-from autotune.spec import SearchSpec
-from autotune.trial import ModelSpec
-
-SPEC = SearchSpec(
-    model=ModelSpec("tiny", "local", "causal-lm", {"model_type": "gpt2"}),
-    device=DeviceInfo("cpu", None, "test cpu", 16 * 2**30),
-    space=SPACE,
-    seq_len=128,
-    target_len=32,
-    memory_budget_bytes=8 * 2**30,
-)
 
 
 def test_export_round_trips_through_hf_argument_parser(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ def test_show_lists_every_trial_best_first_with_reasons(searched_study: Study) -
     lines = done.stdout.splitlines()
     body = [ln for ln in lines if "│" in ln and "batch " in ln]
     assert "*" in body[0].split("│")[1]  # the selected trial comes first
-    assert any("OOM at" in ln and "of 800 MiB" in ln for ln in body)
+    assert any("OOM at" in ln and "of 760 MiB" in ln for ln in body)
     assert len(body) == len([ln for ln in body if ln.split("│")[3].strip()]) >= 5
 
 

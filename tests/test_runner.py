@@ -140,3 +140,35 @@ def test_fork_server_runs_a_real_probe_and_kills_it_on_timeout(
     finally:
         server.close()
     assert server.process.returncode is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("budget_mib", "outcome"), [(None, Outcome.OK), (380, Outcome.OOM)])
+def test_a_ddp_probe_runs_under_torchrun_and_one_ranks_oom_fails_the_trial(
+    tmp_path: Path, budget_mib: int | None, outcome: Outcome
+) -> None:
+    from conftest import TINY_GPT2
+
+    trial = TrialConfig(
+        number=0,
+        trial_dir=str(tmp_path / "trial"),
+        model=ModelSpec("tiny", "local", "causal-lm", TINY_GPT2),
+        candidate=Candidate(16, 1, "fp32", False, "adamw_torch"),
+        device="cpu",
+        seq_len=64,
+        target_len=0,
+        memory_budget_bytes=budget_mib * 2**20 if budget_mib else None,
+        warmup_steps=1,
+        measure_steps=2,
+        nproc_per_node=2,
+    )
+    assert trial.global_batch_size == 32  # 16 per process x 1 step x 2 processes
+    result = run_trial(trial, timeout_s=300)
+    assert result.outcome == outcome, result
+    ranks = sorted(p.name for p in (tmp_path / "trial").glob("result.rank*.json"))
+    if outcome == Outcome.OK:
+        assert ranks == ["result.rank0.json", "result.rank1.json"]
+        assert result.samples_per_s and result.peak_memory_bytes
+        assert result.versions["world_size"] == "2"
+    else:
+        assert "can't allocate memory" in result.error  # torchrun stopped the other rank

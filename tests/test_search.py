@@ -10,7 +10,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import BUDGET_MIB, ROOT, autotune
+from conftest import BUDGET_MIB, ROOT, TINY_GPT2, autotune, write_model
 from transformers import HfArgumentParser, TrainingArguments
 
 pytestmark = pytest.mark.slow
@@ -148,3 +148,21 @@ def test_nothing_fits_reports_and_writes_no_config(tmp_path: Path) -> None:
     assert last.startswith("error: no config fits 522 MiB (budget 550 MiB less headroom): 2 oom")
     assert "smallest peak measured" in last and "--optimizers adamw_bnb_8bit" in last
     assert not (tmp_path / "studies" / "tiny.best.json").exists()
+
+
+@pytest.mark.slow
+def test_a_ddp_search_exports_what_torchrun_needs(tmp_path: Path) -> None:
+    write_model(tmp_path / "tiny", TINY_GPT2)
+    done = autotune(
+        tmp_path, "search", "--model", "./tiny", "--device", "cpu", "--nproc-per-node", "2",
+        "--global-batch-size", "32", "--seq-len", "64", "--precisions", "fp32",
+        "--optimizers", "adamw_torch", "--checkpointing", "off", "--max-trials", "2",
+        "--warmup-steps", "1", "--measure-steps", "2", "--confirm-top", "0", "--quiet",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "global batch 32 over 2 processes" in done.stdout
+    args = json.loads((tmp_path / "studies" / "tiny.best.json").read_text())
+    assert args["per_device_train_batch_size"] * args["gradient_accumulation_steps"] * 2 == 32
+    summary = json.loads((tmp_path / "studies" / "tiny.best.summary.json").read_text())
+    assert summary["launch"] == "torchrun --nproc-per-node 2 your_script.py ARGS.json"
+    assert summary["best"]["runs"] == 1 and summary["nproc_per_node"] == 2

@@ -1,0 +1,111 @@
+"""Two workers on one study in a real PostgreSQL server, as on two machines."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import TINY_GPT2, write_model
+from optuna.trial import TrialState
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+MAX_TRIALS = 6
+
+
+def search(work: Path, url: str, study: str) -> subprocess.Popen[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "autotune",
+        "search",
+        "--model",
+        "./tiny",
+        "--device",
+        "cpu",
+        "--global-batch-size",
+        "16",
+        "--seq-len",
+        "64",
+        "--precisions",
+        "fp32,bf16",
+        "--optimizers",
+        "adamw_torch,adafactor",
+        "--checkpointing",
+        "off",
+        "--max-trials",
+        str(MAX_TRIALS),
+        "--warmup-steps",
+        "1",
+        "--measure-steps",
+        "2",
+        "--confirm-top",
+        "1",
+        "--storage",
+        url,
+        "--study",
+        study,
+        "--quiet",
+    ]
+    return subprocess.Popen(
+        argv,
+        cwd=work,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def running_trial_of(study: optuna.Study, pid: int) -> optuna.trial.FrozenTrial | None:
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if trial.user_attrs.get("pid") == pid and "claim" in trial.user_attrs:
+            return trial
+    return None
+
+
+def test_two_workers_share_one_study_and_recover_a_killed_ones_trial(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    write_model(tmp_path / "tiny", TINY_GPT2)
+    name = "shared"
+    first, second = search(tmp_path, postgres_url, name), search(tmp_path, postgres_url, name)
+    deadline = time.monotonic() + 240
+    killed = None
+    while killed is None and time.monotonic() < deadline:
+        try:
+            study = optuna.load_study(study_name=name, storage=postgres_url)
+            killed = running_trial_of(study, first.pid)
+        except KeyError:
+            pass  # not created yet
+        time.sleep(0.2)
+    assert killed is not None, "the first worker never started a trial"
+    first.kill()  # as a machine going down: no cleanup runs in it
+    first.wait()
+    out, _ = second.communicate(timeout=600)
+    assert second.returncode == 0, out
+
+    study = optuna.load_study(study_name=name, storage=postgres_url)
+    trials = study.get_trials(deepcopy=False)
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    # The killed worker's trial: failed, and its config probed again by the survivor.
+    lost = trials[killed.number]
+    assert lost.state == TrialState.FAIL and "died" in lost.user_attrs["reason"]
+    probes = [
+        t
+        for t in trials
+        if "result" in t.user_attrs
+        and "confirms" not in t.user_attrs
+        and t.user_attrs["outcome"] != "skipped"
+    ]
+    claims = [t.user_attrs["claim"] for t in probes]
+    assert len(claims) == len(set(claims)), "a config was probed twice"
+    assert len(probes) == MAX_TRIALS
+    assert killed.user_attrs["claim"] in claims
+    assert all(t.state == TrialState.COMPLETE for t in probes)
+    assert (tmp_path / "studies" / f"{name}.best.json").exists()

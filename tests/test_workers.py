@@ -1,0 +1,82 @@
+"""--parallel: several workers on one study on this machine, the cores split between them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import TINY_GPT2, autotune, write_model
+from optuna.trial import TrialState
+
+from autotune.errors import UsageError
+from autotune.workers import Slot, plan_slots
+
+
+def test_the_cores_are_split_evenly_between_workers() -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    slots = plan_slots("cpu", len(cores), None)
+    assert [s.cores for s in slots] == [(c,) for c in cores]
+    assert plan_slots("cuda", 1, ("0", "3")) == [Slot(gpu="0"), Slot(gpu="3")]
+
+
+def test_asking_for_more_workers_than_cores_or_for_gpus_on_the_cpu_is_refused() -> None:
+    with pytest.raises(UsageError, match="needs at least"):
+        plan_slots("cpu", len(os.sched_getaffinity(0)) + 1, None)
+    with pytest.raises(UsageError, match="--devices needs CUDA"):
+        plan_slots("cpu", 1, ("0",))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_parallel_search_probes_distinct_configs_and_confirms_alone(tmp_path: Path) -> None:
+    write_model(tmp_path / "tiny", TINY_GPT2)
+    done = autotune(
+        tmp_path,
+        "search",
+        "--model",
+        "./tiny",
+        "--device",
+        "cpu",
+        "--parallel",
+        "2",
+        "--global-batch-size",
+        "16",
+        "--seq-len",
+        "64",
+        "--precisions",
+        "fp32,bf16",
+        "--optimizers",
+        "adamw_torch,adafactor",
+        "--checkpointing",
+        "off",
+        "--max-trials",
+        "4",
+        "--warmup-steps",
+        "1",
+        "--measure-steps",
+        "2",
+        "--confirm-top",
+        "1",
+        "--quiet",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "worker 0: cores 0" in done.stdout and "worker 1: cores 1" in done.stdout
+    storage = f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
+    trials = optuna.load_study(study_name="tiny", storage=storage).get_trials(deepcopy=False)
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    finished = [t for t in trials if "result" in t.user_attrs]
+    probes = [
+        t
+        for t in finished
+        if "confirms" not in t.user_attrs and t.user_attrs["outcome"] != "skipped"
+    ]
+    assert len(probes) == 4
+    assert len({t.user_attrs["claim"] for t in probes}) == 4
+    assert {json.loads(t.user_attrs["result"])["concurrent"] for t in probes} == {2}
+    confirmations = [t for t in finished if "confirms" in t.user_attrs]
+    assert confirmations, "the finalist was not measured again alone"
+    assert {json.loads(t.user_attrs["result"])["concurrent"] for t in confirmations} == {1}
+    assert (tmp_path / "studies" / "tiny.best.json").exists()
