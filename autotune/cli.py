@@ -102,6 +102,15 @@ def cli(debug: bool) -> None:
     type=click.Path(path_type=Path),
     help="Your arguments JSON: global batch, sequence lengths and other fields come from it.",
 )
+@click.option(
+    "--dataset",
+    help="Your data: a save_to_disk folder, a .json/.jsonl/.csv/.parquet/.txt file, or a hub "
+    "name. Its lengths set --seq-len; length-grouped sampling becomes a searched choice.",
+)
+@click.option("--dataset-split", default="train", show_default=True)
+@click.option("--text-column", help="Input text column [default: text, or the first column].")
+@click.option("--target-column", help="seq2seq target text (classification: label) column.")
+@click.option("--tokenizer", help="Folder or hub id [default: the model's own].")
 @click.option("--precisions", type=ListType(("fp32", "tf32", "fp16", "bf16")))
 @click.option("--optimizers", type=ListType(), help="TrainingArguments optim names.")
 @click.option("--checkpointing", type=ListType(("on", "off")), help="on, off or on,off.")

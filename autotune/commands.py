@@ -18,6 +18,7 @@ from autotune.arguments import (
     read_arguments_file,
     training_fields,
 )
+from autotune.corpus import SAMPLINGS, prepare
 from autotune.errors import ExportError, NoFitError, StudyError, UsageError
 from autotune.estimate import PROCESS_BYTES, breakdown, check_budget, count_parameters
 from autotune.export import export_selected, verify
@@ -56,11 +57,16 @@ def build_spec(
     measure_steps: int,
     seed: int,
     nproc_per_node: int = 1,
+    dataset: DataOptions | None = None,
 ) -> SearchSpec:
-    """Validate every option against the model and the device; raise UsageError if off."""
+    """Validate every option against the model and the device; raise UsageError if off.
+
+    With a dataset, it is tokenized once into `dataset.out_dir`; a sequence length not
+    given is then the data's longest (--seq-len caps it, and the cut is stated)."""
     base = _base(base_args, global_batch_size)
     global_batch_size = global_batch_size or base.global_batch_size or DEFAULT_GLOBAL_BATCH
     seq_len = seq_len or base.seq_len
+    asked_seq_len, asked_target_len = seq_len, target_len or base.target_len
     target_len = target_len or base.target_len or DEFAULT_TARGET_LEN
     model_spec = resolve_model(model, task=task)
     device_info = detect_device(device)
@@ -82,9 +88,29 @@ def build_spec(
         precisions=precisions,
         optimizers=optimizers,
         checkpointing=tuple(c == "on" for c in checkpointing) if checkpointing else None,
+        samplings=SAMPLINGS if dataset else ("random",),
     )
     parameters = count_parameters(model_spec)
     check_budget(parameters, space.precisions, space.optimizers, budget)
+    data = None
+    if dataset is not None:
+        data, seq_len, data_target_len = prepare(
+            source=dataset.source,
+            split=dataset.split,
+            task=model_spec.task,
+            text_column=dataset.text_column,
+            target_column=dataset.target_column,
+            tokenizer=dataset.tokenizer,
+            model_name=model,
+            vocab_size=model_spec.vocab_size,
+            seq_len=asked_seq_len,
+            target_len=asked_target_len,
+            max_positions=limit,
+            micro_batches=space.all_batches,
+            global_batch=space.global_batch_size,
+            out_dir=dataset.out_dir,
+        )
+        target_len = data_target_len or target_len
     return SearchSpec(
         model=model_spec,
         device=device_info,
@@ -99,6 +125,7 @@ def build_spec(
         base_arguments=base.carried,
         parameters=parameters,
         nproc_per_node=nproc_per_node,
+        data=data,
     )
 
 
@@ -119,6 +146,18 @@ def _check_processes(nproc_per_node: int, global_batch_size: int, device_kind: s
                 f"--nproc-per-node {nproc_per_node} needs {nproc_per_node} GPUs; "
                 f"{torch.cuda.device_count()} visible"
             )
+
+
+@dataclasses.dataclass(frozen=True)
+class DataOptions:
+    """--dataset and its companions; out_dir is where the tokenized data is kept."""
+
+    source: str
+    split: str
+    text_column: str | None
+    target_column: str | None
+    tokenizer: str | None
+    out_dir: Path
 
 
 def _base(path: Path | None, global_batch_size: int | None) -> BaseArguments:
@@ -153,19 +192,30 @@ def search_command(
     fork_server: bool,
     parallel: int = 1,
     devices: tuple[str, ...] | None = None,
+    dataset: str | None = None,
+    dataset_split: str = "train",
+    text_column: str | None = None,
+    target_column: str | None = None,
+    tokenizer: str | None = None,
     **spec_options: object,
 ) -> SearchReport:
     from autotune.progress import Progress
     from autotune.workers import plan_slots, run_workers
 
-    spec = build_spec(model=model, **spec_options)  # type: ignore[arg-type]
+    name = study_name or default_study_name(model)
+    data = None
+    if dataset is not None:
+        data = DataOptions(dataset, dataset_split, text_column, target_column, tokenizer,
+                           studies_dir / name / "data")  # fmt: skip
+    elif text_column or target_column or tokenizer:
+        raise UsageError("--text-column, --target-column and --tokenizer need --dataset")
+    spec = build_spec(model=model, dataset=data, **spec_options)  # type: ignore[arg-type]
     if spec.nproc_per_node > 1 and (parallel > 1 or devices):
         raise UsageError(
             "--nproc-per-node runs each probe on several devices already; "
             "drop --parallel/--devices, or run several searches on one --storage"
         )
     slots = plan_slots(spec.device.kind, parallel, devices) if parallel > 1 or devices else []
-    name = study_name or default_study_name(model)
     storage = storage or default_storage(studies_dir)
     if storage.startswith("sqlite:///"):
         folder = Path(storage.removeprefix("sqlite:///")).parent

@@ -1,7 +1,10 @@
-"""Synthetic training data at the worst-case length (DESIGN.md, invariant 5).
+"""What a probe feeds the model.
 
-Every example is exactly as long as the longest one the user will train with and has
-no padding, so a config that fits the probe fits every real batch.
+Synthetic data at the worst-case length (DESIGN.md, invariant 5): every example is
+exactly as long as the longest one the user will train with and has no padding, so a
+config that fits the probe fits every real batch. With --dataset, the probe then times
+real batches too: RealBatches pads each micro-batch to its longest, as a user's
+collator does, and counts the real and the padded tokens it fed.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class WorstCaseDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return self.length
 
     def __getitem__(self, index: int) -> dict[str, Any]:
+        if not 0 <= index < self.length:  # ends iteration (LengthGroupedSampler iterates)
+            raise IndexError(index)
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
         ids = torch.randint(0, self.vocab_size, (self.seq_len,), generator=generator)
         item = {"input_ids": ids, "attention_mask": torch.ones(self.seq_len, dtype=torch.long)}
@@ -47,3 +52,38 @@ class WorstCaseDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         else:  # causal and masked LM: a loss at every position is the most memory
             item["labels"] = ids.clone()
         return item
+
+
+class RealBatches:
+    """A data collator for the user's tokenized data that keeps a token count.
+
+    Pads inputs with the tokenizer's pad id and labels with -100 (no loss on padding).
+    Causal and masked LMs get a loss at every real token (labels = inputs), which is
+    what their memory and speed depend on; seq2seq uses the tokenized targets.
+    """
+
+    def __init__(self, *, task: str, pad_token_id: int) -> None:
+        self.task = task
+        self.pad_token_id = pad_token_id
+        self.fed: list[tuple[int, int]] = []  # (real tokens, tokens incl. padding) per call
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        ids = [list(f["input_ids"]) for f in features]
+        width = max(len(x) for x in ids)
+        batch = {
+            "input_ids": torch.tensor([x + [self.pad_token_id] * (width - len(x)) for x in ids]),
+            "attention_mask": torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids]),
+        }
+        real, fed = sum(len(x) for x in ids), width * len(ids)
+        if self.task == "seq2seq":
+            labels = [list(f["labels"]) for f in features]
+            target = max(len(t) for t in labels)
+            batch["labels"] = torch.tensor([t + [-100] * (target - len(t)) for t in labels])
+            real += sum(len(t) for t in labels)
+            fed += target * len(labels)
+        elif self.task == "classification":
+            batch["labels"] = torch.tensor([int(f["labels"]) for f in features])
+        else:
+            batch["labels"] = torch.tensor([x + [-100] * (width - len(x)) for x in ids])
+        self.fed.append((real, fed))
+        return batch

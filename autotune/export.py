@@ -107,6 +107,8 @@ def _figures(record: TrialRecord) -> dict[str, Any]:
         "model_flops_per_s": r.model_flops_per_s,
         "peak_flops_per_s": r.peak_flops_per_s,
         "mfu": r.mfu,
+        "worst_case_samples_per_s": r.worst_case_samples_per_s,
+        "padding_fraction": r.padding_fraction,
         "runs": record.runs,
         "measured_steps": len(r.step_times_s),
     }
@@ -141,6 +143,7 @@ def _summary(
         "seq_len": spec.seq_len,
         "target_len": spec.target_len if spec.model.task == "seq2seq" else None,
         "probe_steps": {"warmup": spec.warmup_steps, "measured": spec.measure_steps},
+        "data": spec.data.summary() if spec.data else None,
         "best": _figures(record),
         "runners_up": [_figures(r) for r in runners_up],
         "versions": record.result.versions,

@@ -82,28 +82,76 @@ def _train(config: TrialConfig, phases: dict[str, float]) -> TrialResult:
         num_labels=int(config.model.config.get("num_labels", 2)),
         seed=config.seed,
     )
-    args = TrainingArguments(
-        **{
-            **config.base_arguments,
-            **config.candidate.training_arguments(device_kind=config.device_kind),
-            **_probe_only_arguments(config, total_steps),
-        }
-    )
+    recipe = {
+        **config.base_arguments,
+        **config.candidate.training_arguments(device_kind=config.device_kind),
+    }
+    args = TrainingArguments(**{**recipe, **_probe_only_arguments(config, total_steps)})
     timer = StepTimer(device_kind=config.device_kind, warmup_steps=config.warmup_steps)
     trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[timer])
     tick = time.perf_counter()
     output = trainer.train()
     phases["train"] = time.perf_counter() - tick
     per_sample = flops_per_sample(model, config.model.task, config.seq_len, config.target_len)
-    del trainer, model
+    del trainer
     result = _measured(config, timer, float(output.training_loss))
+    if config.data_path and result.outcome == Outcome.OK:
+        gc.collect()
+        tick = time.perf_counter()
+        result = _real_batches(config, model, recipe, result)
+        phases["real_batches"] = time.perf_counter() - tick
+    del model
     if result.samples_per_s is None:
         return result
     tick = time.perf_counter()
     peak = measure_peak_flops(config.device_kind, config.candidate.precision)
     phases["peak_flops"] = time.perf_counter() - tick
-    return result.replace(
-        model_flops_per_s=per_sample * result.samples_per_s, peak_flops_per_s=peak
+    achieved = per_sample * result.samples_per_s
+    if result.worst_case_samples_per_s is not None:  # real batches: FLOPs of real tokens
+        achieved = per_sample / config.tokens_per_sample * (result.tokens_per_s or 0.0)
+    return result.replace(model_flops_per_s=achieved, peak_flops_per_s=peak)
+
+
+def _real_batches(
+    config: TrialConfig, model: Any, recipe: dict[str, Any], worst: TrialResult
+) -> TrialResult:
+    """Time real batches of the user's data, in the candidate's sampling order.
+
+    After the worst-case steps (which set the peak memory), one warm-up step and the
+    measured steps run on the tokenized data; samples/s, real (non-pad) tokens/s and
+    the step times become those of real batches."""
+    from datasets import load_from_disk
+    from transformers import Trainer, TrainingArguments
+
+    from autotune.data import RealBatches
+    from autotune.timing import StepTimer
+
+    steps = 1 + config.measure_steps
+    probe_args = _probe_only_arguments(config, steps)
+    probe_args["output_dir"] = str(Path(config.trial_dir) / "trainer-real")
+    args = TrainingArguments(**{**recipe, **probe_args})
+    collator = RealBatches(task=config.model.task, pad_token_id=config.pad_token_id)
+    timer = StepTimer(device_kind=config.device_kind, warmup_steps=1)
+    trainer = Trainer(model=model, args=args, train_dataset=load_from_disk(config.data_path),
+                      data_collator=collator, callbacks=[timer])  # fmt: skip
+    trainer.train()
+    del trainer
+    times = timer.measured_step_times()
+    if not times:
+        return worst.replace(outcome=Outcome.ERROR, reason="no real batch step completed")
+    accumulation = config.candidate.gradient_accumulation_steps
+    window = collator.fed[accumulation : accumulation * steps]
+    real, fed = sum(r for r, _ in window), sum(f for _, f in window)
+    median = statistics.median(times)
+    quartiles = statistics.quantiles(times, n=4) if len(times) >= 2 else [median] * 3
+    return worst.replace(
+        samples_per_s=config.global_batch_size / median,
+        tokens_per_s=real * config.nproc_per_node / sum(times),
+        step_time_median_s=median,
+        step_time_spread=(quartiles[2] - quartiles[0]) / median,
+        step_times_s=tuple(round(t, 6) for t in times),
+        worst_case_samples_per_s=worst.samples_per_s,
+        padding_fraction=round(1 - real / fed, 4) if fed else None,
     )
 
 

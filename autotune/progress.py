@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from autotune.review import data_lines
 from autotune.search import SearchLimits, SearchReport
 from autotune.spec import SearchSpec
 from autotune.trial import Candidate, Outcome, TrialResult
@@ -50,6 +51,8 @@ class Progress:
         self.limits, self.started = limits, time.monotonic()
         self.budget = spec.fit_limit_bytes
         self.console.print(f"study {study_name}: {spec.describe()}")
+        for line in data_lines(spec):
+            self.console.print(line)
         if self.live_enabled:
             self.live = Live(self._table(), console=self.console, refresh_per_second=2)
             self.live.start()

@@ -33,6 +33,10 @@ class TrialRow:
     step_time_spread_pct: float | None
     mfu_pct: float | None
     why: str
+    # With --dataset: samples/s and tokens/s (real, non-pad) are on real batches; these
+    # are the pad share of the timed real batches and the worst case's samples/s.
+    padding_pct: float | None = None
+    worst_case_samples_per_s: float | None = None
 
 
 def explain(record: TrialRecord, spec: SearchSpec) -> str:
@@ -72,6 +76,10 @@ def trial_rows(records: Sequence[TrialRecord], spec: SearchSpec, objective: str)
                 ),
                 mfu_pct=_round(100 * r.mfu if r.mfu is not None else None, 1),
                 why=explain(record, spec),
+                padding_pct=_round(
+                    100 * r.padding_fraction if r.padding_fraction is not None else None, 1
+                ),
+                worst_case_samples_per_s=_round(r.worst_case_samples_per_s, 3),
             )
         )
     # The selected trial first, then the rest as ranked.
@@ -84,47 +92,72 @@ def rows_json(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) -> st
             "study": study_name,
             "description": spec.describe(),
             "memory_budget_bytes": spec.memory_budget_bytes,
+            "data": spec.data.summary() if spec.data else None,
             "trials": [dataclasses.asdict(row) for row in rows],
         },
         indent=2,
     )
 
 
+def data_lines(spec: SearchSpec) -> list[str]:
+    """The dataset in a few lines: lengths, truncation, padding waste per sampling."""
+    data = spec.data
+    if data is None:
+        return []
+    lines = [data.describe()]
+    if data.target_lengths is not None:
+        lines.append(f"targets: {data.target_lengths.describe()}")
+    waste = ", ".join(
+        f"batch {b}: {100 * w['random']:.0f}% random, {100 * w['group_by_length']:.0f}% grouped"
+        for b, w in sorted(data.padding_waste.items(), key=lambda item: int(item[0]))
+    )
+    lines.append(f"padding waste (pad share of tokens fed): {waste}")
+    return lines
+
+
 def render_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) -> Table:
     table = Table(title=f"{study_name}: {spec.describe()}", title_justify="left")
-    for column in (
-        "trial",
-        "config",
-        "outcome",
-        "samples/s",
-        "tokens/s",
-        "peak",
-        "budget",
-        "spread",
-        "MFU",
-        "why",
-    ):
-        table.add_column(column, justify="right" if column in ("samples/s", "tokens/s") else "left")
+    real = spec.data is not None
+    columns = ["trial", "config", "outcome", "samples/s", "real tokens/s" if real else "tokens/s"]
+    columns += ["pad", "worst-case samples/s"] if real else []
+    columns += ["peak", "budget", "spread", "MFU", "why"]
+    for column in columns:
+        table.add_column(column, justify="right" if "/s" in column else "left")
     for row in rows:
-        table.add_row(
+        cells = [
             f"{row.trial}{' *' if row.best else ''}",
             row.config,
             row.outcome,
             _fmt(row.samples_per_s, ".2f"),
             _fmt(row.tokens_per_s, ".0f"),
+        ]
+        if real:
+            cells += [
+                f"{row.padding_pct:.0f}%" if row.padding_pct is not None else "",
+                _fmt(row.worst_case_samples_per_s, ".2f"),
+            ]
+        cells += [
             f"{row.peak_memory_gib:.2f} GiB" if row.peak_memory_gib is not None else "",
             f"{row.budget_used_pct:.0f}%" if row.budget_used_pct is not None else "",
             f"±{row.step_time_spread_pct:.0f}%" if row.step_time_spread_pct is not None else "",
             f"{row.mfu_pct:.1f}%" if row.mfu_pct is not None else "",
             row.why,
-        )
+        ]
+        table.add_row(*cells)
     return table
 
 
 def print_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) -> None:
     console = Console(highlight=False, width=200)
+    for line in data_lines(spec):
+        console.print(line)
     console.print(render_table(rows, spec, study_name))
     console.print("* the config export writes")
+    if spec.data is not None:
+        console.print(
+            "samples/s and real tokens/s: real batches of your data, padded per micro-batch; "
+            "peak memory: worst-case batches"
+        )
 
 
 def _round(value: float | None, digits: int) -> float | None:

@@ -128,7 +128,7 @@ def prepare_study(*, spec: SearchSpec, study_name: str, storage: str, sampler: s
     studies.recover_stale(study)
     if not study.get_trials(deepcopy=False):  # a worker starting at this moment may do it too
         for seed in seed_candidates(spec.space, spec.device):
-            study.enqueue_trial(studies.candidate_params(seed))
+            study.enqueue_trial(studies.candidate_params(seed, spec.space))
     return study
 
 
@@ -185,7 +185,7 @@ def _step(
             remaining = open_candidates(spec.space, recs, over, busy)
             if remaining:
                 pick = random.Random(spec.seed * 7919 + trial.number).choice(remaining)
-                study.enqueue_trial(studies.candidate_params(pick))
+                study.enqueue_trial(studies.candidate_params(pick, spec.space))
         return 0
     studies.mark_running(trial, candidate)
     rival = studies.contested(study, trial.number, candidate, limits.max_trials)
@@ -206,7 +206,7 @@ def _step(
         why = str(exc) if isinstance(exc, AutotuneError) else f"interrupted ({type(exc).__name__})"
         trial.set_user_attr("reason", f"{why}; re-queued")
         study.tell(trial, state=TrialState.FAIL)
-        study.enqueue_trial(studies.candidate_params(candidate))
+        study.enqueue_trial(studies.candidate_params(candidate, spec.space))
         raise
     studies.tell(study, trial, spec, result)
     observer.on_trial_end(trial.number, candidate, result)
@@ -273,6 +273,8 @@ def _trial_config(
         base_arguments=spec.base_arguments,
         concurrent=concurrent,
         nproc_per_node=spec.nproc_per_node,
+        data_path=spec.data.path if spec.data else "",
+        pad_token_id=spec.data.pad_token_id if spec.data else 0,
     )
 
 

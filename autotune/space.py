@@ -47,26 +47,30 @@ class SearchSpace:
     precisions: tuple[str, ...]
     checkpointing: tuple[bool, ...]
     optimizers: tuple[str, ...]
+    samplings: tuple[str, ...] = ("random",)  # + group_by_length when a dataset is given
 
     @property
     def all_batches(self) -> tuple[int, ...]:
         return tuple(sorted(self.fallback_batches + self.micro_batches))
 
-    def candidate(self, batch: int, precision: str, checkpointing: bool, optim: str) -> Candidate:
+    def candidate(
+        self, batch: int, precision: str, checkpointing: bool, optim: str, sampling: str = "random"
+    ) -> Candidate:
         return Candidate(
             per_device_train_batch_size=batch,
             gradient_accumulation_steps=self.global_batch_size // batch,
             precision=precision,
             activation_checkpointing=checkpointing,
             optim=optim,
+            train_sampling_strategy=sampling,
         )
 
     def candidates(self, *, include_fallback: bool = True) -> Iterator[Candidate]:
         batches = self.all_batches if include_fallback else self.micro_batches
-        for batch, prec, ckpt, opt in itertools.product(
-            batches, self.precisions, self.checkpointing, self.optimizers
+        for batch, prec, ckpt, opt, sampling in itertools.product(
+            batches, self.precisions, self.checkpointing, self.optimizers, self.samplings
         ):
-            yield self.candidate(batch, prec, ckpt, opt)
+            yield self.candidate(batch, prec, ckpt, opt, sampling)
 
     @property
     def size(self) -> int:
@@ -75,6 +79,7 @@ class SearchSpace:
             * len(self.precisions)
             * len(self.checkpointing)
             * len(self.optimizers)
+            * len(self.samplings)
         )
 
 
@@ -117,6 +122,7 @@ def derive_space(
     precisions: Sequence[str] | None = None,
     optimizers: Sequence[str] | None = None,
     checkpointing: Sequence[bool] | None = None,
+    samplings: Sequence[str] = ("random",),
 ) -> SearchSpace:
     """The space for this device, narrowed by the user's options; refuses an empty one."""
     regular, fallback = batch_choices(global_batch_size)
@@ -149,6 +155,7 @@ def derive_space(
         precisions=chosen_prec,
         checkpointing=tuple(dict.fromkeys(checkpointing or (False, True))),
         optimizers=chosen_opt,
+        samplings=tuple(samplings),
     )
 
 
@@ -170,4 +177,6 @@ def seed_candidates(space: SearchSpace, device: DeviceInfo) -> list[Candidate]:
     big = [b for b in batches if b % 64 == 0] if device.prefers_multiples_of_64 else []
     fast_batch = max(big) if big else batches[len(batches) // 2]
     seeds.append(space.candidate(fast_batch, fast_prec, no_ckpt, fast_opt))
+    if "group_by_length" in space.samplings:  # with real data: the same, lengths grouped
+        seeds.append(space.candidate(fast_batch, fast_prec, no_ckpt, fast_opt, "group_by_length"))
     return list(dict.fromkeys(seeds))

@@ -7,6 +7,7 @@ import hashlib
 import json
 from typing import Any
 
+from autotune.corpus import DataSpec
 from autotune.hardware import DeviceInfo
 from autotune.space import SearchSpace
 from autotune.trial import ModelSpec
@@ -27,6 +28,7 @@ class SearchSpec:
     base_arguments: dict[str, Any] = dataclasses.field(default_factory=dict)
     parameters: int = 0  # counted on the meta device; 0 when unknown
     nproc_per_node: int = 1  # DDP processes per probe (torchrun); the space is per process
+    data: DataSpec | None = None  # the user's dataset (--dataset), tokenized once
 
     @property
     def global_batch_size(self) -> int:
@@ -55,7 +57,7 @@ class SearchSpec:
             "model_config_sha256": config_hash,
             "task": self.model.task,
             "device": f"{self.device.kind} {self.device.name}",
-            "space": dataclasses.asdict(self.space),
+            "space": _space_identity(self.space),
             "seq_len": self.seq_len,
             "target_len": self.target_len,
             "memory_budget_bytes": self.memory_budget_bytes,
@@ -64,6 +66,7 @@ class SearchSpec:
             "measure_steps": self.measure_steps,
             "base_arguments": self.base_arguments,
             "nproc_per_node": self.nproc_per_node if self.nproc_per_node > 1 else 0,
+            "data": f"{self.data.source} {self.data.fingerprint}" if self.data else "",
         }
 
     def to_json(self) -> str:
@@ -79,6 +82,8 @@ class SearchSpec:
         raw["device"] = DeviceInfo(**device)
         space = {k: tuple(v) if isinstance(v, list) else v for k, v in raw["space"].items()}
         raw["space"] = SearchSpace(**space)  # type: ignore[arg-type]
+        if raw.get("data"):
+            raw["data"] = DataSpec.from_dict(raw["data"])
         return cls(**raw)
 
     def describe(self) -> str:
@@ -94,3 +99,12 @@ class SearchSpec:
             + (f" over {self.nproc_per_node} processes" if self.nproc_per_node > 1 else "")
             + f"; {lengths} {kind}"
         )
+
+
+def _space_identity(space: SearchSpace) -> dict[str, Any]:
+    """The space as a study records it; the default sampling is left out, so a study
+    made before the sampling was a dimension still resumes."""
+    raw = dataclasses.asdict(space)
+    if tuple(raw["samplings"]) == ("random",):
+        del raw["samplings"]
+    return raw

@@ -27,6 +27,7 @@ from optuna_dashboard import save_note
 
 from autotune.confirm import combine, pooled
 from autotune.errors import StudyError
+from autotune.space import SearchSpace
 from autotune.spec import SearchSpec
 from autotune.trial import Candidate, Outcome, TrialResult
 
@@ -57,21 +58,28 @@ class TrialRecord:
 
 def distributions(spec: SearchSpec) -> dict[str, BaseDistribution]:
     space = spec.space
-    return {
+    found: dict[str, BaseDistribution] = {
         "per_device_train_batch_size": CategoricalDistribution(list(space.all_batches)),
         "precision": CategoricalDistribution(list(space.precisions)),
         "activation_checkpointing": CategoricalDistribution(list(space.checkpointing)),
         "optim": CategoricalDistribution(list(space.optimizers)),
     }
+    if len(space.samplings) > 1:  # a dimension only when the user's data is given
+        found["train_sampling_strategy"] = CategoricalDistribution(list(space.samplings))
+    return found
 
 
-def candidate_params(candidate: Candidate) -> dict[str, Any]:
-    return {
+def candidate_params(candidate: Candidate, space: SearchSpace | None = None) -> dict[str, Any]:
+    """The trial params of a candidate (the sampling only where the space varies it)."""
+    params: dict[str, Any] = {
         "per_device_train_batch_size": candidate.per_device_train_batch_size,
         "precision": candidate.precision,
         "activation_checkpointing": candidate.activation_checkpointing,
         "optim": candidate.optim,
     }
+    if space is not None and len(space.samplings) > 1:
+        params["train_sampling_strategy"] = candidate.train_sampling_strategy
+    return params
 
 
 def candidate_of(spec: SearchSpec, params: dict[str, Any]) -> Candidate:
@@ -80,6 +88,7 @@ def candidate_of(spec: SearchSpec, params: dict[str, Any]) -> Candidate:
         str(params["precision"]),
         bool(params["activation_checkpointing"]),
         str(params["optim"]),
+        str(params.get("train_sampling_strategy", "random")),
     )
 
 
@@ -229,7 +238,7 @@ def add_confirmation(
         values = [float(result.samples_per_s or 0.0), result.peak_memory_bytes / GIB]
     study.add_trial(
         optuna.trial.create_trial(
-            params=candidate_params(record.candidate),
+            params=candidate_params(record.candidate, spec.space),
             distributions=distributions(spec),
             values=values,
             state=TrialState.COMPLETE if values is not None else TrialState.FAIL,
@@ -297,7 +306,8 @@ def tell(
 
 def claim_key(candidate: Candidate) -> str:
     c = candidate
-    return f"{c.per_device_train_batch_size}|{c.precision}|{c.activation_checkpointing}|{c.optim}"
+    key = f"{c.per_device_train_batch_size}|{c.precision}|{c.activation_checkpointing}|{c.optim}"
+    return key if c.train_sampling_strategy == "random" else f"{key}|{c.train_sampling_strategy}"
 
 
 def mark_running(trial: optuna.Trial, candidate: Candidate) -> None:

@@ -49,10 +49,15 @@ class Candidate:
     precision: str
     activation_checkpointing: bool
     optim: str
+    # TrainingArguments.train_sampling_strategy; searched only when --dataset is given
+    train_sampling_strategy: str = "random"
 
     @property
     def family(self) -> tuple[str, bool, str]:
-        """Settings other than the batch: memory is monotone in batch within a family."""
+        """Settings other than the batch: memory is monotone in batch within a family.
+
+        The sampling is left out: probes measure memory on worst-case batches, the same
+        whatever the order of the real ones."""
         return (self.precision, self.activation_checkpointing, self.optim)
 
     def training_arguments(self, *, device_kind: str) -> dict[str, Any]:
@@ -65,6 +70,8 @@ class Candidate:
             checkpointing_field(): self.activation_checkpointing,
             "optim": self.optim,
         }
+        if self.train_sampling_strategy != "random":
+            args["train_sampling_strategy"] = self.train_sampling_strategy
         if device_kind == "cuda":
             # Explicit either way, so "fp32" means full fp32 matmuls whatever torch's default.
             args["tf32"] = self.precision == "tf32"
@@ -77,6 +84,7 @@ class Candidate:
         return (
             f"batch {self.per_device_train_batch_size}x{self.gradient_accumulation_steps} "
             f"{self.precision} {ckpt} {self.optim}"
+            + (" grouped" if self.train_sampling_strategy == "group_by_length" else "")
         )
 
 
@@ -111,6 +119,8 @@ class TrialConfig:
     seed: int = 0
     base_arguments: dict[str, Any] = dataclasses.field(default_factory=dict)
     concurrent: int = 1  # probes sharing the machine's cores while this one runs
+    data_path: str = ""  # the user's tokenized data: real batches are timed after the worst case
+    pad_token_id: int = 0
     nproc_per_node: int = 1  # >1: a DDP run of this many processes, launched by torchrun
 
     @property
@@ -158,6 +168,10 @@ class TrialResult:
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
     error: str = ""
     concurrent: int = 1  # probes that shared the machine's cores with this one
+    # With --dataset, samples/s, tokens/s (real, non-pad) and step times are those of
+    # real batches; the worst case's samples/s is kept here.
+    worst_case_samples_per_s: float | None = None
+    padding_fraction: float | None = None  # pad share of the tokens in the timed real batches
 
     def to_json(self) -> str:
         raw = dataclasses.asdict(self)

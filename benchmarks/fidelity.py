@@ -39,10 +39,12 @@ def pick(study_json: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The selected config, a middling one, and the fitting one with the highest peak."""
     fit = [t for t in study_json["trials"] if t["outcome"] == "ok" and not t["why"]]
     by_speed = sorted(fit, key=lambda t: -t["samples_per_s"])
-    chosen = {"selected": next(t for t in fit if t["best"]),
-              "middle": by_speed[len(by_speed) // 2],
-              "nearest the budget": max(fit, key=lambda t: t["peak_memory_gib"])}
-    return chosen
+    selected = next(t for t in fit if t["best"])
+    others = [t for t in by_speed if t is not selected]
+    middle = others[len(others) // 2] if others else selected
+    rest = [t for t in others if t is not middle] or [selected]
+    return {"selected": selected, "middle": middle,  # three distinct configs where there are
+            "nearest the budget": max(rest, key=lambda t: t["peak_memory_gib"])}
 
 
 def main() -> None:

@@ -40,6 +40,11 @@ def assert_nothing_written(path: Path) -> None:
         (["--model", "gpt2", "--optimizers", "adamw_magic"], "adamw_magic not available"),
         (["--model", "gpt2", "--seq-len", "4096"], "exceeds gpt2's limit of 1024"),
         (["--model", "gpt2", "--device", "cuda"], "no CUDA GPU"),
+        (["--model", "gpt2", "--dataset", "./none.jsonl"], "no such file or folder"),
+        (["--model", "gpt2", "--tokenizer", "./tok"], "--tokenizer need --dataset"),
+        (["--model", "gpt2", "--parallel", "64"], "--parallel 64 needs at least 64 cores"),
+        (["--model", "gpt2", "--devices", "0,1"], "--devices needs CUDA GPUs"),
+        (["--model", "gpt2", "--nproc-per-node", "3"], "not divisible by --nproc-per-node 3"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(

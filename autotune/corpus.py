@@ -1,0 +1,275 @@
+"""The user's own data: load it, tokenize it once, read its lengths and padding waste.
+
+Probes still measure memory on the worst case (every sequence as long as the longest
+the user trains with). The tokenized data, saved beside the study, also lets each
+probe time real batches with the candidate's sampling and count real (non-pad)
+tokens; the length distribution and the padding waste of each sampling are computed
+here, once per search, not per trial.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import UsageError
+
+FILE_KINDS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet",
+              ".txt": "text"}  # fmt: skip
+SAMPLINGS = ("random", "group_by_length")  # values of TrainingArguments.train_sampling_strategy
+LENGTH_COLUMN = "length"  # TrainingArguments.length_column_name's default
+
+
+@dataclasses.dataclass(frozen=True)
+class LengthStats:
+    """Token lengths of a column before truncation."""
+
+    count: int
+    max: int
+    mean: float
+    p50: int
+    p90: int
+    p99: int
+
+    @classmethod
+    def of(cls, lengths: Sequence[int]) -> LengthStats:
+        ordered = sorted(lengths)
+
+        def pct(q: float) -> int:
+            return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+        return cls(len(ordered), ordered[-1], round(statistics.fmean(ordered), 1),
+                   pct(0.5), pct(0.9), pct(0.99))  # fmt: skip
+
+    def describe(self) -> str:
+        return (f"{self.count} samples, tokens: max {self.max}, p99 {self.p99}, p90 {self.p90}, "
+                f"median {self.p50}, mean {self.mean}")  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+    """The user's dataset as a search uses it."""
+
+    source: str  # what --dataset named
+    path: str  # the tokenized data (datasets.save_to_disk), read by each probe
+    tokenizer: str  # what tokenized it ("" when the data came tokenized)
+    text_column: str
+    target_column: str
+    lengths: LengthStats  # of the input, before truncation
+    target_lengths: LengthStats | None  # seq2seq targets
+    truncated: float  # share of samples longer than the probe's length (cut to it)
+    # Padding waste per micro-batch and sampling, over the whole dataset: pad tokens /
+    # all tokens fed to the model when every micro-batch is padded to its longest.
+    padding_waste: dict[str, dict[str, float]]
+    fingerprint: str  # of the tokenized ids: a study is tied to its data
+    pad_token_id: int
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> DataSpec:
+        target = raw.get("target_lengths")
+        return cls(**{**raw, "lengths": LengthStats(**raw["lengths"]),
+                      "target_lengths": LengthStats(**target) if target else None})  # fmt: skip
+
+    def summary(self) -> dict[str, Any]:
+        """Length distribution, truncation and padding waste (for show and the sidecar)."""
+        raw = dataclasses.asdict(self)
+        del raw["path"]  # where this machine keeps its tokenized copy
+        return raw
+
+    def describe(self) -> str:
+        cut = f"; {100 * self.truncated:.1f}% truncated" if self.truncated else ""
+        return f"data {self.source}: {self.lengths.describe()}{cut}"
+
+
+def load_source(source: str, *, split: str) -> Any:
+    """A `datasets.Dataset` from a save_to_disk folder, a local file, or the hub."""
+    import datasets
+
+    datasets.disable_progress_bars()  # one line per event, not a progress bar per file
+    path = Path(source).expanduser()
+    try:
+        if path.is_dir():
+            loaded = datasets.load_from_disk(str(path))
+            if isinstance(loaded, datasets.DatasetDict):
+                if split not in loaded:
+                    raise UsageError(f"--dataset {source} has no split {split!r}; it has "
+                                     f"{', '.join(loaded)}; pass --dataset-split")  # fmt: skip
+                loaded = loaded[split]
+            return loaded
+        if path.is_file():
+            kind = FILE_KINDS.get(path.suffix.lower())
+            if kind is None:
+                raise UsageError(f"--dataset {source}: cannot read {path.suffix!r} files; use "
+                                 f"{', '.join(FILE_KINDS)} or a save_to_disk folder")  # fmt: skip
+            return datasets.load_dataset(kind, data_files=str(path), split="train")
+        if source.startswith((".", "/", "~")):
+            raise UsageError(f"--dataset {source}: no such file or folder")
+        return datasets.load_dataset(source, split=split)
+    except UsageError:
+        raise
+    except Exception as exc:  # the hub offline, a malformed file, a missing split
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise UsageError(f"cannot load --dataset {source}: {first}") from None
+
+
+def load_tokenizer(name: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise UsageError(
+            f"cannot load tokenizer {name!r}: {first}; pass --tokenizer with a "
+            "folder holding tokenizer files, or a hub id in your cache"
+        ) from None
+    if tokenizer.pad_token is None:  # GPT-2 style: pad with the end-of-text token
+        if tokenizer.eos_token is None:
+            raise UsageError(f"tokenizer {name!r} has neither a pad nor an end token")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def prepare(
+    *,
+    source: str,
+    split: str,
+    task: str,
+    text_column: str | None,
+    target_column: str | None,
+    tokenizer: str | None,
+    model_name: str,
+    vocab_size: int,
+    seq_len: int | None,
+    target_len: int | None,
+    max_positions: int | None,
+    micro_batches: Sequence[int],
+    global_batch: int,
+    out_dir: Path,
+) -> tuple[DataSpec, int, int]:
+    """Tokenize once, save beside the study; returns (data, seq_len, target_len) where a
+    length not given is the data's longest (capped by the model's positions)."""
+    table = load_source(source, split=split)
+    columns = list(table.column_names)
+    if len(table) == 0:
+        raise UsageError(f"--dataset {source} is empty")
+    tokenized = "input_ids" in columns
+    used_tokenizer = ""
+    pad_id = 0
+    if tokenized:
+        ids = [list(map(int, x)) for x in table["input_ids"]]
+        targets = ([list(map(int, x)) for x in table["labels"]]
+                   if task == "seq2seq" and "labels" in columns else None)  # fmt: skip
+        if task == "seq2seq" and targets is None:
+            raise UsageError(f"--dataset {source} has input_ids but no labels for seq2seq")
+        text_column = text_column or "input_ids"
+    else:
+        text_column = text_column or _pick(columns, ("text", "content", "sentence", "source"))
+        if text_column not in columns:
+            raise UsageError(f"--dataset {source} has no column {text_column!r}; columns: "
+                             f"{', '.join(columns)}; pass --text-column")  # fmt: skip
+        used_tokenizer = tokenizer or model_name
+        tok = load_tokenizer(used_tokenizer)
+        pad_id = int(tok.pad_token_id)
+        ids = tok([str(t) for t in table[text_column]], truncation=False)["input_ids"]
+        targets = None
+        if task == "seq2seq":
+            target_column = target_column or _pick(columns, ("target", "summary", "labels"))
+            if target_column not in columns:
+                raise UsageError(f"seq2seq needs a target column; --dataset {source} has "
+                                 f"{', '.join(columns)}; pass --target-column")  # fmt: skip
+            targets = tok(text_target=[str(t) for t in table[target_column]],
+                          truncation=False)["input_ids"]  # fmt: skip
+    _check_vocab(ids, targets, vocab_size, used_tokenizer or source)
+    lengths = [len(x) for x in ids]
+    if min(lengths) == 0:
+        raise UsageError(f"--dataset {source} has empty samples in {text_column!r}; drop them")
+    seq_len = seq_len or min(max(lengths), max_positions or max(lengths))
+    if max_positions is not None and seq_len > max_positions:
+        raise UsageError(f"--seq-len {seq_len} exceeds the model's {max_positions} positions")
+    target_stats = LengthStats.of([len(t) for t in targets]) if targets else None
+    if targets is not None:
+        target_len = target_len or (target_stats.max if target_stats else 1)
+    cut = sum(n > seq_len for n in lengths) / len(lengths)
+    rows: dict[str, Any] = {"input_ids": [x[:seq_len] for x in ids]}
+    rows[LENGTH_COLUMN] = [min(n, seq_len) for n in lengths]
+    if targets is not None:
+        rows["labels"] = [t[: target_len or len(t)] for t in targets]
+    if task == "classification":
+        rows["labels"] = ([int(v) for v in table[target_column]] if target_column
+                          else [0] * len(ids))  # fmt: skip
+    fingerprint = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
+    saved = out_dir / f"tokenized-{fingerprint}"  # by content: a rerun reuses it
+    if not saved.exists():
+        _save(rows, saved)
+    waste = {
+        str(b): {s: round(padding_waste(rows[LENGTH_COLUMN], b, global_batch, s), 4)
+                 for s in SAMPLINGS}
+        for b in micro_batches
+    }  # fmt: skip
+    data = DataSpec(
+        source=source, path=str(saved.resolve()), tokenizer=used_tokenizer,
+        text_column=text_column or "", target_column=target_column or "",
+        lengths=LengthStats.of(lengths), target_lengths=target_stats, truncated=round(cut, 4),
+        padding_waste=waste, fingerprint=fingerprint, pad_token_id=pad_id,
+    )  # fmt: skip
+    return data, seq_len, target_len or 0
+
+
+def padding_waste(
+    lengths: Sequence[int], micro_batch: int, group: int, sampling: str, seed: int = 0
+) -> float:
+    """Pad share of the tokens fed when each micro-batch is padded to its longest.
+
+    `random` is Trainer's default shuffled order; `group_by_length` follows
+    transformers' LengthGroupedSampler: shuffled, cut into mega-batches of 50 groups
+    (a group is micro-batch x accumulation samples), each sorted longest first.
+    """
+    order = list(range(len(lengths)))
+    random.Random(seed).shuffle(order)
+    if sampling == "group_by_length":
+        mult = max(1, min(len(lengths) // (group * 4), 50))
+        size = mult * group
+        order = [i for start in range(0, len(order), size)
+                 for i in sorted(order[start:start + size], key=lambda i: -lengths[i])]  # fmt: skip
+    fed = real = 0
+    for start in range(0, len(order), micro_batch):
+        batch = [lengths[i] for i in order[start : start + micro_batch]]
+        fed += max(batch) * len(batch)
+        real += sum(batch)
+    return 1.0 - real / fed if fed else 0.0
+
+
+def _pick(columns: list[str], preferred: tuple[str, ...]) -> str:
+    return next((c for c in preferred if c in columns), columns[0])
+
+
+def _check_vocab(
+    ids: list[list[int]], targets: list[list[int]] | None, vocab_size: int, where: str
+) -> None:
+    top = max(max(x) for x in ids if x)
+    if targets:
+        top = max(top, max((max(t) for t in targets if t), default=0))
+    if top >= vocab_size:
+        raise UsageError(f"token id {top} from {where} is outside the model's vocabulary of "
+                         f"{vocab_size}; use the model's tokenizer or a model config with a "
+                         "larger vocab_size")  # fmt: skip
+
+
+def _save(rows: dict[str, Any], folder: Path) -> None:
+    """Write the tokenized data; a half-written folder is never left under its name."""
+    import shutil
+
+    import datasets
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    datasets.Dataset.from_dict(rows).save_to_disk(str(partial))
+    partial.rename(folder)
