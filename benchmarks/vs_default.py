@@ -103,8 +103,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-append", action="store_true")
+    parser.add_argument("--budget-mib", type=int, help="another memory budget than the default")
     options = parser.parse_args()
     s = settings(options.quick)
+    if options.budget_mib:
+        s["budget_mib"] = options.budget_mib
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         rows: dict[str, dict[str, Any]] = {}
@@ -127,8 +130,12 @@ def main() -> None:
     for row in rows.values():
         sps = (row.get("run") or {}).get("steady_samples_per_s") or 0.0
         row["throughput_vs_default"] = round(sps / base, 3) if base else None
-    figures = {**machine(), **s, "quick": options.quick, "rows": rows}
-    save("vs_default", figures, markdown(figures), not options.no_append)
+    flags = (" --quick" if options.quick else "") + (
+        f" --budget-mib {options.budget_mib}" if options.budget_mib else ""
+    )
+    figures = {**machine(), **s, "quick": options.quick, "flags": flags, "rows": rows}
+    name = f"vs_default_{options.budget_mib}mib" if options.budget_mib else "vs_default"
+    save(name, figures, markdown(figures), not options.no_append)
 
 
 def markdown(f: dict[str, Any]) -> str:
@@ -149,7 +156,7 @@ def markdown(f: dict[str, Any]) -> str:
     return f"""
 ## autotune against the default and auto_find_batch_size ({f['date']}{', quick' if f['quick'] else ''})
 
-Machine: {f['machine']}; {f['versions']}. Command: `python benchmarks/vs_default.py{' --quick' if f['quick'] else ''}`.
+Machine: {f['machine']}; {f['versions']}. Command: `python benchmarks/vs_default.py{f['flags']}`.
 A T5-style seq2seq model (d_model 256, 4+4 layers, vocab 8192) from its config, {f['seq_len']}/{f['target_len']} tokens,
 global batch {f['global_batch']}, memory budget {f['budget_mib']} MiB enforced with RLIMIT_DATA; each config then trains
 {f['train_steps']} optimizer steps in a real Trainer run (steady samples/s: the steps after the first two).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from autotune.hardware import DeviceInfo
 from autotune.space import SearchSpace
 from autotune.spec import SearchSpec
@@ -51,3 +53,16 @@ def rec(
         step_times_s=(0.1,) * steps,
     )
     return TrialRecord(number, candidate, result)
+
+
+def word_tokenizer(folder: Path, words: list[str]) -> Path:
+    """A word-level tokenizer trained here (no network), saved as transformers loads it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(words, trainers.WordLevelTrainer(special_tokens=["<pad>", "<unk>"]))
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>")
+    wrapped.save_pretrained(str(folder))
+    return folder

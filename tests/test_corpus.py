@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import word_tokenizer
 
 from autotune.corpus import LengthStats, load_source, padding_waste, prepare
 from autotune.errors import UsageError
@@ -13,20 +14,7 @@ from autotune.errors import UsageError
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A word-level tokenizer trained here (no network), saved as transformers loads it."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    folder = tmp_path_factory.mktemp("tokenizer")
-    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(
-        ["a b c d e f g h", "source target text"],
-        trainers.WordLevelTrainer(special_tokens=["<pad>", "<unk>"]),
-    )
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>")
-    wrapped.save_pretrained(str(folder))
-    return folder
+    return word_tokenizer(tmp_path_factory.mktemp("tokenizer"), ["a b c d e f g h", "source"])
 
 
 def write_jsonl(path: Path, rows: list[dict[str, str]]) -> Path:

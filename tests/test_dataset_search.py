@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, autotune
+from conftest import ROOT, TINY_T5, autotune, write_model
+from helpers import word_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -45,3 +46,26 @@ def test_tune_on_local_text_then_train_with_the_export(tmp_path: Path) -> None:
     assert summary["best"]["padding_fraction"] is not None
     table = autotune(tmp_path, "show", "--study", "local-text").stdout
     assert "real tokens/s" in table and "padding waste" in table
+
+
+def test_a_seq2seq_search_on_text_pairs_times_real_batches(tmp_path: Path) -> None:
+    words = "the quick brown fox jumps over a lazy dog and runs".split()
+    word_tokenizer(tmp_path / "tok", [" ".join(words)])
+    rows = [
+        {"document": " ".join(words[: 2 + i % 10] * (1 + i % 3)), "summary": " ".join(words[:3])}
+        for i in range(64)
+    ]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_model(tmp_path / "tiny-t5", TINY_T5)
+    done = autotune(
+        tmp_path, "search", "--model", "./tiny-t5", "--device", "cpu", "--dataset",
+        "pairs.jsonl", "--text-column", "document", "--target-column", "summary",
+        "--tokenizer", "./tok", "--global-batch-size", "8", "--precisions", "fp32",
+        "--optimizers", "adamw_torch", "--checkpointing", "off", "--max-trials", "2",
+        "--warmup-steps", "1", "--measure-steps", "2", "--confirm-top", "0", "--quiet",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "targets: 64 samples, tokens: max 3" in done.stdout
+    assert "33/3 source/target tokens" in done.stdout  # lengths from the data: 11 words x 3
+    summary = json.loads((tmp_path / "studies" / "tiny-t5.best.summary.json").read_text())
+    assert summary["best"]["padding_fraction"] > 0 and summary["target_len"] == 3
