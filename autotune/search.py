@@ -93,6 +93,13 @@ def run_search(
             busy = studies.in_flight(study, spec)
             over = far_over_budget(spec, recs)
             stop = _stop_reason(recs, busy, spec, limits, started, over)
+            if stop and busy and limits.conclude:
+                # Finalists are chosen from every result: wait for the other workers'
+                # trials; go on if one of them died and its config came back.
+                while studies.in_flight(study, spec):
+                    _wait_for_others(study, limits)
+                stop = ""
+                continue
             if stop:
                 break
             if not open_candidates(spec.space, recs, over, busy):
@@ -100,8 +107,6 @@ def run_search(
                 continue
             probes += _step(study, spec, recs, busy, over, study_dir, limits, observer, launcher)
         if limits.conclude:
-            while studies.in_flight(study, spec):  # finalists are chosen from every result
-                _wait_for_others(study, limits)
             probes += _confirm(study, spec, study_dir, limits, observer, started, launcher)
     finally:
         launcher.close()
