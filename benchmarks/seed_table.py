@@ -91,18 +91,22 @@ def findings(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         return float(rows[name]["peak_bytes"] or 0)
 
     v = "vanilla (fp32, adamw_torch)"
+
+    def saves(name: str) -> bool:  # by more than the 1% the peak varies between runs
+        return peak(name) < 0.99 * peak(v)
+
     checks = [
         ("fp16 is faster than vanilla (guide: 2.1x)", sps("fp16") > sps(v),
          f"{sps('fp16') / sps(v):.2f}x"),
-        ("fp16 uses less memory than vanilla (guide: 13.9 vs 14.9 GB)", peak("fp16") < peak(v),
+        ("fp16 uses less memory than vanilla (guide: 13.9 vs 14.9 GB)", saves("fp16"),
          f"{peak('fp16') / peak(v):.2f}x the peak"),
         ("gradient checkpointing is about 20% slower", 0.6 < sps("gradient checkpointing") / sps(v) < 0.95,
          f"{1 - sps('gradient checkpointing') / sps(v):+.0%} slower"),
-        ("gradient checkpointing saves memory", peak("gradient checkpointing") < peak(v),
+        ("gradient checkpointing saves memory", saves("gradient checkpointing"),
          f"{peak('gradient checkpointing') / peak(v):.2f}x the peak"),
-        ("Adafactor saves optimizer memory", peak("adafactor") < peak(v),
+        ("Adafactor saves optimizer memory", saves("adafactor"),
          f"{(peak(v) - peak('adafactor')) / 2**20:.0f} MiB less"),
-        ("8-bit Adam saves optimizer memory", peak("8-bit adam") < peak(v),
+        ("8-bit Adam saves optimizer memory", saves("8-bit adam"),
          f"{(peak(v) - peak('8-bit adam')) / 2**20:.0f} MiB less"),
     ]
     return [{"finding": f, "holds here": bool(ok), "figure": fig} for f, ok, fig in checks]
