@@ -177,7 +177,7 @@ def _step(
     launcher: Launcher,
 ) -> int:
     """Ask for one proposal; skip it or probe it. Returns 1 when a probe ran."""
-    trial = study.ask(studies.distributions(spec))
+    trial = studies.ask(study, spec)
     candidate = studies.candidate_of(spec, trial.params)
     skip = skip_reason(candidate, recs, spec.space, over, busy)
     if skip is not None:

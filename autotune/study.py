@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import socket
@@ -316,6 +317,25 @@ def mark_running(trial: optuna.Trial, candidate: Candidate) -> None:
     trial.set_user_attr("pid", os.getpid())
     trial.set_user_attr(CLAIM_ATTR, claim_key(candidate))
     _heartbeats(trial.study).record_heartbeat(trial._trial_id)
+
+
+def ask(study: optuna.Study, spec: SearchSpec) -> optuna.Trial:
+    """The next trial to run, never the one another worker just took.
+
+    Optuna hands out a queued trial by reading its state and then setting it running;
+    PostgreSQL and MySQL lock the row in between, SQLite does not, and two workers on
+    one SQLite file were seen taking the same trial. On SQLite the workers take turns
+    through a lock file beside the database."""
+    backend = getattr(study._storage, "_backend", study._storage)
+    url = str(getattr(backend, "url", ""))
+    if not url.startswith("sqlite:///"):
+        return study.ask(distributions(spec))
+    with open(url.removeprefix("sqlite:///") + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return study.ask(distributions(spec))
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
