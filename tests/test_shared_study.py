@@ -74,17 +74,28 @@ def test_two_workers_share_one_study_and_recover_a_killed_ones_trial(
 ) -> None:
     write_model(tmp_path / "tiny", TINY_GPT2)
     name = "shared"
-    first, second = search(tmp_path, postgres_url, name), search(tmp_path, postgres_url, name)
+    first = search(tmp_path, postgres_url, name)
     deadline = time.monotonic() + 240
+    second = None
     killed = None
     while killed is None and time.monotonic() < deadline:
         try:
             study = optuna.load_study(study_name=name, storage=postgres_url)
-            killed = running_trial_of(study, first.pid)
         except KeyError:
-            pass  # not created yet
+            time.sleep(0.2)  # not created yet
+            continue
+        if second is None:  # the second worker joins the study the first one created
+            second = search(tmp_path, postgres_url, name)
+        killed = running_trial_of(study, first.pid)
         time.sleep(0.2)
-    assert killed is not None, "the first worker never started a trial"
+    if second is None:
+        first.kill()
+        raise AssertionError(f"the first worker never created the study: {first.communicate()[0]}")
+    if killed is None:
+        first.kill()
+        second.kill()
+        second.wait()
+        raise AssertionError(f"the first worker never started a trial: {first.communicate()[0]}")
     first.kill()  # as a machine going down: no cleanup runs in it
     first.wait()
     out, _ = second.communicate(timeout=600)
