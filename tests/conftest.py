@@ -8,6 +8,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,6 +71,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_MIB = 800
+
+
+def worker_search_args(max_trials: int) -> list[str]:
+    """A small search on ./tiny (8 configs) for the tests that run several workers."""
+    return [
+        "search", "--model", "./tiny", "--device", "cpu", "--global-batch-size", "16",
+        "--seq-len", "64", "--precisions", "fp32,bf16", "--optimizers", "adamw_torch,adafactor",
+        "--checkpointing", "off", "--max-trials", str(max_trials), "--warmup-steps", "1",
+        "--measure-steps", "2", "--confirm-top", "1", "--quiet",
+    ]  # fmt: skip
+
+
+def probe_trials(trials: list[Any]) -> list[Any]:
+    """A study's probes: finished trials with a result, not confirmations, not skipped."""
+    return [
+        t
+        for t in trials
+        if "result" in t.user_attrs
+        and "confirms" not in t.user_attrs
+        and t.user_attrs["outcome"] != "skipped"
+    ]
 
 
 def autotune(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import TINY_GPT2, write_model
+from conftest import TINY_GPT2, probe_trials, worker_search_args, write_model
 from optuna.trial import TrialState
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -19,39 +19,8 @@ MAX_TRIALS = 6
 
 
 def search(work: Path, url: str, study: str) -> subprocess.Popen[str]:
-    argv = [
-        sys.executable,
-        "-m",
-        "autotune",
-        "search",
-        "--model",
-        "./tiny",
-        "--device",
-        "cpu",
-        "--global-batch-size",
-        "16",
-        "--seq-len",
-        "64",
-        "--precisions",
-        "fp32,bf16",
-        "--optimizers",
-        "adamw_torch,adafactor",
-        "--checkpointing",
-        "off",
-        "--max-trials",
-        str(MAX_TRIALS),
-        "--warmup-steps",
-        "1",
-        "--measure-steps",
-        "2",
-        "--confirm-top",
-        "1",
-        "--storage",
-        url,
-        "--study",
-        study,
-        "--quiet",
-    ]
+    argv = [sys.executable, "-m", "autotune", *worker_search_args(MAX_TRIALS)]
+    argv += ["--storage", url, "--study", study]
     return subprocess.Popen(
         argv,
         cwd=work,
@@ -107,13 +76,7 @@ def test_two_workers_share_one_study_and_recover_a_killed_ones_trial(
     # The killed worker's trial: failed, and its config probed again by the survivor.
     lost = trials[killed.number]
     assert lost.state == TrialState.FAIL and "died" in lost.user_attrs["reason"]
-    probes = [
-        t
-        for t in trials
-        if "result" in t.user_attrs
-        and "confirms" not in t.user_attrs
-        and t.user_attrs["outcome"] != "skipped"
-    ]
+    probes = probe_trials(trials)
     claims = [t.user_attrs["claim"] for t in probes]
     assert len(claims) == len(set(claims)), "a config was probed twice"
     assert len(probes) == MAX_TRIALS

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import TINY_GPT2, autotune, write_model
+from conftest import TINY_GPT2, autotune, probe_trials, worker_search_args, write_model
 from optuna.trial import TrialState
 
 from autotune.errors import UsageError
@@ -33,46 +33,14 @@ def test_asking_for_more_workers_than_cores_or_for_gpus_on_the_cpu_is_refused() 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_parallel_search_probes_distinct_configs_and_confirms_alone(tmp_path: Path) -> None:
     write_model(tmp_path / "tiny", TINY_GPT2)
-    done = autotune(
-        tmp_path,
-        "search",
-        "--model",
-        "./tiny",
-        "--device",
-        "cpu",
-        "--parallel",
-        "2",
-        "--global-batch-size",
-        "16",
-        "--seq-len",
-        "64",
-        "--precisions",
-        "fp32,bf16",
-        "--optimizers",
-        "adamw_torch,adafactor",
-        "--checkpointing",
-        "off",
-        "--max-trials",
-        "4",
-        "--warmup-steps",
-        "1",
-        "--measure-steps",
-        "2",
-        "--confirm-top",
-        "1",
-        "--quiet",
-    )
+    done = autotune(tmp_path, *worker_search_args(4), "--parallel", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "worker 0: cores 0" in done.stdout and "worker 1: cores 1" in done.stdout
     storage = f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
     trials = optuna.load_study(study_name="tiny", storage=storage).get_trials(deepcopy=False)
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     finished = [t for t in trials if "result" in t.user_attrs]
-    probes = [
-        t
-        for t in finished
-        if "confirms" not in t.user_attrs and t.user_attrs["outcome"] != "skipped"
-    ]
+    probes = probe_trials(trials)
     assert len(probes) == 4
     assert len({t.user_attrs["claim"] for t in probes}) == 4
     assert {json.loads(t.user_attrs["result"])["concurrent"] for t in probes} == {2}
