@@ -11,9 +11,9 @@ from typing import Any
 import click
 from rich.console import Console
 
-from autotune.errors import AutotuneError, Terminated, raise_terminated
-from autotune.paths import DEFAULT_STUDIES, default_storage
-from autotune.units import format_size, parse_duration, parse_size
+from autotune.core.errors import AutotuneError, Terminated, raise_terminated
+from autotune.core.paths import DEFAULT_STUDIES, default_storage
+from autotune.core.units import format_size, parse_duration, parse_size
 
 
 class ParsedType(click.ParamType):  # type: ignore[type-arg]

@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.console import Console
 
-from autotune.arguments import (
+from autotune.hf.training_args import (
     BaseArguments,
     base_arguments,
     cli_flags,
@@ -18,22 +18,22 @@ from autotune.arguments import (
     read_arguments_file,
     training_fields,
 )
-from autotune.corpus import SAMPLINGS, prepare
-from autotune.errors import ExportError, NoFitError, StudyError, UsageError
-from autotune.estimate import PROCESS_BYTES, breakdown, check_budget, count_parameters
-from autotune.export import export_selected, verify
-from autotune.hardware import detect_device
-from autotune.models import max_positions, resolve_model
-from autotune.paths import default_storage, default_study_name
-from autotune.report import write_report
-from autotune.review import print_table, rows_json, trial_rows
-from autotune.search import SearchLimits, SearchReport, run_search
-from autotune.selection import select_best
-from autotune.space import derive_space
-from autotune.spec import SearchSpec
-from autotune.study import TrialRecord, load_study, records
-from autotune.trial import write_atomic
-from autotune.units import format_size
+from autotune.hf.corpus import SAMPLINGS, prepare
+from autotune.core.errors import ExportError, NoFitError, StudyError, UsageError
+from autotune.search.estimate import PROCESS_BYTES, breakdown, check_budget, count_parameters
+from autotune.views.export import export_selected, verify
+from autotune.probe.device import detect_device
+from autotune.hf.models import max_positions, resolve_model
+from autotune.core.paths import default_storage, default_study_name
+from autotune.views.report import write_report
+from autotune.views.show import print_table, rows_json, trial_rows
+from autotune.search.run import SearchLimits, SearchReport, run_search
+from autotune.search.selection import select_best
+from autotune.core.space import derive_space
+from autotune.core.spec import SearchSpec
+from autotune.store.study import TrialRecord, load_study, records
+from autotune.core.trial import write_atomic
+from autotune.core.units import format_size
 
 DEFAULT_GLOBAL_BATCH = 32
 DEFAULT_TARGET_LEN = 128
@@ -199,8 +199,8 @@ def search_command(
     tokenizer: str | None = None,
     **spec_options: object,
 ) -> SearchReport:
-    from autotune.progress import Progress
-    from autotune.workers import plan_slots, run_workers
+    from autotune.views.progress import Progress
+    from autotune.search.workers import plan_slots, run_workers
 
     name = study_name or default_study_name(model)
     data = None

@@ -21,7 +21,7 @@ def machine() -> dict[str, str]:
     import torch
     import transformers
 
-    from autotune.hardware import cpu_memory_bytes, cpu_name
+    from autotune.probe.device import cpu_memory_bytes, cpu_name
 
     return {
         "date": datetime.date.today().isoformat(),

@@ -37,12 +37,12 @@ from pathlib import Path
 
 import optuna
 
-from autotune.forkserver import ForkServer
-from autotune.hardware import cpu_memory_bytes, cpu_name
-from autotune.models import resolve_model
-from autotune.runner import run_trial
-from autotune.space import SearchSpace
-from autotune.trial import Outcome, TrialConfig, TrialResult
+from autotune.launch.forkserver import ForkServer
+from autotune.probe.device import cpu_memory_bytes, cpu_name
+from autotune.hf.models import resolve_model
+from autotune.launch.runner import run_trial
+from autotune.core.space import SearchSpace
+from autotune.core.trial import Outcome, TrialConfig, TrialResult
 
 HERE = Path(__file__).resolve().parent
 MODEL = {
@@ -144,7 +144,7 @@ def autotune_run(model_dir: Path, work: Path, s: dict[str, object], trials: int)
 def overhead(model_dir: Path, work: Path, repeats: int = 3) -> dict[str, dict[str, float]]:
     """Mean seconds per phase of one probe: fresh interpreter vs fork server."""
     model = resolve_model(str(model_dir))
-    from autotune.trial import Candidate
+    from autotune.core.trial import Candidate
 
     candidate = Candidate(8, 1, "fp32", False, "adamw_torch")
     phases: dict[str, dict[str, float]] = {}
@@ -179,7 +179,7 @@ def main() -> None:
         model_dir = work / "bench-gpt2"
         model_dir.mkdir()
         (model_dir / "config.json").write_text(json.dumps(MODEL))
-        from autotune.space import batch_choices
+        from autotune.core.space import batch_choices
 
         regular, fallback = batch_choices(int(s["global_batch"]))  # type: ignore[call-overload]
         space = SearchSpace(int(s["global_batch"]), regular, fallback,  # type: ignore[call-overload]

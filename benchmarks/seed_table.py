@@ -21,10 +21,10 @@ from typing import Any
 
 from _common import machine, save
 
-from autotune.forkserver import ForkServer
-from autotune.models import resolve_model
-from autotune.runner import run_trial
-from autotune.trial import Candidate, TrialConfig
+from autotune.launch.forkserver import ForkServer
+from autotune.hf.models import resolve_model
+from autotune.launch.runner import run_trial
+from autotune.core.trial import Candidate, TrialConfig
 
 BERT = {
     "model_type": "bert", "architectures": ["BertForSequenceClassification"],

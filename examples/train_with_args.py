@@ -43,7 +43,7 @@ def load_config(name: str) -> AutoConfig:
     try:
         return AutoConfig.from_pretrained(name)
     except OSError:  # offline: use the architecture preset autotune ships
-        from autotune.models import resolve_model
+        from autotune.hf.models import resolve_model
 
         values = dict(resolve_model(name).config)
         return AutoConfig.for_model(values.pop("model_type"), **values)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.hardware import DeviceInfo
-from autotune.space import SearchSpace
-from autotune.spec import SearchSpec
-from autotune.study import TrialRecord
-from autotune.trial import Candidate, ModelSpec, Outcome, TrialResult
+from autotune.probe.device import DeviceInfo
+from autotune.core.space import SearchSpace
+from autotune.core.spec import SearchSpec
+from autotune.store.study import TrialRecord
+from autotune.core.trial import Candidate, ModelSpec, Outcome, TrialResult
 
 GIB = 2**30
 

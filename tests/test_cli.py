@@ -72,7 +72,7 @@ def test_model_dir_without_config(capsys: pytest.CaptureFixture[str], in_tmp: Pa
 
 
 def test_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
-    from autotune.errors import ModelNotFoundError
+    from autotune.core.errors import ModelNotFoundError
 
     with pytest.raises(ModelNotFoundError):
         main(["--debug", "search", "--model", "nobody/no-such-model"])

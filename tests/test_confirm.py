@@ -4,10 +4,10 @@ import dataclasses
 
 from helpers import GIB, cand
 
-from autotune.confirm import combine, pooled
-from autotune.selection import select_best
-from autotune.study import TrialRecord
-from autotune.trial import Outcome, TrialResult
+from autotune.search.confirm import combine, pooled
+from autotune.search.selection import select_best
+from autotune.store.study import TrialRecord
+from autotune.core.trial import Outcome, TrialResult
 
 LIMIT = 4 * GIB
 

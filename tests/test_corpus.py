@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from helpers import word_tokenizer
 
-from autotune.corpus import LengthStats, load_source, padding_waste, prepare
-from autotune.errors import UsageError
+from autotune.hf.corpus import LengthStats, load_source, padding_waste, prepare
+from autotune.core.errors import UsageError
 
 
 @pytest.fixture(scope="module")

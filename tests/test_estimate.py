@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 from helpers import GIB, cand
 
-from autotune.errors import UsageError
-from autotune.estimate import (
+from autotune.core.errors import UsageError
+from autotune.search.estimate import (
     Breakdown,
     activation_bytes,
     activation_scale,
@@ -12,8 +12,8 @@ from autotune.estimate import (
     count_parameters,
     static_bytes,
 )
-from autotune.models import resolve_model
-from autotune.trial import Outcome, TrialResult
+from autotune.hf.models import resolve_model
+from autotune.core.trial import Outcome, TrialResult
 
 GPT2 = {"n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257}
 

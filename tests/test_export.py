@@ -7,8 +7,8 @@ import pytest
 from helpers import SPEC, cand, rec
 from transformers import HfArgumentParser, TrainingArguments
 
-from autotune.errors import ExportError
-from autotune.export import export_best, sidecar_path, verify
+from autotune.core.errors import ExportError
+from autotune.views.export import export_best, sidecar_path, verify
 
 
 def test_export_round_trips_through_hf_argument_parser(tmp_path: Path) -> None:

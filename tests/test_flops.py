@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 from conftest import TINY_GPT2, write_model
 
-from autotune.flops import flops_per_sample, measure_peak_flops
-from autotune.models import build_model, resolve_model
+from autotune.probe.flops import flops_per_sample, measure_peak_flops
+from autotune.hf.models import build_model, resolve_model
 
 
 def test_flops_per_sample_is_6n_per_token_plus_attention(tiny_gpt2: Path) -> None:

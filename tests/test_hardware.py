@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from autotune.hardware import DeviceInfo, detect_device, peak_memory_bytes
+from autotune.probe.device import DeviceInfo, detect_device, peak_memory_bytes
 
 GIB = 2**30
 
@@ -26,7 +26,7 @@ def test_ampere_prefers_multiples_of_64() -> None:
 def test_cpu_budget_is_a_real_allocator_limit() -> None:
     code = (
         "import torch\n"
-        "from autotune.hardware import enforce_memory_budget\n"
+        "from autotune.probe.device import enforce_memory_budget\n"
         "enforce_memory_budget('cpu', 0, 1024 * 2**20)\n"
         "try:\n"
         "    torch.empty(2 * 2**30, dtype=torch.uint8).fill_(1)\n"
@@ -46,7 +46,7 @@ def test_cpu_peak_is_the_resident_set_high_water_mark() -> None:
 def test_cuda_budget_caps_the_allocator() -> None:
     code = (
         "import torch\n"
-        "from autotune.hardware import enforce_memory_budget, peak_memory_bytes\n"
+        "from autotune.probe.device import enforce_memory_budget, peak_memory_bytes\n"
         "enforce_memory_budget('cuda', 0, 2 * 2**30)\n"
         "x = torch.empty(2**28, dtype=torch.uint8, device='cuda')\n"
         "try:\n"

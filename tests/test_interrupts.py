@@ -71,7 +71,7 @@ def probes_running(work: Path, *, trials_only: bool = False) -> list[int]:
         except (OSError, IndexError):
             continue
         state, session = stat[0], int(stat[3])
-        ours = "autotune.probe" in cmdline or "autotune.forkserver" in cmdline
+        ours = "autotune.probe" in cmdline or "autotune.launch.forkserver" in cmdline
         if trials_only and session != int(proc.name):
             continue
         if ours and cwd == str(work) and state not in "ZX":

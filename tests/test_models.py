@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.errors import ModelConfigError, ModelNotFoundError, UsageError
-from autotune.models import build_model, detect_task, preset_names, resolve_model
+from autotune.core.errors import ModelConfigError, ModelNotFoundError, UsageError
+from autotune.hf.models import build_model, detect_task, preset_names, resolve_model
 
 
 def test_local_directory_is_resolved_first(tiny_gpt2: Path) -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import TINY_GPT2, write_model
 
-from autotune.models import resolve_model
-from autotune.runner import run_trial
-from autotune.trial import Candidate, Outcome, TrialConfig
+from autotune.hf.models import resolve_model
+from autotune.launch.runner import run_trial
+from autotune.core.trial import Candidate, Outcome, TrialConfig
 
 pytestmark = pytest.mark.slow
 MIB = 2**20

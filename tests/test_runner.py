@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.errors import TrialFilesError
-from autotune.runner import run_trial
-from autotune.trial import Candidate, ModelSpec, Outcome, TrialConfig
+from autotune.core.errors import TrialFilesError
+from autotune.launch.runner import run_trial
+from autotune.core.trial import Candidate, ModelSpec, Outcome, TrialConfig
 
 CANDIDATE = Candidate(8, 1, "fp32", False, "adamw_torch")
 MODEL = ModelSpec("fake", "local", "causal-lm", {"model_type": "gpt2"})
@@ -107,8 +107,8 @@ def test_unwritable_trial_directory_is_a_clear_error(tmp_path: Path) -> None:
 def test_fork_server_runs_a_real_probe_and_kills_it_on_timeout(
     tmp_path: Path, tiny_gpt2: Path
 ) -> None:
-    from autotune.forkserver import ForkServer
-    from autotune.models import resolve_model
+    from autotune.launch.forkserver import ForkServer
+    from autotune.hf.models import resolve_model
 
     model = resolve_model(str(tiny_gpt2))
     server = ForkServer(tmp_path / "forkserver.log", data_limit=2**30)

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 from conftest import BUDGET_MIB
 
-from autotune.models import resolve_model
-from autotune.runner import run_trial
-from autotune.skips import skip_reason
-from autotune.space import SearchSpace
-from autotune.study import TrialRecord
-from autotune.trial import Outcome, TrialConfig
+from autotune.hf.models import resolve_model
+from autotune.launch.runner import run_trial
+from autotune.search.skips import skip_reason
+from autotune.core.space import SearchSpace
+from autotune.store.study import TrialRecord
+from autotune.core.trial import Outcome, TrialConfig
 
 pytestmark = pytest.mark.slow
 

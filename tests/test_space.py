@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.errors import SpaceError
-from autotune.hardware import DeviceInfo, supported_precisions
-from autotune.space import available_optimizers, batch_choices, derive_space, seed_candidates
+from autotune.core.errors import SpaceError
+from autotune.probe.device import DeviceInfo, supported_precisions
+from autotune.core.space import available_optimizers, batch_choices, derive_space, seed_candidates
 
 CPU = DeviceInfo("cpu", None, "test cpu", 16 * 2**30)
 A100 = DeviceInfo("cuda", 0, "A100", 80 * 2**30, (8, 0))

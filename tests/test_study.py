@@ -15,8 +15,8 @@ import pytest
 from helpers import SPEC, cand
 from optuna.trial import TrialState
 
-from autotune import study as studies
-from autotune.study import (
+from autotune.store import study as studies
+from autotune.store.study import (
     _same_search,
     candidate_params,
     contested,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.units import format_duration, format_size, parse_duration, parse_size
+from autotune.core.units import format_duration, format_size, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(

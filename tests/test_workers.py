@@ -11,8 +11,8 @@ import pytest
 from conftest import TINY_GPT2, autotune, probe_trials, worker_search_args, write_model
 from optuna.trial import TrialState
 
-from autotune.errors import UsageError
-from autotune.workers import Slot, plan_slots
+from autotune.core.errors import UsageError
+from autotune.search.workers import Slot, plan_slots
 
 
 def test_the_cores_are_split_evenly_between_workers() -> None:

@@ -7,10 +7,10 @@ import hashlib
 import json
 from typing import Any
 
-from autotune.corpus import DataSpec
-from autotune.hardware import DeviceInfo
-from autotune.space import SearchSpace
-from autotune.trial import ModelSpec
+from autotune.hf.corpus import DataSpec
+from autotune.probe.device import DeviceInfo
+from autotune.core.space import SearchSpace
+from autotune.core.trial import ModelSpec
 
 
 @dataclasses.dataclass(frozen=True)

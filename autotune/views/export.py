@@ -12,11 +12,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import ExportError
-from autotune.selection import fitting, ranked, select_best
-from autotune.spec import SearchSpec
-from autotune.study import TrialRecord
-from autotune.trial import write_atomic
+from autotune.core.errors import ExportError
+from autotune.search.selection import fitting, ranked, select_best
+from autotune.core.spec import SearchSpec
+from autotune.store.study import TrialRecord
+from autotune.core.trial import write_atomic
 
 
 def sidecar_path(output: Path) -> Path:

@@ -11,13 +11,13 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import UsageError
-from autotune.trial import Candidate, ModelSpec, Outcome, TrialResult
-from autotune.units import format_size
+from autotune.core.errors import UsageError
+from autotune.core.trial import Candidate, ModelSpec, Outcome, TrialResult
+from autotune.core.units import format_size
 
 if TYPE_CHECKING:
-    from autotune.spec import SearchSpec
-    from autotune.study import TrialRecord
+    from autotune.core.spec import SearchSpec
+    from autotune.store.study import TrialRecord
 
 # The published rule (Hugging Face's single-GPU training guide): fp32 weights 4 bytes a
 # parameter, mixed precision 6 (fp32 master + 16-bit copy); gradients 4; optimizer state
@@ -137,7 +137,7 @@ def count_parameters(spec: ModelSpec) -> int:
     """Parameters of the model, built on the meta device (no memory, no weights)."""
     import torch
 
-    from autotune.models import build_model
+    from autotune.hf.models import build_model
 
     with torch.device("meta"):
         model = build_model(spec)

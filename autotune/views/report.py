@@ -11,12 +11,12 @@ import html
 from collections.abc import Sequence
 from pathlib import Path
 
-from autotune.review import TrialRow
-from autotune.selection import fitting, select_best
-from autotune.spec import SearchSpec
-from autotune.study import TrialRecord
-from autotune.trial import Outcome, write_atomic
-from autotune.units import format_size
+from autotune.views.show import TrialRow
+from autotune.search.selection import fitting, select_best
+from autotune.core.spec import SearchSpec
+from autotune.store.study import TrialRecord
+from autotune.core.trial import Outcome, write_atomic
+from autotune.core.units import format_size
 
 GIB = float(2**30)
 COLOURS = {

@@ -18,13 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune.errors import TrialFilesError
-from autotune.outcomes import classify_exit
-from autotune.probe import RESULT_NAME, merge_ranks
-from autotune.trial import TrialConfig, TrialResult, write_atomic
+from autotune.core.errors import TrialFilesError
+from autotune.launch.outcomes import classify_exit
+from autotune.probe.main import RESULT_NAME, merge_ranks
+from autotune.core.trial import TrialConfig, TrialResult, write_atomic
 
 if TYPE_CHECKING:
-    from autotune.forkserver import ForkServer
+    from autotune.launch.forkserver import ForkServer
 
 CONFIG_NAME = "config.json"
 _PR_SET_PDEATHSIG = 1

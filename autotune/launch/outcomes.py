@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import signal
 
-from autotune.trial import Outcome, TrialResult
+from autotune.core.trial import Outcome, TrialResult
 
 # Messages allocators raise when an allocation fails. Each is only evidence of an OOM
 # when a memory limit was in force (or memory in use was near it), see below.

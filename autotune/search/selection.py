@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autotune.study import TrialRecord
-from autotune.trial import Outcome
+from autotune.store.study import TrialRecord
+from autotune.core.trial import Outcome
 
 MIN_NOISE = 0.01  # two configs closer than 1% are a tie even when both measured tight
 MAX_NOISE = 0.10  # a noisy measurement never makes a config >10% slower count as a tie

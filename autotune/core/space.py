@@ -12,9 +12,9 @@ import importlib.util
 import itertools
 from collections.abc import Iterator, Sequence
 
-from autotune.errors import SpaceError
-from autotune.hardware import DeviceInfo, supported_precisions
-from autotune.trial import PRECISIONS, Candidate
+from autotune.core.errors import SpaceError
+from autotune.probe.device import DeviceInfo, supported_precisions
+from autotune.core.trial import PRECISIONS, Candidate
 
 FALLBACK_BATCHES = (1, 2, 4)
 DEFAULT_OPTIMIZERS = (

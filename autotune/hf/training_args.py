@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import UsageError
+from autotune.core.errors import UsageError
 
 # Fields the search sets; a base file's values for them are replaced, not carried.
 TUNED = {

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from autotune.errors import ModelConfigError, ModelNotFoundError, UsageError
-from autotune.trial import ModelSpec
+from autotune.core.errors import ModelConfigError, ModelNotFoundError, UsageError
+from autotune.core.trial import ModelSpec
 
 TASKS = ("seq2seq", "causal-lm", "masked-lm", "classification")
-PRESET_DIR = Path(__file__).parent / "presets"
+PRESET_DIR = Path(__file__).parents[1] / "presets"
 
 _ARCH_SUFFIXES = (
     ("ForConditionalGeneration", "seq2seq"),

@@ -12,19 +12,19 @@ from typing import Protocol
 import optuna
 from optuna.trial import TrialState
 
-from autotune import study as studies
-from autotune.errors import AutotuneError, NoFitError
-from autotune.estimate import FAR_OVER, make_predictor
-from autotune.export import export_selected
-from autotune.forkserver import ForkServer
-from autotune.runner import run_trial
-from autotune.selection import fitting, ranked
-from autotune.skips import open_candidates, skip_reason
-from autotune.space import seed_candidates
-from autotune.spec import SearchSpec
-from autotune.study import TrialRecord
-from autotune.trial import Candidate, Outcome, TrialConfig, TrialResult
-from autotune.units import format_size
+from autotune.store import study as studies
+from autotune.core.errors import AutotuneError, NoFitError
+from autotune.search.estimate import FAR_OVER, make_predictor
+from autotune.views.export import export_selected
+from autotune.launch.forkserver import ForkServer
+from autotune.launch.runner import run_trial
+from autotune.search.selection import fitting, ranked
+from autotune.search.skips import open_candidates, skip_reason
+from autotune.core.space import seed_candidates
+from autotune.core.spec import SearchSpec
+from autotune.store.study import TrialRecord
+from autotune.core.trial import Candidate, Outcome, TrialConfig, TrialResult
+from autotune.core.units import format_size
 
 
 @dataclasses.dataclass(frozen=True)

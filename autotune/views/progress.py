@@ -8,11 +8,11 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from autotune.review import data_lines
-from autotune.search import SearchLimits, SearchReport
-from autotune.spec import SearchSpec
-from autotune.trial import Candidate, Outcome, TrialResult
-from autotune.units import format_duration, format_size
+from autotune.views.show import data_lines
+from autotune.search.run import SearchLimits, SearchReport
+from autotune.core.spec import SearchSpec
+from autotune.core.trial import Candidate, Outcome, TrialResult
+from autotune.core.units import format_duration, format_size
 
 _STYLE = {
     Outcome.OK: "green",

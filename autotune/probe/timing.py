@@ -12,7 +12,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from autotune import hardware
+from autotune.probe import device as hardware
 
 
 class StepTimer(TrainerCallback):

@@ -21,9 +21,9 @@ from typing import Any
 
 from rich.console import Console
 
-from autotune.errors import AutotuneError, Terminated, UsageError, raise_terminated
-from autotune.search import SearchLimits, prepare_study, run_search
-from autotune.spec import SearchSpec
+from autotune.core.errors import AutotuneError, Terminated, UsageError, raise_terminated
+from autotune.search.run import SearchLimits, prepare_study, run_search
+from autotune.core.spec import SearchSpec
 
 STOP_GRACE_S = 60.0  # a worker told to stop fails and re-queues its trial in this time
 
@@ -113,7 +113,7 @@ def run_workers(
         )
         path = folder / f"{index}.json"
         path.write_text(job.to_json(), encoding="utf-8")
-        processes.append(subprocess.Popen([sys.executable, "-m", "autotune.workers", str(path)]))
+        processes.append(subprocess.Popen([sys.executable, "-m", "autotune.search.workers", str(path)]))
     try:
         for process in processes:
             process.wait()
@@ -151,7 +151,7 @@ def confine(slot: Slot) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from autotune.progress import Progress
+    from autotune.views.progress import Progress
 
     argv = sys.argv[1:] if argv is None else argv
     job = WorkerJob.from_json(Path(argv[0]).read_text(encoding="utf-8"))

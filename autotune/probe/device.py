@@ -14,7 +14,7 @@ import resource
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import UsageError
+from autotune.core.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)

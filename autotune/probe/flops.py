@@ -37,7 +37,7 @@ def measure_peak_flops(device_kind: str, precision: str, seconds: float = 0.3) -
     """FLOP/s of a square matrix multiply at this precision on this device."""
     import torch
 
-    from autotune import hardware
+    from autotune.probe import device as hardware
 
     size = 4096 if device_kind == "cuda" else 1024
     dtype = getattr(torch, _DTYPES[precision])

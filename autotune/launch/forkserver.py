@@ -27,11 +27,11 @@ PRELOAD = (
     "transformers.training_args",
     "transformers.models.auto.modeling_auto",
     "accelerate",
-    "autotune.probe",
-    "autotune.timing",
-    "autotune.data",
-    "autotune.flops",
-    "autotune.models",
+    "autotune.probe.main",
+    "autotune.probe.timing",
+    "autotune.probe.data",
+    "autotune.probe.flops",
+    "autotune.hf.models",
 )
 
 
@@ -45,7 +45,7 @@ def serve(requests: IO[str], replies: IO[str], data_limit: int | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
     for name in PRELOAD:
         importlib.import_module(name)
-    from autotune.hardware import FORK_RSS_FILE_ENV, _proc_status_kib
+    from autotune.probe.device import FORK_RSS_FILE_ENV, _proc_status_kib
 
     # The children report peaks as a fresh process would (see untouched_library_bytes).
     os.environ[FORK_RSS_FILE_ENV] = str(_proc_status_kib("RssFile") * 1024)
@@ -64,7 +64,7 @@ def _run_child(request: dict[str, Any]) -> None:
     code = 1
     try:
         os.setsid()
-        from autotune.runner import die_with_parent
+        from autotune.launch.runner import die_with_parent
 
         die_with_parent()
         for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
@@ -74,7 +74,7 @@ def _run_child(request: dict[str, Any]) -> None:
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        from autotune.probe import main
+        from autotune.probe.main import main
 
         code = main([request["config"]])
     except SystemExit as exc:
@@ -104,14 +104,14 @@ class ForkServer:
     """The parent's handle on a running server; one trial at a time."""
 
     def __init__(self, log: Path, *, data_limit: int | None = None) -> None:
-        from autotune.runner import child_env, die_with_parent
+        from autotune.launch.runner import child_env, die_with_parent
 
         self.data_limit = data_limit
         log.parent.mkdir(parents=True, exist_ok=True)
         limit = [] if data_limit is None else [str(data_limit)]
         with open(log, "ab") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "autotune.forkserver", *limit],
+                [sys.executable, "-m", "autotune.launch.forkserver", *limit],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,

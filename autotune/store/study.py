@@ -26,11 +26,11 @@ from optuna.storages._heartbeat import BaseHeartbeat, get_heartbeat_thread
 from optuna.trial import TrialState
 from optuna_dashboard import save_note
 
-from autotune.confirm import combine, pooled
-from autotune.errors import StudyError
-from autotune.space import SearchSpace
-from autotune.spec import SearchSpec
-from autotune.trial import Candidate, Outcome, TrialResult
+from autotune.search.confirm import combine, pooled
+from autotune.core.errors import StudyError
+from autotune.core.space import SearchSpace
+from autotune.core.spec import SearchSpec
+from autotune.core.trial import Candidate, Outcome, TrialResult
 
 SPEC_ATTR = "autotune_spec"
 IDENTITY_ATTR = "autotune_identity"

@@ -16,7 +16,7 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 
-from autotune.trial import Outcome, TrialResult
+from autotune.core.trial import Outcome, TrialResult
 
 
 def pooled(original: TrialResult, confirmations: Sequence[TrialResult]) -> list[TrialResult]:

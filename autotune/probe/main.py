@@ -22,9 +22,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from autotune import hardware
-from autotune.outcomes import is_out_of_memory, loss_outcome
-from autotune.trial import Outcome, TrialConfig, TrialResult, write_atomic
+from autotune.probe import device as hardware
+from autotune.launch.outcomes import is_out_of_memory, loss_outcome
+from autotune.core.trial import Outcome, TrialConfig, TrialResult, write_atomic
 
 RESULT_NAME = "result.json"
 
@@ -62,10 +62,10 @@ def _train(config: TrialConfig, phases: dict[str, float]) -> TrialResult:
     tick = time.perf_counter()
     from transformers import Trainer, TrainingArguments, set_seed
 
-    from autotune.data import WorstCaseDataset
-    from autotune.flops import flops_per_sample, measure_peak_flops
-    from autotune.models import build_model
-    from autotune.timing import StepTimer
+    from autotune.probe.data import WorstCaseDataset
+    from autotune.probe.flops import flops_per_sample, measure_peak_flops
+    from autotune.hf.models import build_model
+    from autotune.probe.timing import StepTimer
 
     phases["import"] = time.perf_counter() - tick
     tick = time.perf_counter()
@@ -123,8 +123,8 @@ def _real_batches(
     from datasets import load_from_disk
     from transformers import Trainer, TrainingArguments
 
-    from autotune.data import RealBatches
-    from autotune.timing import StepTimer
+    from autotune.probe.data import RealBatches
+    from autotune.probe.timing import StepTimer
 
     steps = 1 + config.measure_steps
     probe_args = _probe_only_arguments(config, steps)
@@ -259,6 +259,3 @@ def merge_ranks(trial_dir: Path, world_size: int) -> None:
     merged = merged.replace(peak_memory_bytes=max(peaks) if peaks else None)
     write_atomic(trial_dir / RESULT_NAME, merged.to_json())
 
-
-if __name__ == "__main__":
-    sys.exit(main())

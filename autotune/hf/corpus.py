@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import UsageError
+from autotune.core.errors import UsageError
 
 FILE_KINDS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet",
               ".txt": "text"}  # fmt: skip

@@ -10,11 +10,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from autotune.selection import ranked, select_best
-from autotune.spec import SearchSpec
-from autotune.study import TrialRecord
-from autotune.trial import Outcome
-from autotune.units import format_size
+from autotune.search.selection import ranked, select_best
+from autotune.core.spec import SearchSpec
+from autotune.store.study import TrialRecord
+from autotune.core.trial import Outcome
+from autotune.core.units import format_size
 
 GIB = float(2**30)
 

@@ -1,0 +1,1 @@
+"""Hugging Face knowledge: resolving models, the user's data, and TrainingArguments."""

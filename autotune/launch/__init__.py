@@ -1,0 +1,1 @@
+"""The parent side of a trial: launching the probe child and classifying how it ended."""

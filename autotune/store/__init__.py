@@ -1,0 +1,1 @@
+"""Persistence: the only code that touches Optuna storage."""

@@ -1,0 +1,1 @@
+"""What people and scripts see: progress, show, report, export."""
