@@ -1,33 +1,222 @@
+"""The FLOP model against torch's own count, and the peak measurement under transformers' tf32.
+
+The reference is `torch.utils.flop_counter.FlopCounterMode` over one sample's forward and
+backward in training mode. The models use eager attention: on the CPU, SDPA runs
+`_scaled_dot_product_flash_attention_for_cpu`, which FlopCounterMode has no formula for,
+so it would count attention as free. Sizes and lengths keep attention a visible share.
+"""
+
 from __future__ import annotations
 
-from pathlib import Path
+import json
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from conftest import TINY_GPT2, write_model
+import torch
+from torch.utils.flop_counter import FlopCounterMode
 
-from autotune.probe.flops import flops_per_sample, measure_peak_flops
-from autotune.hf.models import build_model, resolve_model
+from autotune.hf.models import PRESET_DIR
+from autotune.probe.device import measure_peak_flops
+from autotune.probe.flops import flops_per_sample
+
+TINY = {"vocab_size": 512, "max_position_embeddings": 256}
+# name: (task, config, source length, target length)
+CASES: dict[str, tuple[str, dict[str, Any], int, int]] = {
+    "gpt2": (
+        "causal-lm",
+        {
+            "model_type": "gpt2",
+            "n_embd": 64,
+            "n_layer": 2,
+            "n_head": 4,
+            "n_positions": 256,
+            "vocab_size": 512,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+        },
+        128,
+        0,
+    ),
+    # untied output embeddings, rotary positions
+    "gpt-neox": (
+        "causal-lm",
+        {
+            "model_type": "gpt_neox",
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 256,
+            **TINY,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+        },
+        128,
+        0,
+    ),
+    # heads x d_kv != d_model; more decoder layers than encoder layers; untied head
+    "t5": (
+        "seq2seq",
+        {
+            "model_type": "t5",
+            "d_model": 64,
+            "d_ff": 128,
+            "d_kv": 8,
+            "num_heads": 4,
+            "num_layers": 2,
+            "num_decoder_layers": 3,
+            "feed_forward_proj": "gated-gelu",
+            "tie_word_embeddings": False,
+            "vocab_size": 512,
+            "decoder_start_token_id": 0,
+            "pad_token_id": 0,
+            "eos_token_id": 1,
+        },
+        128,
+        32,
+    ),
+    # the BART family's names: encoder_attn.k_proj, decoder_layers, decoder_attention_heads
+    "bart": (
+        "seq2seq",
+        {
+            "model_type": "bart",
+            "d_model": 64,
+            "encoder_layers": 2,
+            "decoder_layers": 1,
+            "encoder_attention_heads": 4,
+            "decoder_attention_heads": 2,
+            "encoder_ffn_dim": 128,
+            "decoder_ffn_dim": 128,
+            **TINY,
+            "pad_token_id": 1,
+            "bos_token_id": 0,
+            "eos_token_id": 2,
+            "decoder_start_token_id": 2,
+        },
+        128,
+        32,
+    ),
+    "bert-mlm": (
+        "masked-lm",
+        {
+            "model_type": "bert",
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 128,
+            **TINY,
+        },
+        128,
+        0,
+    ),
+    # pooler and classifier on the [CLS] token only
+    "bert-classifier": (
+        "classification",
+        {
+            "model_type": "bert",
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 128,
+            **TINY,
+            "num_labels": 2,
+        },
+        128,
+        0,
+    ),
+}
 
 
-def test_flops_per_sample_is_6n_per_token_plus_attention(tiny_gpt2: Path) -> None:
-    model = build_model(resolve_model(str(tiny_gpt2)))
-    params = sum(p.numel() for p in model.parameters())  # gpt2 ties its embeddings
-    seq = 128
-    expected = 6 * params * seq + 12 * 2 * 64 * seq * seq
-    assert flops_per_sample(model, "causal-lm", seq, 0) == expected
+def build(task: str, config: dict[str, Any]) -> Any:
+    """A random model with eager attention, so FlopCounterMode sees the attention matmuls."""
+    import transformers
 
-
-def test_untied_input_embeddings_are_not_counted(tmp_path: Path) -> None:
-    untied = write_model(tmp_path / "untied", {**TINY_GPT2, "tie_word_embeddings": False})
-    model = build_model(resolve_model(str(untied)))
-    assert model.get_output_embeddings().weight is not model.get_input_embeddings().weight
-    lookup = model.get_input_embeddings().weight.numel()
-    params = sum(p.numel() for p in model.parameters())
-    assert flops_per_sample(model, "causal-lm", 16, 0) == 6 * (params - lookup) * 16 + (
-        12 * 2 * 64 * 16 * 16
+    values = dict(config)
+    auto = {
+        "seq2seq": transformers.AutoModelForSeq2SeqLM,
+        "causal-lm": transformers.AutoModelForCausalLM,
+        "masked-lm": transformers.AutoModelForMaskedLM,
+        "classification": transformers.AutoModelForSequenceClassification,
+    }[task]
+    model_config = transformers.AutoConfig.for_model(values.pop("model_type"), **values)
+    return auto.from_config(  # type: ignore[no-untyped-call]
+        model_config, attn_implementation="eager"
     )
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def counted(model: Any, task: str, source_len: int, target_len: int) -> tuple[int, int]:
+    """FlopCounterMode's FLOPs of one sample's forward + backward, and its attention part."""
+    device, vocab = model.device, model.config.vocab_size
+    ids = torch.randint(3, vocab, (1, source_len), device=device)
+    labels = {
+        "seq2seq": torch.randint(3, vocab, (1, target_len), device=device),
+        "classification": torch.tensor([1], device=device),
+    }.get(task, ids)
+    model.train()
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, labels=labels).loss.backward()
+    by_op = counter.get_flop_counts()["Global"]
+    return counter.get_total_flops(), by_op.get(torch.ops.aten.bmm, 0)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_flops_per_sample_matches_flop_counter(name: str) -> None:
+    task, config, source_len, target_len = CASES[name]
+    model = build(task, config)
+    total, attention = counted(model, task, source_len, target_len)
+    assert attention > 0.1 * total  # attention is a visible share: the test can see it
+    ours = flops_per_sample(model, task, source_len, target_len)
+    assert ours == pytest.approx(total, rel=0.15)
+
+
+def test_meta_device_counts_as_real_weights_do() -> None:
+    """Shapes alone decide the count, which lets the mT5 test skip 300M random weights."""
+    task, config, source_len, target_len = CASES["t5"]
+    with torch.device("meta"):
+        meta = build(task, config)
+    real = build(task, config)
+    assert counted(meta, task, source_len, target_len) == counted(
+        real, task, source_len, target_len
+    )
+
+
+def test_mt5_small_preset_matches_flop_counter() -> None:
+    """The case that was 3.6x: mT5-small at 64 source and 16 target tokens (~23 GFLOP)."""
+    config = json.loads((PRESET_DIR / "google__mt5-small.json").read_text())
+    with torch.device("meta"):
+        model = build("seq2seq", config)
+    total, _ = counted(model, "seq2seq", 64, 16)
+    assert flops_per_sample(model, "seq2seq", 64, 16) == pytest.approx(total, rel=0.15)
+
+
+@pytest.fixture
+def transformers_tf32() -> Iterator[None]:
+    """TF32 on the way transformers 5 turns it on (`enable_tf32`: the new API, all backends)."""
+    backends: Any = torch.backends
+    generic, matmul = backends.fp32_precision, backends.cuda.matmul.fp32_precision
+    backends.fp32_precision = "tf32"
+    try:
+        yield
+    finally:
+        backends.fp32_precision = generic
+        backends.cuda.matmul.fp32_precision = matmul
+
+
+def test_torch_refuses_the_legacy_tf32_flag_after_the_new_api(transformers_tf32: None) -> None:
+    """Why measure_peak_flops must not read `allow_tf32` (torch 2.9 and later)."""
+    with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
+        bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp32"])
+def test_peak_flops_under_transformers_tf32(transformers_tf32: None, precision: str) -> None:
+    assert measure_peak_flops("cpu", precision, seconds=0.05) > 0
+    assert torch.backends.fp32_precision == "tf32"  # type: ignore[attr-defined]
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "tf32"])
 def test_peak_flops_is_measured(precision: str) -> None:
-    assert measure_peak_flops("cpu", precision, seconds=0.2) > 1e8
+    before = torch.backends.cuda.matmul.fp32_precision
+    assert measure_peak_flops("cpu", precision, seconds=0.05) > 1e8
+    assert torch.backends.cuda.matmul.fp32_precision == before

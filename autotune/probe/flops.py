@@ -1,70 +1,144 @@
 """Model FLOPs and the device's measured peak, so a trial's throughput has a scale.
 
-Model FLOPs per token follow the usual rule: 6 x the parameters that take part in
-matrix multiplies (forward 2, backward 4), plus 12 x layers x hidden x attended length
-for attention. Recomputation under checkpointing is not counted: this is model FLOP
-utilisation (MFU), not hardware FLOPs.
+Training FLOPs are 3 x the forward's matrix-multiply FLOPs (forward 1, backward 2: the
+gradients with respect to the input and to the weight). The forward counts:
+
+* 2 x every matmul weight (`nn.Linear`, GPT-2's `Conv1D`, and the LM head even when it
+  is tied to the input embeddings) x the tokens that weight runs on. Embedding lookups
+  (token, position, token-type, T5's relative bias) are not matmuls and count nothing;
+  norms, biases and activations are left out as small.
+* 4 x layers x heads x head_dim x query length x key length per attention (QK^T and
+  AV), counting the whole square even when a causal mask throws half of it away, as
+  the eager kernels and `FlopCounterMode` do.
+
+Which tokens a weight runs on depends on the task:
+
+* causal LM, masked LM: every weight, the LM head included, on every token.
+* classification: the body on every token; the head (the modules outside
+  `model.base_model`, and a BERT-style pooler) on the one token it pools.
+* seq2seq: `model.get_encoder()` on the source tokens; `model.get_decoder()` on the
+  target tokens, except its cross-attention key/value projections, which run on the
+  encoder's output (source tokens); the LM head on the target tokens. Attention: the
+  encoder's over source x source, the decoder's self-attention over target x target
+  and its cross-attention over target x source.
+
+These are model FLOPs: recomputation under gradient checkpointing is not counted, so
+the figure is model FLOP utilisation (MFU), not hardware FLOPs.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+from autotune.core.enums import Task
+
+# A cross-attention block, by the names transformers gives it (T5's `EncDecAttention`,
+# the BART family's `encoder_attn`, BERT-as-decoder's `crossattention`, `cross_attn`),
+# and its key/value projections, which run on the encoder's output.
+_CROSS_ATTENTION = ("encdecattention", "encoder_attn", "crossattention", "cross_attn")
+_KEY_VALUE = frozenset({"k", "v", "key", "value", "k_proj", "v_proj", "kv", "kv_proj"})
 
 
 def flops_per_sample(model: Any, task: str, seq_len: int, target_len: int) -> float:
     """Training FLOPs (forward + backward) of one sample at the probe's lengths."""
-    config = model.config
-    parameters = sum(p.numel() for p in model.parameters())
-    embeddings = model.get_input_embeddings()
-    output = model.get_output_embeddings()
-    tied = embeddings is not None and output is not None and output.weight is embeddings.weight
-    if embeddings is not None and not tied:
-        parameters -= embeddings.weight.numel()  # a lookup, not a matrix multiply
+    if task == Task.SEQ2SEQ:
+        forward = _seq2seq_forward(model, seq_len, target_len)
+    else:
+        forward = _single_stack_forward(model, task, seq_len)
+    return float(3 * forward)
+
+
+# ---- the forward's FLOPs ----------------------------------------------------------------
+
+
+def _single_stack_forward(model: Any, task: str, seq_len: int) -> int:
+    weights = _model_weights(model)
+    pooled = _head_weights(model, weights) if task == Task.CLASSIFICATION else {}
+    body = sum(n for name, n in weights.items() if name not in pooled)
+    matmuls = 2 * body * seq_len + 2 * sum(pooled.values())
+    return matmuls + _attention(model.config, seq_len, seq_len)
+
+
+def _seq2seq_forward(model: Any, source_len: int, target_len: int) -> int:
+    weights = _model_weights(model)
+    encoder = _matmul_weights(model.get_encoder())
+    decoder = _matmul_weights(model.get_decoder())
+    cross_kv = sum(n for name, n in decoder.items() if _is_cross_key_value(name))
+    head = sum(weights.values()) - sum(encoder.values()) - sum(decoder.values())
+    on_source = sum(encoder.values()) + cross_kv
+    on_target = sum(decoder.values()) - cross_kv + head
+    encoder_config = model.get_encoder().config
+    decoder_config = model.get_decoder().config
+    attention = (
+        _attention(encoder_config, source_len, source_len, "encoder")
+        + _attention(decoder_config, target_len, target_len, "decoder")
+        + _attention(decoder_config, target_len, source_len, "decoder")
+    )
+    return 2 * on_source * source_len + 2 * on_target * target_len + attention
+
+
+def _attention(config: Any, query_len: int, key_len: int, side: str = "") -> int:
+    """QK^T and AV of every layer: 2 matmuls of 2 x query x key x heads x head_dim.
+
+    `side` ("encoder" or "decoder") prefers that stack's names (BART's `decoder_layers`).
+    """
+    sided_layers = (f"{side}_layers", f"num_{side}_layers") if side else ()
+    layers = _first(config, *sided_layers, "num_hidden_layers", "num_layers", "n_layer")
+    sided_heads = (f"{side}_attention_heads",) if side else ()
+    heads = _first(config, *sided_heads, "num_attention_heads", "num_heads", "n_head")
     hidden = _first(config, "hidden_size", "d_model", "n_embd")
-    layers = _first(config, "num_hidden_layers", "num_layers", "n_layer")
-    tokens = seq_len + (target_len if task == "seq2seq" else 0)
-    attention = 12 * layers * hidden * seq_len * seq_len
-    if task == "seq2seq":
-        decoder = _first(config, "num_decoder_layers") or layers
-        attention += 12 * decoder * hidden * target_len * (target_len + seq_len)
-    return float(6 * parameters * tokens + attention)
+    head_dim = _first(config, "head_dim", "d_kv") or (hidden // heads if heads else 0)
+    return 4 * layers * heads * head_dim * query_len * key_len
 
 
-def measure_peak_flops(device_kind: str, precision: str, seconds: float = 0.3) -> float:
-    """FLOP/s of a square matrix multiply at this precision on this device."""
-    import torch
+# ---- which weights multiply --------------------------------------------------------------
 
-    from autotune.probe import device as hardware
 
-    size = 4096 if device_kind == "cuda" else 1024
-    dtype = getattr(torch, _DTYPES[precision])
-    device = "cuda" if device_kind == "cuda" else "cpu"
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-    try:
-        a = torch.randn(size, size, device=device).to(dtype)
-        b = torch.randn(size, size, device=device).to(dtype)
-        torch.matmul(a, b)  # warm-up: kernels, caches
-        hardware.synchronize(device_kind)
-        runs, started = 0, time.perf_counter()
-        while True:
-            torch.matmul(a, b)
-            runs += 1
-            hardware.synchronize(device_kind)
-            elapsed = time.perf_counter() - started
-            if elapsed >= seconds:
-                break
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
-    return 2.0 * size**3 * runs / elapsed
+def _matmul_weights(module: Any) -> dict[str, int]:
+    """Elements of each matmul weight (`nn.Linear`, `Conv1D`), by module name."""
+    from torch import nn
+    from transformers.pytorch_utils import Conv1D
+
+    return {
+        name: sub.weight.numel()
+        for name, sub in module.named_modules()
+        if isinstance(sub, (nn.Linear, Conv1D))
+    }
+
+
+def _model_weights(model: Any) -> dict[str, int]:
+    """The model's matmul weights, and its output embeddings when they are not a Linear.
+
+    A tied LM head is usually a Linear sharing the embedding's weight, so it is counted
+    above; a model that takes its logits from the embedding table itself is counted here.
+    """
+    weights = _matmul_weights(model)
+    output = model.get_output_embeddings()
+    counted = {id(sub.weight) for name, sub in model.named_modules() if name in weights}
+    if output is not None and id(output.weight) not in counted:
+        weights["<output embeddings>"] = output.weight.numel()
+    return weights
+
+
+def _head_weights(model: Any, weights: dict[str, int]) -> dict[str, int]:
+    """A classifier's weights that run on the pooled token only."""
+    base = getattr(model, "base_model", model)
+    prefix = "" if base is model else getattr(model, "base_model_prefix", "") + "."
+    return {
+        name: n
+        for name, n in weights.items()
+        if (prefix and not name.startswith(prefix)) or "pooler" in name.split(".")
+    }
+
+
+def _is_cross_key_value(name: str) -> bool:
+    parts = name.lower().split(".")
+    return parts[-1] in _KEY_VALUE and any(p in _CROSS_ATTENTION for p in parts[:-1])
 
 
 def _first(config: Any, *names: str) -> int:
     for name in names:
         value = getattr(config, name, None)
-        if isinstance(value, int):
+        if isinstance(value, int) and not isinstance(value, bool):
             return value
     return 0
