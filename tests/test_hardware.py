@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from autotune.probe.device import DeviceInfo, detect_device, peak_memory_bytes
+from autotune.core.device import DeviceInfo
+from autotune.probe.device import detect_device, peak_memory_bytes
 
 GIB = 2**30
 
@@ -15,12 +16,12 @@ def test_cpu_device_reports_its_memory() -> None:
     cpu = detect_device("cpu")
     assert cpu.kind == "cpu" and cpu.torch_device == "cpu"
     assert cpu.total_memory_bytes > GIB
-    assert not cpu.prefers_multiples_of_64
+    assert cpu.alignment_tokens == 1
 
 
-def test_ampere_prefers_multiples_of_64() -> None:
-    assert DeviceInfo("cuda", 0, "A100", 80 * GIB, (8, 0)).prefers_multiples_of_64
-    assert not DeviceInfo("cuda", 0, "V100", 16 * GIB, (7, 0)).prefers_multiples_of_64
+def test_tensor_core_tiles_are_stated_in_tokens() -> None:
+    assert DeviceInfo("cuda", 0, "A100", 80 * GIB, (8, 0)).alignment_tokens == 64
+    assert DeviceInfo("cuda", 0, "V100", 16 * GIB, (7, 0)).alignment_tokens == 8
 
 
 def test_cpu_budget_is_a_real_allocator_limit() -> None:

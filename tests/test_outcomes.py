@@ -4,8 +4,8 @@ import signal
 
 import pytest
 
-from autotune.launch.outcomes import classify_exit, is_out_of_memory, loss_outcome
 from autotune.core.trial import Outcome, TrialResult
+from autotune.launch.outcomes import classify_exit, is_out_of_memory, loss_outcome
 
 GIB = 2**30
 
@@ -24,11 +24,40 @@ class OutOfMemoryError(RuntimeError):
         ),
         RuntimeError("could not create a primitive"),
         RuntimeError("std::bad_alloc"),
-        RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)"),
     ],
 )
 def test_allocation_failures_under_a_limit_are_oom(exc: BaseException) -> None:
     assert is_out_of_memory(exc, limit_bytes=GIB, in_use_bytes=GIB // 4)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)"),
+        RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
+        RuntimeError("CUDA error: out of memory"),
+    ],
+)
+def test_typed_cuda_allocation_failures_are_oom(exc: BaseException) -> None:
+    assert is_out_of_memory(exc, limit_bytes=GIB, in_use_bytes=GIB // 4, device_kind="cuda")
+
+
+def test_on_cuda_an_error_near_the_cap_is_not_taken_for_an_oom() -> None:
+    """The caching allocator keeps reserved memory near its cap: a tf32, bitsandbytes or
+    NCCL error there is that error, not an OOM that would skip every larger batch."""
+    for exc in (
+        RuntimeError("NCCL error: unhandled system error"),
+        RuntimeError("CUDNN_STATUS_INTERNAL_ERROR"),
+        RuntimeError("mix of the legacy and new APIs"),
+    ):
+        assert not is_out_of_memory(
+            exc, limit_bytes=GIB, in_use_bytes=int(0.99 * GIB), device_kind="cuda"
+        )
+    # On the CPU the same evidence (the data segment at the limit) does mean an OOM.
+    assert is_out_of_memory(
+        RuntimeError("some kernel failed"), limit_bytes=GIB, in_use_bytes=int(0.99 * GIB)
+    )
 
 
 def test_allocator_message_without_a_limit_is_not_oom() -> None:

@@ -10,37 +10,50 @@ from __future__ import annotations
 import math
 import signal
 
-from autotune.core.trial import Outcome, TrialResult
+from autotune.core.enums import DeviceKind, Outcome
+from autotune.core.trial import TrialResult
 
-# Messages allocators raise when an allocation fails. Each is only evidence of an OOM
-# when a memory limit was in force (or memory in use was near it), see below.
-_ALLOCATION_FAILURES = (
+# Messages allocators raise when an allocation fails, per device kind. Each is evidence
+# of an OOM only when a memory limit was in force.
+_CPU_FAILURES = (
     "DefaultCPUAllocator: can't allocate memory",  # torch CPU allocator (malloc failed)
     "could not create a primitive",  # oneDNN under RLIMIT_DATA: scratchpad allocation
     "std::bad_alloc",  # C++ new in an extension or aten
-    "CUBLAS_STATUS_ALLOC_FAILED",  # cuBLAS workspace
-    "CUDNN_STATUS_ALLOC_FAILED",  # cuDNN workspace (older cuDNN)
-    "CUDNN_STATUS_INTERNAL_ERROR",  # cuDNN when its allocation fails at a tight limit
-    "out of memory",  # CUDA runtime, bitsandbytes paged buffers
     "Cannot allocate memory",  # errno ENOMEM surfaced by any library
+    "out of memory",  # bitsandbytes' paged buffers and others
 )
-NEAR_LIMIT = 0.9  # memory in use at failure above this fraction of the limit is evidence
+_CUDA_FAILURES = (
+    "CUDA out of memory",  # the caching allocator (also raised typed, see below)
+    "CUDA error: out of memory",  # cudaErrorMemoryAllocation outside the allocator
+    "CUBLAS_STATUS_ALLOC_FAILED",  # cuBLAS workspace
+    "CUDNN_STATUS_ALLOC_FAILED",  # cuDNN workspace
+    "std::bad_alloc",  # host-side C++ new
+)
+NEAR_LIMIT = 0.9  # CPU: data segment at failure above this fraction of the limit
 
 
 def is_out_of_memory(
-    exc: BaseException, *, limit_bytes: int | None, in_use_bytes: int | None
+    exc: BaseException,
+    *,
+    limit_bytes: int | None,
+    in_use_bytes: int | None,
+    device_kind: str = DeviceKind.CPU,
 ) -> bool:
-    """Whether the exception that stopped a trial was the memory budget running out."""
-    if isinstance(exc, MemoryError):
-        return True
-    if (
-        type(exc).__name__ == "OutOfMemoryError"
-    ):  # torch.cuda.OutOfMemoryError / torch.OutOfMemoryError
-        return True
+    """Whether the exception that stopped a trial was the memory budget running out.
+
+    CUDA raises typed errors for allocation failures, so only those count there: its
+    caching allocator keeps reserved memory near the cap, and "memory near the limit"
+    would turn any error (a tf32, bitsandbytes or NCCL one) into an OOM that skips every
+    larger batch. On the CPU, where an allocation failure can surface as any error from a
+    library that did not check malloc, memory near the limit is evidence too."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True  # MemoryError; torch.OutOfMemoryError / torch.cuda.OutOfMemoryError
     if limit_bytes is None:
         return False
-    message = str(exc)
-    if any(marker.lower() in message.lower() for marker in _ALLOCATION_FAILURES):
+    message = str(exc).lower()
+    if device_kind == DeviceKind.CUDA:
+        return any(marker.lower() in message for marker in _CUDA_FAILURES)
+    if any(marker.lower() in message for marker in _CPU_FAILURES):
         return True
     return in_use_bytes is not None and in_use_bytes >= NEAR_LIMIT * limit_bytes
 

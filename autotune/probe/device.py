@@ -2,37 +2,23 @@
 
 The parent uses `detect_device` and `supported_precisions`; the child uses
 `enforce_memory_budget`, `synchronize`, `memory_in_use` and `peak_memory_bytes`.
-Only this module touches `torch.cuda` and NVML.
+Only this module (and `cuda_context`, which measures the context for it) touches
+`torch.cuda`, NVML and `torch.backends`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import platform
 import resource
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from autotune.core.device import DeviceInfo
+from autotune.core.enums import DeviceKind
 from autotune.core.errors import UsageError
-
-
-@dataclasses.dataclass(frozen=True)
-class DeviceInfo:
-    kind: str  # "cpu" or "cuda"
-    index: int | None
-    name: str
-    total_memory_bytes: int
-    capability: tuple[int, int] | None = None  # CUDA compute capability
-
-    @property
-    def torch_device(self) -> str:
-        return "cpu" if self.kind == "cpu" else f"cuda:{self.index or 0}"
-
-    @property
-    def prefers_multiples_of_64(self) -> bool:
-        """Ampere and newer tensor cores run best with batch dimensions in multiples of 64."""
-        return self.capability is not None and self.capability >= (8, 0)
 
 
 def detect_device(spec: str = "auto") -> DeviceInfo:
@@ -40,36 +26,44 @@ def detect_device(spec: str = "auto") -> DeviceInfo:
     import torch
 
     if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
-        return DeviceInfo("cpu", None, cpu_name(), cpu_memory_bytes())
-    if not spec.startswith("cuda") and spec != "auto":
-        raise UsageError(f"--device {spec!r} is not one of auto, cpu, cuda, cuda:N")
+        return DeviceInfo(DeviceKind.CPU, None, cpu_name(), cpu_memory_bytes())
+    kind, _, number = spec.partition(":")
+    if spec != "auto" and (kind != "cuda" or (number and not number.isdigit())):
+        raise UsageError(f"--device {spec!r} is not one of auto, cpu, cuda, cuda:N (N a number)")
     if not torch.cuda.is_available():
         raise UsageError(f"--device {spec}: no CUDA GPU is visible to torch; use --device cpu")
-    index = int(spec.split(":", 1)[1]) if ":" in spec else 0
+    index = int(number) if number else 0
     if index >= torch.cuda.device_count():
         raise UsageError(
             f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) are visible"
         )
     props = torch.cuda.get_device_properties(index)
     return DeviceInfo(
-        "cuda", index, props.name, int(props.total_memory), (props.major, props.minor)
+        DeviceKind.CUDA, index, props.name, int(props.total_memory), (props.major, props.minor)
     )
 
 
-def supported_precisions(device: DeviceInfo) -> tuple[str, ...]:
-    """Precisions this device can train in, checked against what transformers accepts."""
-    if device.kind == "cpu":
-        # tf32 is a CUDA tensor-core mode; TrainingArguments refuses it without Ampere.
-        return ("fp32", "fp16", "bf16")
-    major_minor = device.capability or (0, 0)
-    precisions = ["fp32"]
-    if major_minor >= (8, 0):
-        precisions.append("tf32")
-    if major_minor >= (6, 0):
-        precisions.append("fp16")
-    if major_minor >= (8, 0):
-        precisions.append("bf16")
-    return tuple(precisions)
+def cuda_device_count() -> int:
+    """GPUs this process sees (0 without CUDA)."""
+    import torch
+
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def visible_entry(index: int, visible: str | None = None) -> str:
+    """The CUDA_VISIBLE_DEVICES entry that makes the `index`-th GPU this process sees the
+    only one a child sees: mapped through the user's own CUDA_VISIBLE_DEVICES, if set."""
+    if visible is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return str(index)
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if not 0 <= index < len(entries):
+        raise UsageError(
+            f"GPU {index} is not visible: CUDA_VISIBLE_DEVICES={visible!r} shows "
+            f"{len(entries)} GPU(s), numbered 0 to {len(entries) - 1}"
+        )
+    return entries[index]
 
 
 def cpu_name() -> str:
@@ -98,36 +92,153 @@ def cpu_memory_bytes() -> int:
 # ---- child side -------------------------------------------------------------------------
 
 
-def enforce_memory_budget(device_kind: str, index: int, budget_bytes: int) -> None:
+def enforce_memory_budget(device_kind: str, index: int, limit_bytes: int) -> None:
     """Make an over-budget config fail with the allocator's own out-of-memory error.
 
     CPU: RLIMIT_DATA caps the process's data segment, so malloc (and torch's
-    DefaultCPUAllocator) fails at the budget. CUDA: the caching allocator is capped at
-    the budget minus the CUDA context, which the allocator does not see.
-    """
-    if device_kind == "cpu":
-        resource.setrlimit(resource.RLIMIT_DATA, (budget_bytes, budget_bytes))
+    DefaultCPUAllocator) fails at the limit. CUDA: the context is created and measured
+    first (the allocator does not see it), then the caching allocator is capped at the
+    limit less the context."""
+    if device_kind == DeviceKind.CPU:
+        resource.setrlimit(resource.RLIMIT_DATA, (limit_bytes, limit_bytes))
         return
     import torch
 
-    torch.cuda.init()  # type: ignore[no-untyped-call]
+    context = cuda_context(index)
     total = torch.cuda.get_device_properties(index).total_memory
-    context = _cuda_context_bytes(index)
-    fraction = max(0.0, min(1.0, (budget_bytes - context) / total))
+    fraction = max(0.0, min(1.0, (limit_bytes - context) / total))
     torch.cuda.set_per_process_memory_fraction(fraction, index)
+    _CUDA["cap_bytes"] = int(fraction * total)
+
+
+_CUDA: dict[str, Any] = {}  # this probe process's measured CUDA context (one device)
+
+
+def cuda_context(index: int) -> int:
+    """The CUDA context's bytes, measured once per process (creating the context)."""
+    if "context_bytes" not in _CUDA:
+        from autotune.probe import cuda_context as context
+
+        _CUDA["context_bytes"], _CUDA["context_method"] = context.measure(index)
+    return int(_CUDA["context_bytes"])
+
+
+def baseline(device_kind: str, index: int) -> dict[str, Any]:
+    """The memory this probe process holds before training, as the budget counts it.
+
+    CPU: the data segment RLIMIT_DATA counts and the resident set, after the imports
+    (an import-time reservation shows as the first far above the second). CUDA: the
+    context, and how it was measured."""
+    if device_kind == DeviceKind.CUDA:
+        cuda_context(index)
+        return {k: v for k, v in _CUDA.items()}
+    return {"vmdata_bytes": _proc_status_kib("VmData") * 1024,
+            "rss_bytes": _proc_status_kib("VmRSS") * 1024}  # fmt: skip
 
 
 def synchronize(device_kind: str) -> None:
     """Wait for queued device work, so a timestamp means the work is done."""
-    if device_kind == "cuda":
+    if device_kind == DeviceKind.CUDA:
         import torch
 
         torch.cuda.synchronize()
 
 
+class StepMarks:
+    """The ends of training steps. CPU: timestamps. CUDA: recorded events, read once
+    after the window (one sync at each edge instead of one per step)."""
+
+    def __init__(self, device_kind: str, clock: Callable[[], float] | None = None) -> None:
+        self.kind = device_kind
+        self.clock = clock or time.perf_counter
+        self.ends: list[Any] = []
+        self.host: list[float] = []  # host time at each mark (for a time-based window)
+        self.started = False
+
+    def start(self) -> None:
+        synchronize(self.kind)
+        self.started = True
+
+    def mark(self) -> None:
+        now = self.clock()
+        if self.kind == DeviceKind.CUDA:
+            import torch
+
+            event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            event.record()
+            self.ends.append(event)
+        else:
+            self.ends.append(now)
+        self.host.append(now)
+
+    def host_elapsed_since(self, mark: int) -> float:
+        """Host seconds from the end of step `mark` (1-based; 0: the first) to the last."""
+        return self.host[-1] - self.host[max(0, mark - 1)] if self.host else 0.0
+
+    def durations(self) -> list[float]:
+        """Each step's duration from the previous step's end (the first step has none)."""
+        if self.kind == DeviceKind.CUDA:
+            synchronize(self.kind)
+            return [
+                a.elapsed_time(b) / 1000 for a, b in zip(self.ends, self.ends[1:], strict=False)
+            ]
+        return [b - a for a, b in zip(self.ends, self.ends[1:], strict=False)]
+
+
+def min_window_s(device_kind: str) -> float:
+    """Measure by time where steps are fast: 2 s on CUDA (small models step in 20-50 ms,
+    so a fixed 5 steps would be a tenth of a second); by steps on the CPU."""
+    return 2.0 if device_kind == DeviceKind.CUDA else 0.0
+
+
+def placement(device: DeviceInfo, nproc_per_node: int) -> tuple[str, str]:
+    """(torch device, CUDA_VISIBLE_DEVICES) for a probe of this device: a single-process
+    probe sees exactly its one GPU, as cuda:0; DDP ranks see what the search sees."""
+    if device.kind != DeviceKind.CUDA:
+        return "cpu", ""
+    if nproc_per_node > 1:
+        return "cuda:0", os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    return "cuda:0", visible_entry(device.index or 0)
+
+
+_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def measure_peak_flops(device_kind: str, precision: str, seconds: float = 0.3) -> float:
+    """FLOP/s of a square matrix multiply at this precision on this device.
+
+    TF32 is set through torch's `fp32_precision` API only: transformers 5 sets that API,
+    and torch refuses a read of the legacy `allow_tf32` flag once it has been set.
+    """
+    import torch
+
+    size = 4096 if device_kind == DeviceKind.CUDA else 1024
+    dtype = getattr(torch, _DTYPES[precision])
+    device = "cuda" if device_kind == DeviceKind.CUDA else "cpu"
+    matmul = torch.backends.cuda.matmul
+    previous = matmul.fp32_precision
+    matmul.fp32_precision = "tf32" if precision == "tf32" else "ieee"
+    try:
+        a = torch.randn(size, size, device=device).to(dtype)
+        b = torch.randn(size, size, device=device).to(dtype)
+        torch.matmul(a, b)  # warm-up: kernels, caches
+        synchronize(device_kind)
+        runs, started = 0, time.perf_counter()
+        while True:
+            torch.matmul(a, b)
+            runs += 1
+            synchronize(device_kind)
+            elapsed = time.perf_counter() - started
+            if elapsed >= seconds:
+                break
+    finally:
+        matmul.fp32_precision = previous
+    return 2.0 * size**3 * runs / elapsed
+
+
 def memory_in_use(device_kind: str) -> int:
     """Bytes the budget counts right now (CPU: the data segment RLIMIT_DATA limits)."""
-    if device_kind == "cuda":
+    if device_kind == DeviceKind.CUDA:
         import torch
 
         return int(torch.cuda.memory_reserved())
@@ -136,10 +247,10 @@ def memory_in_use(device_kind: str) -> int:
 
 def peak_memory_bytes(device_kind: str, index: int) -> int:
     """Peak memory of this process: CPU resident set, or CUDA allocator peak + context."""
-    if device_kind == "cuda":
+    if device_kind == DeviceKind.CUDA:
         import torch
 
-        return int(torch.cuda.max_memory_reserved(index)) + _cuda_context_bytes(index)
+        return int(torch.cuda.max_memory_reserved(index)) + cuda_context(index)
     # ru_maxrss is in KiB on Linux.
     peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
     return peak + untouched_library_bytes()
@@ -162,8 +273,21 @@ def untouched_library_bytes() -> int:
     return max(0, int(server) - _proc_status_kib("RssFile") * 1024)
 
 
+def file_backed_bytes() -> int:
+    """This process's resident file-backed pages (shared libraries, mapped files)."""
+    return _proc_status_kib("RssFile") * 1024
+
+
+def cuda_initialized() -> bool:
+    """Whether this process created a CUDA context (a fork after that is unsafe)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
 def device_name(device_kind: str, index: int) -> str:
-    if device_kind == "cuda":
+    if device_kind == DeviceKind.CUDA:
         import torch
 
         return str(torch.cuda.get_device_name(index))
@@ -175,25 +299,6 @@ def _proc_status_kib(field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     return 0
-
-
-def _cuda_context_bytes(index: int) -> int:
-    """Memory NVML charges this process beyond what torch's allocator has reserved."""
-    import torch
-
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        used = 0
-        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-            if proc.pid == os.getpid() and proc.usedGpuMemory:
-                used = int(proc.usedGpuMemory)
-        pynvml.nvmlShutdown()
-    except Exception:  # NVML missing or not permitted: count no context, say so nowhere worse
-        return 0
-    return max(0, used - int(torch.cuda.memory_reserved(index)))
 
 
 def describe_environment(device_kind: str, index: int) -> dict[str, Any]:

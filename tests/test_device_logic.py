@@ -1,0 +1,86 @@
+"""The device seam's logic, tested on the CPU: GPU-id mapping through the user's
+CUDA_VISIBLE_DEVICES, the CUDA context lookup by UUID with a fake NVML, step marks."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from autotune.core.device import DeviceInfo
+from autotune.core.enums import DeviceKind
+from autotune.core.errors import UsageError
+from autotune.probe import device
+from autotune.probe.cuda_context import nvml_used_bytes
+
+A100 = DeviceInfo(DeviceKind.CUDA, 1, "A100", 80 * 2**30, (8, 0))
+
+
+def test_a_gpu_index_maps_through_the_users_visible_devices() -> None:
+    assert device.visible_entry(1, "4,6") == "6"
+    assert device.visible_entry(0, "GPU-aaaa,GPU-bbbb") == "GPU-aaaa"
+    assert device.visible_entry(3, None) == "3"  # nothing set: the index is the GPU
+    with pytest.raises(UsageError, match="shows 2 GPU"):
+        device.visible_entry(2, "4,6")
+
+
+def test_a_single_process_probe_sees_exactly_its_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5,7")
+    assert device.placement(A100, 1) == ("cuda:0", "5")  # --device cuda:1 is GPU 5
+    assert device.placement(A100, 2) == ("cuda:0", "2,5,7")  # DDP ranks pick by LOCAL_RANK
+    cpu = DeviceInfo(DeviceKind.CPU, None, "cpu", 2**30)
+    assert device.placement(cpu, 1) == ("cpu", "")
+
+
+class FakeNvml:
+    """NVML as seen from a container or under MIG: what the lookup must cope with."""
+
+    def __init__(self, processes: dict[str, list[Any]]) -> None:
+        self.processes = processes
+        self.looked_up: list[str] = []
+        self.shut = False
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        self.shut = True
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
+        self.looked_up.append(uuid)
+        if uuid not in self.processes:
+            raise KeyError(uuid)
+        return uuid
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: str) -> list[Any]:
+        return self.processes[handle]
+
+
+def proc(pid: int, used: int | None) -> Any:
+    return SimpleNamespace(pid=pid, usedGpuMemory=used)
+
+
+def test_the_context_is_found_by_uuid_not_by_index() -> None:
+    nvml = FakeNvml({"GPU-1234": [proc(7, 100), proc(42, 500 * 2**20)]})
+    assert nvml_used_bytes(nvml, "1234", 42) == (500 * 2**20, "nvml-uuid")
+    assert nvml.looked_up == ["GPU-1234"] and nvml.shut
+
+
+def test_no_per_process_figure_falls_back_and_says_why() -> None:
+    mig = FakeNvml({"MIG-9": [proc(42, None)]})
+    used, why = nvml_used_bytes(mig, "MIG-9", 42)
+    assert used is None and "MIG" in why
+    container = FakeNvml({"GPU-1": [proc(31337, 10)]})  # NVML lists the host's pid
+    used, why = nvml_used_bytes(container, "1", 42)
+    assert used is None and "pid namespace" in why
+
+
+def test_step_marks_time_whole_steps_from_each_previous_end() -> None:
+    now = iter([0.0, 1.0, 1.5, 3.5])
+    marks = device.StepMarks("cpu", clock=lambda: next(now))
+    marks.start()
+    for _ in range(4):
+        marks.mark()
+    assert marks.durations() == [1.0, 0.5, 2.0]
+    assert marks.host_elapsed_since(2) == 2.5
