@@ -11,49 +11,11 @@ from typing import Any
 import click
 from rich.console import Console
 
+from autotune.cli_types import DURATION, SIZE, ListType, ParsedType, fraction
+from autotune.core.enums import Objective, Precision, SamplerName, Task, values
 from autotune.core.errors import AutotuneError, Terminated, raise_terminated
-from autotune.core.paths import DEFAULT_STUDIES, default_storage
-from autotune.core.units import format_size, parse_duration, parse_size
-
-
-class ParsedType(click.ParamType):  # type: ignore[type-arg]
-    """An option value parsed by one of our parsers; its ValueError becomes the message."""
-
-    def __init__(self, name: str, parse: Callable[[str], Any]) -> None:
-        self.name = name
-        self.parse = parse
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        try:
-            return self.parse(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-SIZE = ParsedType("SIZE", parse_size)
-DURATION = ParsedType("DURATION", parse_duration)
-
-
-class ListType(click.ParamType):  # type: ignore[type-arg]
-    """A comma-separated list, each item checked against `choices` when given."""
-
-    name = "LIST"
-
-    def __init__(self, choices: tuple[str, ...] | None = None) -> None:
-        self.choices = choices
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, ...]:
-        if isinstance(value, tuple):
-            return value
-        items = tuple(dict.fromkeys(v.strip() for v in str(value).split(",") if v.strip()))
-        if not items:
-            self.fail("is empty; give a comma-separated list", param, ctx)
-        bad = [v for v in items if self.choices and v not in self.choices]
-        if bad:
-            self.fail(f"{', '.join(bad)} not in {', '.join(self.choices or ())}", param, ctx)
-        return items
+from autotune.core.paths import DEFAULT_STUDIES
+from autotune.core.units import format_size
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -69,7 +31,7 @@ def cli(debug: bool) -> None:
     "--task",
     default="auto",
     show_default=True,
-    type=click.Choice(["auto", "seq2seq", "causal-lm", "masked-lm", "classification"]),
+    type=click.Choice(["auto", *values(Task)]),
 )
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option(
@@ -79,8 +41,8 @@ def cli(debug: bool) -> None:
     "--headroom",
     default=0.05,
     show_default=True,
-    type=click.FloatRange(0, 0.5),
-    help="Fraction of the budget kept free for fragmentation in long runs.",
+    type=ParsedType("FRACTION", lambda text: fraction(text, 0.0, 0.5)),
+    help="Fraction of the budget kept free for fragmentation in long runs (0 to 0.5).",
 )
 @click.option(
     "--global-batch-size",
@@ -111,7 +73,7 @@ def cli(debug: bool) -> None:
 @click.option("--text-column", help="Input text column [default: text, or the first column].")
 @click.option("--target-column", help="seq2seq target text (classification: label) column.")
 @click.option("--tokenizer", help="Folder or hub id [default: the model's own].")
-@click.option("--precisions", type=ListType(("fp32", "tf32", "fp16", "bf16")))
+@click.option("--precisions", type=ListType(tuple(values(Precision))))
 @click.option("--optimizers", type=ListType(), help="TrainingArguments optim names.")
 @click.option("--checkpointing", type=ListType(("on", "off")), help="on, off or on,off.")
 @click.option(
@@ -123,10 +85,14 @@ def cli(debug: bool) -> None:
 )
 @click.option("--time-budget", type=DURATION, help="No new probe starts after this, e.g. 10m.")
 @click.option("--trial-timeout", default="10m", show_default=True, type=DURATION)
+@click.option("--sampler", default="tpe", show_default=True, type=click.Choice(values(SamplerName)))
 @click.option(
-    "--sampler", default="tpe", show_default=True, type=click.Choice(["tpe", "random", "nsga2"])
+    "--seed",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 2**32 - 1),
+    help="Seed of the sampler and of the probes' data and weights.",
 )
-@click.option("--seed", default=0, show_default=True, type=int)
 @click.option(
     "--confirm-top",
     default=3,
@@ -180,7 +146,7 @@ def cli(debug: bool) -> None:
     "--objective",
     default="throughput",
     show_default=True,
-    type=click.Choice(["throughput", "efficiency"]),
+    type=click.Choice(values(Objective)),
 )
 @click.option("--quiet", is_flag=True, help="Plain log lines instead of the live table.")
 def search(**options: Any) -> None:
@@ -190,16 +156,16 @@ def search(**options: Any) -> None:
     # SIGTERM unwinds like Ctrl-C, so the running trial's process group is killed and
     # the trial is failed and re-queued (other commands keep the default: just exit).
     signal.signal(signal.SIGTERM, raise_terminated)
-    report = search_command(studies_dir=DEFAULT_STUDIES, **options)
+    options["objective"] = Objective(options["objective"])
+    outcome = search_command(studies_dir=DEFAULT_STUDIES, **options)
     console = Console(highlight=False, soft_wrap=True)
-    best = report.best
-    assert best is not None  # search_command raises NoFitError otherwise
+    best = outcome.best
     console.print(
         f"best: trial {best.number}: {best.candidate.describe()}: "
         f"{best.result.samples_per_s:.2f} samples/s, peak "
         f"{format_size(best.result.peak_memory_bytes or 0)}"
     )
-    console.print(f"wrote {report.output}")
+    console.print(f"wrote {outcome.output}")
 
 
 @cli.command()
@@ -207,7 +173,7 @@ def search(**options: Any) -> None:
 @click.option(
     "--task",
     default="auto",
-    type=click.Choice(["auto", "seq2seq", "causal-lm", "masked-lm", "classification"]),
+    type=click.Choice(["auto", *values(Task)]),
 )
 @click.option("--device", default="auto", show_default=True)
 @click.option("--seq-len", type=click.IntRange(1), help="[default: min(512, model limit)]")
@@ -215,13 +181,14 @@ def search(**options: Any) -> None:
 @click.option(
     "--batch", default=8, show_default=True, type=click.IntRange(1), help="Per-device batch size."
 )
-@click.option("--precisions", type=ListType(("fp32", "tf32", "fp16", "bf16")))
+@click.option("--precisions", type=ListType(tuple(values(Precision))))
 @click.option("--optimizers", type=ListType(), help="TrainingArguments optim names.")
 def estimate(**options: Any) -> None:
     """Memory estimate per precision/optimizer/checkpointing, without running anything."""
     from autotune.commands import estimate_command
+    from autotune.views.estimate_table import print_estimate
 
-    estimate_command(**options)
+    print_estimate(estimate_command(**options))
 
 
 def study_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -234,7 +201,7 @@ OBJECTIVE = click.option(
     "--objective",
     default="throughput",
     show_default=True,
-    type=click.Choice(["throughput", "efficiency"]),
+    type=click.Choice(values(Objective)),
 )
 
 
@@ -268,20 +235,27 @@ def export(
     """Write the best config of a stored study as TrainingArguments JSON."""
     from autotune import commands
 
-    where = {
-        "study_name": study_name,
-        "storage": storage or default_storage(DEFAULT_STUDIES),
-        "objective": objective,
-    }
+    if fmt == "cli" and (output is not None or merge_into is not None):
+        raise click.UsageError("--format cli prints flags; it writes no file: drop --output "
+                               "and --merge-into, or drop --format cli")  # fmt: skip
+    if output is not None and merge_into is not None:
+        raise click.UsageError("give --output (a new file) or --merge-into (your file), not both")
+    url = commands.resolve_storage(storage, DEFAULT_STUDIES)
+    goal = Objective(objective)
     if fmt == "cli":
-        click.echo(commands.flags_command(**where))
+        click.echo(commands.flags_command(study_name=study_name, storage=url, objective=goal))
     elif merge_into is not None:
-        changed = commands.merge_command(merge_into=merge_into, **where)
+        changed = commands.merge_command(
+            study_name=study_name, storage=url, objective=goal, merge_into=merge_into
+        )
         diff = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()) or "nothing"
         click.echo(f"updated {merge_into}: {diff}")
     else:
         path = commands.export_command(
-            output=output or DEFAULT_STUDIES / f"{study_name}.best.json", **where
+            study_name=study_name,
+            storage=url,
+            objective=goal,
+            output=output or DEFAULT_STUDIES / f"{study_name}.best.json",
         )
         click.echo(f"wrote {path}")
 
@@ -295,13 +269,14 @@ def export(
 def show(study_name: str, storage: str | None, fmt: str, objective: str) -> None:
     """Every trial of a study, best first, and why each non-ok trial failed."""
     from autotune import commands
+    from autotune.views.show import print_view
 
-    commands.show_command(
+    view = commands.show_command(
         study_name=study_name,
-        storage=storage or default_storage(DEFAULT_STUDIES),
-        fmt=fmt,
-        objective=objective,
+        storage=commands.resolve_storage(storage, DEFAULT_STUDIES),
+        objective=Objective(objective),
     )
+    print_view(view, fmt)
 
 
 @cli.command()
@@ -315,7 +290,7 @@ def report(study_name: str, storage: str | None, output_dir: Path) -> None:
 
     for path in commands.report_command(
         study_name=study_name,
-        storage=storage or default_storage(DEFAULT_STUDIES),
+        storage=commands.resolve_storage(storage, DEFAULT_STUDIES),
         output_dir=output_dir,
     ):
         click.echo(f"wrote {path}")
@@ -331,10 +306,26 @@ def dashboard(study_name: str, storage: str | None, host: str, port: int) -> Non
 
     commands.dashboard_command(
         study_name=study_name,
-        storage=storage or default_storage(DEFAULT_STUDIES),
+        storage=commands.resolve_storage(storage, DEFAULT_STUDIES),
         host=host,
         port=port,
     )
+
+
+@cli.command()
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option(
+    "--format", "fmt", default="table", show_default=True, type=click.Choice(["table", "json"])
+)
+def doctor(device: str, fmt: str) -> None:
+    """Check, on this machine, what the search relies on (a few minutes); exit 1 if any fails."""
+    from autotune import commands
+    from autotune.views.doctor import print_report
+
+    report = commands.doctor_command(device=device)
+    print_report(report, fmt)
+    if report.failed:
+        raise SystemExit(1)
 
 
 _RESUME = ": the running trial was failed and re-queued; rerun to resume"
@@ -343,6 +334,8 @@ _RESUME = ": the running trial was failed and re-queued; rerun to resume"
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
+    if debug:  # accepted anywhere on the line, not only before the command
+        args = ["--debug", *(a for a in args if a != "--debug")]
     try:
         cli.main(args=args, prog_name="autotune", standalone_mode=False)
     except click.exceptions.Exit as exc:

@@ -76,7 +76,7 @@ def grid(space: SearchSpace, model_dir: Path, work: Path, s: dict[str, object]) 
             config = TrialConfig(
                 number=n, trial_dir=str(work / "grid" / str(n)), model=model, candidate=c,
                 device="cpu", seq_len=int(s["seq_len"]), target_len=8,  # type: ignore[call-overload]
-                memory_budget_bytes=budget, warmup_steps=warmup, measure_steps=measure,
+                memory_limit_bytes=budget, warmup_steps=warmup, measure_steps=measure,
             )
             results[(c.per_device_train_batch_size, c.precision, c.activation_checkpointing,
                      c.optim)] = run_trial(config, timeout_s=300, server=server)
@@ -155,7 +155,7 @@ def overhead(model_dir: Path, work: Path, repeats: int = 3) -> dict[str, dict[st
             for i in range(repeats):
                 config = TrialConfig(number=i, trial_dir=str(work / "oh" / mode[:4] / str(i)),
                                      model=model, candidate=candidate, device="cpu", seq_len=128,
-                                     target_len=8, memory_budget_bytes=2**31, warmup_steps=2,
+                                     target_len=8, memory_limit_bytes=2**31, warmup_steps=2,
                                      measure_steps=3)
                 runs.append(run_trial(config, timeout_s=300, server=server).phases_s)
         finally:

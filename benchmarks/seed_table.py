@@ -69,7 +69,7 @@ def main() -> None:
                 trial = TrialConfig(
                     number=n, trial_dir=str(work / str(n)), model=model,
                     candidate=Candidate(s["batch"], 1, precision, ckpt, optim), device="cpu",
-                    seq_len=s["seq_len"], target_len=8, memory_budget_bytes=BUDGET,
+                    seq_len=s["seq_len"], target_len=8, memory_limit_bytes=BUDGET,
                     warmup_steps=s["steps"][0], measure_steps=s["steps"][1],
                 )
                 r = run_trial(trial, timeout_s=900, server=server)

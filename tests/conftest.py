@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -70,7 +71,52 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 ROOT = Path(__file__).resolve().parents[1]
-BUDGET_MIB = 800
+MIB = 2**20
+HEADROOM = 0.05  # the search's default
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyBudgets:
+    """Budgets for the tiny GPT-2 at 256 tokens, derived from peaks measured on this
+    machine (what RLIMIT_DATA counts grows with cores and library versions, so no test
+    hard-codes where the limit falls)."""
+
+    peaks: dict[tuple[int, str], int]  # (batch, precision) -> peak bytes, no limit
+
+    @property
+    def eight_fits_sixteen_does_not(self) -> int:
+        """A budget whose fit limit lies midway between batch 8's and batch 16's peaks."""
+        eight = max(v for (b, _), v in self.peaks.items() if b == 8)
+        sixteen = min(v for (b, _), v in self.peaks.items() if b == 16)
+        assert sixteen - eight > 40 * MIB, f"no room between batch 8 and 16: {self.peaks}"
+        return int((eight + sixteen) / 2 / (1 - HEADROOM))
+
+    @property
+    def nothing_fits(self) -> int:
+        """A budget below batch 1's peak, above what the imports alone need."""
+        return int(0.85 * self.peaks[(1, "fp32")])
+
+
+@pytest.fixture(scope="session")
+def tiny_budgets(tmp_path_factory: pytest.TempPathFactory) -> TinyBudgets:
+    from autotune.core.trial import Candidate, TrialConfig
+    from autotune.hf.models import resolve_model
+    from autotune.launch.runner import run_trial
+
+    work = tmp_path_factory.mktemp("peaks")
+    model = resolve_model(str(write_model(work / "tiny", TINY_GPT2)))
+    peaks = {}
+    for batch, precision in ((1, "fp32"), (8, "fp32"), (8, "bf16"), (16, "fp32"), (16, "bf16")):
+        config = TrialConfig(
+            number=batch, trial_dir=str(work / f"{batch}-{precision}"), model=model,
+            candidate=Candidate(batch, 64 // batch, precision, False, "adamw_torch"),
+            device="cpu", seq_len=256, target_len=8, memory_limit_bytes=None,
+            warmup_steps=2, measure_steps=3,
+        )  # fmt: skip
+        result = run_trial(config, timeout_s=300)
+        assert result.peak_memory_bytes, result
+        peaks[(batch, precision)] = result.peak_memory_bytes
+    return TinyBudgets(peaks)
 
 
 def worker_search_args(max_trials: int) -> list[str]:
@@ -109,7 +155,9 @@ def autotune(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="session")
-def searched_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], str]:
+def searched_study(
+    tmp_path_factory: pytest.TempPathFactory, tiny_budgets: TinyBudgets
+) -> tuple[Path, list[str], str]:
     """One real search on a tiny model under a budget where batches above 8 run out of
     memory; shared by the tests that review, export and resume it."""
     work = tmp_path_factory.mktemp("search")
@@ -121,7 +169,7 @@ def searched_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list
         "--device",
         "cpu",
         "--memory-budget",
-        f"{BUDGET_MIB}MiB",
+        f"{tiny_budgets.eight_fits_sixteen_does_not}B",
         "--global-batch-size",
         "64",
         "--seq-len",

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.probe.device import DeviceInfo
+from autotune.core.device import DeviceInfo
 from autotune.core.space import SearchSpace
 from autotune.core.spec import SearchSpec
-from autotune.store.study import TrialRecord
-from autotune.core.trial import Candidate, ModelSpec, Outcome, TrialResult
+from autotune.core.trial import Candidate, ModelSpec, Outcome, TrialRecord, TrialResult
 
 GIB = 2**30
 

@@ -45,6 +45,17 @@ def assert_nothing_written(path: Path) -> None:
         (["--model", "gpt2", "--parallel", "64"], "--parallel 64 needs at least 64 cores"),
         (["--model", "gpt2", "--devices", "0,1"], "--devices needs CUDA GPUs"),
         (["--model", "gpt2", "--nproc-per-node", "3"], "not divisible by --nproc-per-node 3"),
+        (["--model", "gpt2", "--memory-budget", "0.5"], "'0.5' is not a size"),
+        (["--model", "gpt2", "--memory-budget", "0.5B"], "less than one byte"),
+        (["--model", "gpt2", "--memory-budget", "9" * 401 + "B"], "too large"),
+        (["--model", "gpt2", "--headroom", "nan"], "'nan' is not between 0.0 and 0.5"),
+        (["--model", "gpt2", "--seed", "-1"], "-1 is not in the range"),
+        (["--model", "gpt2", "--trial-timeout", "99999999999"], "longer than a year"),
+        (["--model", "gpt2", "--global-batch-size", "8000000000"], "over the limit of"),
+        (["--model", "gpt2", "--device", "cuda:abc"], "is not one of auto, cpu, cuda"),
+        (["--model", "gpt2", "--study", "../outside"], "--study '../outside' is not a usable"),
+        (["--model", "gpt2", "--study", "/abs/name"], "is not a usable name"),
+        (["--model", "gpt2", "--dataset", "./none.jsonl", "--parallel", "64"], "--parallel 64"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(
@@ -107,3 +118,31 @@ def test_storage_that_cannot_be_opened(
     assert err.startswith(f"error: cannot open storage {storage!r}")
     assert len(err.strip().splitlines()) == 1
     assert_nothing_written(in_tmp)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"per_device_train_batch_size": 0}', "per_device_train_batch_size is 0; it must be"),
+        ('{"per_device_train_batch_size": "eight"}', "is 'eight'; it must be a whole number"),
+        ('{"per_device_train_batch_size": 8, "max_seq_length": -5}', "max_seq_length is -5"),
+        ('{"gradient_accumulation_steps": 2.5, "per_device_train_batch_size": 8}', "is 2.5"),
+    ],
+)
+def test_base_args_values_that_mean_nothing_are_refused(
+    content: str, message: str, capsys: pytest.CaptureFixture[str], in_tmp: Path
+) -> None:
+    (in_tmp / "args.json").write_text(content)
+    code, err = run(["search", "--model", "gpt2", "--base-args", "args.json"], capsys)
+    assert (code, len(err.strip().splitlines())) == (2, 1)
+    assert message in err, err
+    assert not (in_tmp / "studies").exists()
+
+
+def test_default_study_names_are_path_safe() -> None:
+    from autotune.core.paths import default_study_name
+
+    assert default_study_name("..") == "study"
+    assert default_study_name("/") == "study"
+    assert default_study_name("google/mt5-small") == "mt5-small"
+    assert default_study_name("./my model!") == "my-model"

@@ -4,10 +4,9 @@ import dataclasses
 
 from helpers import GIB, cand
 
-from autotune.search.confirm import combine, pooled
+from autotune.core.stats import combine, pooled
+from autotune.core.trial import Outcome, TrialRecord, TrialResult
 from autotune.search.selection import select_best
-from autotune.store.study import TrialRecord
-from autotune.core.trial import Outcome, TrialResult
 
 LIMIT = 4 * GIB
 

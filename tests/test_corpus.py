@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from helpers import word_tokenizer
 
-from autotune.hf.corpus import LengthStats, load_source, padding_waste, prepare
+from autotune.core.dataset import LengthStats
 from autotune.core.errors import UsageError
+from autotune.hf.corpus import load_source, padding_waste, prepare
 
 
 @pytest.fixture(scope="module")

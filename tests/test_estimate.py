@@ -4,16 +4,15 @@ import pytest
 from helpers import GIB, cand
 
 from autotune.core.errors import UsageError
+from autotune.core.trial import Outcome, TrialResult
+from autotune.hf.models import count_parameters, resolve_model
 from autotune.search.estimate import (
     Breakdown,
     activation_bytes,
     activation_scale,
     check_budget,
-    count_parameters,
     static_bytes,
 )
-from autotune.hf.models import resolve_model
-from autotune.core.trial import Outcome, TrialResult
 
 GPT2 = {"n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257}
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -7,8 +8,11 @@ import pytest
 from helpers import SPEC, cand, rec
 from transformers import HfArgumentParser, TrainingArguments
 
+from autotune.core.device import DeviceInfo
+from autotune.core.enums import DeviceKind, Objective
 from autotune.core.errors import ExportError
-from autotune.views.export import export_best, sidecar_path, verify
+from autotune.hf.training_args import validate
+from autotune.views.export import export_best, sidecar_path
 
 
 def test_export_round_trips_through_hf_argument_parser(tmp_path: Path) -> None:
@@ -19,7 +23,8 @@ def test_export_round_trips_through_hf_argument_parser(tmp_path: Path) -> None:
         study_name="s",
         output=tmp_path / "best.json",
         runners_up=[],
-        objective="throughput",
+        objective=Objective.THROUGHPUT,
+        validate=True,
     )
     written = json.loads(out.read_text())
     (args,) = HfArgumentParser(TrainingArguments).parse_json_file(str(out))
@@ -36,6 +41,39 @@ def test_export_round_trips_through_hf_argument_parser(tmp_path: Path) -> None:
     assert summary["global_batch_size"] == 64
 
 
-def test_verify_refuses_what_trainingarguments_refuses() -> None:
+def test_validate_refuses_what_trainingarguments_refuses() -> None:
     with pytest.raises(ExportError, match="refuses"):
-        verify({"tf32": True, "use_cpu": True})
+        validate({"tf32": True, "use_cpu": True}, error=ExportError, where="x")
+
+
+def test_export_refuses_a_config_trainingarguments_refuses_on_this_machine(
+    tmp_path: Path,
+) -> None:
+    cuda_spec = dataclasses.replace(
+        SPEC, device=DeviceInfo(DeviceKind.CUDA, 0, "A100", 80 * 2**30, (8, 0))
+    )
+    with pytest.raises(ExportError, match="refuses"):
+        export_best(record=rec(1, cand(8, "bf16"), sps=1.0, peak_gib=1.0), spec=cuda_spec,
+                    study_name="s", output=tmp_path / "b.json", runners_up=[],
+                    objective=Objective.THROUGHPUT, validate=True)  # fmt: skip
+    assert not (tmp_path / "b.json").exists()  # nothing half-written
+
+
+def test_the_tuned_fields_are_derived_from_the_one_mapping() -> None:
+    """A base-args or merge value can never override a searched field: every field the
+    mapping sets, on any device and under either checkpointing name, is in TUNED."""
+    from autotune.core.trial import Candidate
+    from autotune.hf.training_args import CHECKPOINTING_FIELDS, TUNED, merge, tuned_arguments
+
+    grouped = Candidate(8, 8, "bf16", True, "adafactor", "group_by_length")
+    for kind in DeviceKind:
+        for field in CHECKPOINTING_FIELDS:
+            assert (
+                set(tuned_arguments(grouped, device_kind=kind, checkpointing_field=field)) <= TUNED
+            )
+    assert "train_sampling_strategy" in TUNED
+    tuned = tuned_arguments(grouped, device_kind=DeviceKind.CPU)
+    merged = merge({"train_sampling_strategy": "sequential", "gradient_checkpointing": False,
+                    "learning_rate": 1e-4}, tuned)  # fmt: skip
+    assert merged["train_sampling_strategy"] == "group_by_length"
+    assert "gradient_checkpointing" not in merged and merged["learning_rate"] == 1e-4

@@ -150,4 +150,7 @@ def test_base_args_fix_the_global_batch_and_carry_the_rest(tmp_path: Path) -> No
     assert exported["max_grad_norm"] == 0.5 and exported["lr_scheduler_type"] == "cosine"
     assert "output_dir" not in exported and "num_train_epochs" not in exported
     config = json.loads((tmp_path / "studies/tiny/trials/0/config.json").read_text())
-    assert config["base_arguments"]["learning_rate"] == 3e-4
+    assert config["training_arguments"]["learning_rate"] == 3e-4
+    # What is exported is what the probe ran, field for field.
+    assert {k: v for k, v in config["training_arguments"].items() if k in exported} == exported
+    assert set(config["training_arguments"]) == set(exported)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import TINY_GPT2, write_model
 
+from autotune.core.trial import Candidate, Outcome, TrialConfig
 from autotune.hf.models import resolve_model
 from autotune.launch.runner import run_trial
-from autotune.core.trial import Candidate, Outcome, TrialConfig
 
 pytestmark = pytest.mark.slow
 MIB = 2**20
@@ -27,7 +27,7 @@ def trial(tmp_path: Path, model: Path, candidate: Candidate, **kw: object) -> Tr
         device="cpu",
         seq_len=64,
         target_len=16,
-        memory_budget_bytes=None,
+        memory_limit_bytes=None,
         warmup_steps=2,
         measure_steps=3,
     )
@@ -66,7 +66,7 @@ def test_real_out_of_memory_under_rlimit_data(tmp_path: Path, tiny_gpt2: Path) -
         tiny_gpt2,
         Candidate(64, 1, "fp32", False, "adamw_torch"),
         seq_len=256,
-        memory_budget_bytes=800 * MIB,
+        memory_limit_bytes=800 * MIB,
     )
     result = run_trial(config, timeout_s=300)
     assert result.outcome == Outcome.OOM
@@ -80,3 +80,23 @@ def test_nan_loss_is_unstable(tmp_path: Path) -> None:
     result = run_trial(config, timeout_s=300)
     assert result.outcome == Outcome.UNSTABLE
     assert "not finite" in result.reason
+
+
+def test_the_cpu_budget_means_resident_memory_within_a_few_percent(
+    tmp_path: Path, tiny_gpt2: Path, tiny_budgets: object
+) -> None:
+    """No import-time reservation eats the budget: a limit 8% above a config's measured
+    peak lets it run, 8% below stops it with a real OOM. (With pyarrow's mimalloc pool,
+    ~1 GiB of reserved address space counted against the limit: both OOMed.)"""
+    peak = tiny_budgets.peaks[(8, "fp32")]  # type: ignore[attr-defined]
+    base = dict(seq_len=256, warmup_steps=2, measure_steps=3)
+    above = trial(tmp_path / "above", tiny_gpt2, Candidate(8, 8, "fp32", False, "adamw_torch"),
+                  memory_limit_bytes=int(1.08 * peak), **base)  # fmt: skip
+    below = trial(tmp_path / "below", tiny_gpt2, Candidate(8, 8, "fp32", False, "adamw_torch"),
+                  memory_limit_bytes=int(0.92 * peak), **base)  # fmt: skip
+    fits = run_trial(above, timeout_s=300)
+    assert fits.outcome == Outcome.OK, fits.reason
+    assert run_trial(below, timeout_s=300).outcome == Outcome.OOM
+    # The probe reports where it started from: data segment near the resident set.
+    b = fits.baseline
+    assert b["vmdata_bytes"] - b["rss_bytes"] < 512 * MIB, b

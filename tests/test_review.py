@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import autotune
 
+from autotune.core.units import format_size
+
 pytestmark = pytest.mark.slow
 Study = tuple[Path, list[str], str]
 
@@ -24,7 +26,9 @@ def test_show_lists_every_trial_best_first_with_reasons(searched_study: Study) -
     lines = done.stdout.splitlines()
     body = [ln for ln in lines if "│" in ln and "batch " in ln]
     assert "*" in body[0].split("│")[1]  # the selected trial comes first
-    assert any("OOM at" in ln and "of 760 MiB" in ln for ln in body)
+    summary = json.loads((work / "studies" / "tiny.best.summary.json").read_text())
+    limit = format_size(summary["fit_limit_bytes"])
+    assert any("OOM at" in ln and f"of {limit}" in ln for ln in body)
     assert len(body) == len([ln for ln in body if ln.split("│")[3].strip()]) >= 5
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from autotune.core.errors import TrialFilesError
-from autotune.launch.runner import run_trial
 from autotune.core.trial import Candidate, ModelSpec, Outcome, TrialConfig
+from autotune.launch.runner import run_trial
 
 CANDIDATE = Candidate(8, 1, "fp32", False, "adamw_torch")
 MODEL = ModelSpec("fake", "local", "causal-lm", {"model_type": "gpt2"})
@@ -26,7 +26,7 @@ def config(tmp_path: Path, budget: int | None = 2**30) -> TrialConfig:
         device="cpu",
         seq_len=8,
         target_len=8,
-        memory_budget_bytes=budget,
+        memory_limit_bytes=budget,
     )
 
 
@@ -107,8 +107,8 @@ def test_unwritable_trial_directory_is_a_clear_error(tmp_path: Path) -> None:
 def test_fork_server_runs_a_real_probe_and_kills_it_on_timeout(
     tmp_path: Path, tiny_gpt2: Path
 ) -> None:
-    from autotune.launch.forkserver import ForkServer
     from autotune.hf.models import resolve_model
+    from autotune.launch.forkserver import ForkServer
 
     model = resolve_model(str(tiny_gpt2))
     server = ForkServer(tmp_path / "forkserver.log", data_limit=2**30)
@@ -121,7 +121,7 @@ def test_fork_server_runs_a_real_probe_and_kills_it_on_timeout(
             device="cpu",
             seq_len=32,
             target_len=8,
-            memory_budget_bytes=2**30,
+            memory_limit_bytes=2**30,
             warmup_steps=1,
             measure_steps=2,
         )
@@ -157,7 +157,7 @@ def test_a_ddp_probe_runs_under_torchrun_and_one_ranks_oom_fails_the_trial(
         device="cpu",
         seq_len=64,
         target_len=0,
-        memory_budget_bytes=budget_mib * 2**20 if budget_mib else None,
+        memory_limit_bytes=budget_mib * 2**20 if budget_mib else None,
         warmup_steps=1,
         measure_steps=2,
         nproc_per_node=2,
@@ -172,3 +172,38 @@ def test_a_ddp_probe_runs_under_torchrun_and_one_ranks_oom_fails_the_trial(
         assert result.versions["world_size"] == "2"
     else:
         assert "can't allocate memory" in result.error  # torchrun stopped the other rank
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{proc.name}: {cmdline[:120]}")
+    return found
+
+
+@pytest.mark.slow
+def test_a_ddp_probe_killed_mid_run_leaves_no_process(tmp_path: Path) -> None:
+    """torchrun starts its ranks in sessions of their own: killing torchrun's group alone
+    would leave them (and on a GPU their memory) behind."""
+    from conftest import TINY_GPT2
+
+    trial = TrialConfig(
+        number=0, trial_dir=str(tmp_path / "ddp-killed"),
+        model=ModelSpec("tiny", "local", "causal-lm", TINY_GPT2),
+        candidate=Candidate(16, 1, "fp32", False, "adamw_torch"), device="cpu", seq_len=64,
+        target_len=0, memory_limit_bytes=None, warmup_steps=1, measure_steps=100_000,
+        nproc_per_node=2,
+    )  # fmt: skip
+    result = run_trial(trial, timeout_s=25)  # the ranks are training by then
+    assert result.outcome == Outcome.TIMEOUT
+    deadline = time.monotonic() + 10
+    while _processes_mentioning("ddp-killed") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_mentioning("ddp-killed") == []

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from helpers import GIB, cand, rec
 
-from autotune.search.selection import noise_band, ranked, select_best
 from autotune.core.trial import Outcome
+from autotune.search.selection import noise_band, ranked, select_best
 
 LIMIT = 4 * GIB
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import BUDGET_MIB
+from conftest import TinyBudgets
 
+from autotune.core.space import SearchSpace
+from autotune.core.trial import Outcome, TrialConfig, TrialRecord
 from autotune.hf.models import resolve_model
 from autotune.launch.runner import run_trial
 from autotune.search.skips import skip_reason
-from autotune.core.space import SearchSpace
-from autotune.store.study import TrialRecord
-from autotune.core.trial import Outcome, TrialConfig
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +25,9 @@ SPACE = SearchSpace(
 )
 
 
-def test_skips_only_batches_above_a_measured_oom(tmp_path: Path, tiny_gpt2: Path) -> None:
+def test_skips_only_batches_above_a_measured_oom(
+    tmp_path: Path, tiny_gpt2: Path, tiny_budgets: TinyBudgets
+) -> None:
     model = resolve_model(str(tiny_gpt2))
     measured = {}
     for batch in SPACE.micro_batches:
@@ -39,7 +40,7 @@ def test_skips_only_batches_above_a_measured_oom(tmp_path: Path, tiny_gpt2: Path
             device="cpu",
             seq_len=256,
             target_len=8,
-            memory_budget_bytes=BUDGET_MIB * 2**20,
+            memory_limit_bytes=int(tiny_budgets.eight_fits_sixteen_does_not * 0.95),
             warmup_steps=1,
             measure_steps=2,
         )

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from helpers import SPACE, cand, rec
 
-from autotune.search.skips import open_candidates, skip_reason
 from autotune.core.trial import Outcome
+from autotune.search.skips import open_candidates, skip_reason
 
 
 def test_larger_batches_of_an_oom_family_are_skipped_with_the_trial_that_implies_it() -> None:

@@ -2,18 +2,24 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.core.device import DeviceInfo, supported_precisions
 from autotune.core.errors import SpaceError
-from autotune.probe.device import DeviceInfo, supported_precisions
-from autotune.core.space import available_optimizers, batch_choices, derive_space, seed_candidates
+from autotune.core.space import SearchSpace, batch_choices, derive_space, seed_candidates
+from autotune.hf.training_args import available_optimizers
 
 CPU = DeviceInfo("cpu", None, "test cpu", 16 * 2**30)
 A100 = DeviceInfo("cuda", 0, "A100", 80 * 2**30, (8, 0))
 V100 = DeviceInfo("cuda", 0, "V100", 16 * 2**30, (7, 0))
+INSTALLED = available_optimizers()
+
+
+def derive(device: DeviceInfo, **options: object) -> SearchSpace:
+    return derive_space(device, installed_optimizers=INSTALLED, **options)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("global_batch", [8, 16, 24, 64, 96, 256])
 def test_every_candidate_keeps_the_global_batch_exactly(global_batch: int) -> None:
-    space = derive_space(CPU, global_batch_size=global_batch)
+    space = derive(CPU, global_batch_size=global_batch)
     candidates = list(space.candidates())
     assert candidates
     for c in candidates:
@@ -44,11 +50,11 @@ def test_precisions_gated_by_hardware() -> None:
 
 def test_tf32_on_cpu_is_an_empty_space() -> None:
     with pytest.raises(SpaceError, match="supports fp32, fp16, bf16"):
-        derive_space(CPU, global_batch_size=32, precisions=["tf32"])
+        derive(CPU, global_batch_size=32, precisions=["tf32"])
 
 
 def test_options_narrow_each_dimension() -> None:
-    space = derive_space(
+    space = derive(
         A100,
         global_batch_size=64,
         precisions=["fp32", "bf16"],
@@ -63,19 +69,29 @@ def test_options_narrow_each_dimension() -> None:
 
 def test_unknown_optimizer_is_refused_with_the_available_ones() -> None:
     with pytest.raises(SpaceError, match=r"available: .*adamw_torch"):
-        derive_space(CPU, global_batch_size=32, optimizers=["adamw_magic"])
+        derive(CPU, global_batch_size=32, optimizers=["adamw_magic"])
 
 
 def test_default_optimizers_are_installed_ones() -> None:
-    space = derive_space(CPU, global_batch_size=32)
+    space = derive(CPU, global_batch_size=32)
     installed = available_optimizers()
     assert {"adamw_torch", "adamw_torch_fused", "adafactor"} <= set(space.optimizers)
     assert set(space.optimizers) <= set(installed)
     assert ("adamw_bnb_8bit" in space.optimizers) == ("adamw_bnb_8bit" in installed)
 
 
-def test_seeds_start_from_the_plain_default_and_prefer_64_on_ampere() -> None:
-    space = derive_space(A100, global_batch_size=256)
-    seeds = seed_candidates(space, A100)
+def test_seeds_start_from_the_plain_default_and_align_tokens_on_ampere() -> None:
+    space = derive(A100, global_batch_size=256)
+    seeds = seed_candidates(space, A100, tokens_per_sample=100)
     assert seeds[0].per_device_train_batch_size == 8 and seeds[0].precision == "fp32"
-    assert seeds[1].per_device_train_batch_size % 64 == 0 and seeds[1].precision == "bf16"
+    # 100 tokens a sample: 16 x 100 = 1600 = 25 x 64 tiles; 24 x 100 is not a multiple.
+    fast = seeds[1].per_device_train_batch_size
+    assert (fast * 100) % 64 == 0 and seeds[1].precision == "bf16"
+    assert fast == max(b for b in space.micro_batches if (b * 100) % 64 == 0)
+
+
+def test_the_alignment_rule_applies_at_a_small_global_batch() -> None:
+    """At a global batch of 32 no per-device batch is a multiple of 64 samples, but at
+    512 tokens a sample every one is a multiple of 64 tokens: the largest is the guess."""
+    space = derive(A100, global_batch_size=32)
+    assert seed_candidates(space, A100, tokens_per_sample=512)[1].per_device_train_batch_size == 32

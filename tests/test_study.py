@@ -10,32 +10,28 @@ import time
 import uuid
 from pathlib import Path
 
-import optuna
 import pytest
 from helpers import SPEC, cand
 from optuna.trial import TrialState
 
-from autotune.store import study as studies
-from autotune.store.study import (
-    _same_search,
-    candidate_params,
-    contested,
-    distributions,
-    heartbeat,
-    mark_running,
-    open_study,
-    recover_stale,
-)
+from autotune.core.enums import Outcome
+from autotune.core.trial import TrialResult, Verdict
+from autotune.store import coordination
+from autotune.store.identity import same_search
+from autotune.store.keys import Attr
+from autotune.store.params import candidate_params
+from autotune.store.samplers import make_sampler
+from autotune.store.store import StudyStore
 
 
 def test_a_study_made_before_a_new_setting_existed_still_resumes() -> None:
     old = json.dumps({"model": "m", "seq_len": 64})
-    assert _same_search(old, json.dumps({"model": "m", "seq_len": 64, "base_arguments": {}}))
-    assert not _same_search(
+    assert same_search(old, json.dumps({"model": "m", "seq_len": 64, "base_arguments": {}}))
+    assert not same_search(
         old, json.dumps({"model": "m", "seq_len": 64, "base_arguments": {"lr": 1}})
     )
-    assert not _same_search(old, json.dumps({"model": "m", "seq_len": 128}))
-    assert not _same_search(old, json.dumps({"model": "m"}))
+    assert not same_search(old, json.dumps({"model": "m", "seq_len": 128}))
+    assert not same_search(old, json.dumps({"model": "m"}))
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -45,50 +41,90 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(request.getfixturevalue("postgres_url"))
 
 
-def worker(storage: str, name: str) -> optuna.Study:
-    """A study handle with its own connection, as a second searching process has."""
-    return open_study(storage=storage, name=name, spec=SPEC, sampler=studies.make_sampler("tpe", 0))
+def worker(storage: str, name: str) -> StudyStore:
+    """A store with its own connection, as a second searching process has."""
+    return StudyStore.open(url=storage, name=name, spec=SPEC, sampler=make_sampler("tpe", 0))
 
 
 def test_two_workers_claiming_one_config_never_both_run_it(storage: str) -> None:
     name = f"claims-{uuid.uuid4().hex[:8]}"
     a, b = worker(storage, name), worker(storage, name)
     config = cand(16)
-    a.enqueue_trial(candidate_params(config))
-    a.enqueue_trial(candidate_params(config))
-    ta, tb = a.ask(distributions(SPEC)), b.ask(distributions(SPEC))
-    mark_running(ta, config)
-    mark_running(tb, config)
-    # Both claimed before either looked: both yield; neither runs it.
-    assert contested(a, ta.number, config, 10) == f"trial {tb.number} is probing the same config"
-    assert contested(b, tb.number, config, 10) == f"trial {ta.number} is probing the same config"
-    b.tell(tb, state=TrialState.PRUNED)
-    assert contested(a, ta.number, config, 10) is None  # a looks again after b yielded: a runs
-    late = b.ask(distributions(SPEC))
-    mark_running(late, config)
-    assert contested(b, late.number, config, 10) == f"trial {ta.number} is probing the same config"
-    other = b.ask(distributions(SPEC))
-    mark_running(other, cand(32))
-    assert contested(b, other.number, cand(32), 2) == "other workers reached --max-trials 2"
+    a.enqueue(config)
+    a.enqueue(config)
+    (ta, ca), (tb, cb) = a.ask(), b.ask()
+    assert ca == cb == config
+    # Both claim before either looks: both yield; neither runs it.
+    assert a.claim(ta, config, 10) is None  # a looked before b claimed
+    assert b.claim(tb, config, 10) == f"trial {ta.number} is probing the same config"
+    b.tell(tb, TrialResult(Outcome.SKIPPED, reason="yield"), Verdict(None, None, pruned=True))
+    late, _ = b.ask()
+    assert b.claim(late, config, 10) == f"trial {ta.number} is probing the same config"
+    other, _ = b.ask()
+    assert b.claim(other, cand(32), 2) == "other workers reached --max-trials 2"
+
+
+def test_claim_rule_when_two_workers_claim_before_either_reads() -> None:
+    trials = []
+    for number in (0, 1):
+        trial = _running(number, cand(16))
+        trials.append(trial)
+    assert coordination.rival(trials, 0, cand(16), 10) == "trial 1 is probing the same config"
+    assert coordination.rival(trials, 1, cand(16), 10) == "trial 0 is probing the same config"
+    assert coordination.rival(trials[:1], 0, cand(16), 10) is None
+
+
+def _running(number: int, config: object) -> object:
+    import optuna
+
+    return optuna.trial.FrozenTrial(
+        number=number, state=TrialState.RUNNING, value=None, values=None,
+        datetime_start=None, datetime_complete=None, params={}, distributions={},
+        user_attrs={Attr.CLAIM: coordination.claim_key(config)},  # type: ignore[arg-type]
+        system_attrs={}, intermediate_values={}, trial_id=number,
+    )  # fmt: skip
 
 
 def test_a_worker_that_stops_sending_heartbeats_loses_its_trial(
     storage: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(studies, "HEARTBEAT_S", 1)  # stale after 3 s without a heartbeat
-    study = worker(storage, f"beats-{uuid.uuid4().hex[:8]}")
-    study.enqueue_trial(candidate_params(cand(8)))
-    trial = study.ask(distributions(SPEC))
-    mark_running(trial, cand(8))
-    trial.set_user_attr("host", "another-machine")  # only its heartbeat says it is alive
-    with heartbeat(trial):
+    monkeypatch.setenv("AUTOTUNE_HEARTBEAT_S", "1")  # stale after 3 s without a heartbeat
+    store = worker(storage, f"beats-{uuid.uuid4().hex[:8]}")
+    store.enqueue(cand(8))
+    trial, config = store.ask()
+    assert store.claim(trial, config, 10) is None
+    trial.set_user_attr(Attr.WORKER, "another-machine|ns|1|x")  # only its heartbeat counts
+    with store.heartbeat(trial):
         time.sleep(4.5)
-        assert recover_stale(study) == []
+        assert store.recover_stale() == []
     time.sleep(4.5)
-    assert recover_stale(study) == [trial.number]
-    assert recover_stale(worker(storage, study.study_name)) == []  # recovered once only
-    failed = study.get_trials(deepcopy=False)[trial.number]
+    assert store.recover_stale() == [trial.number]
+    assert worker(storage, store.name).recover_stale() == []  # recovered once only
+    failed = store.study.get_trials(deepcopy=False)[trial.number]
     assert failed.state == TrialState.FAIL
-    assert "heartbeats" in failed.user_attrs["reason"]
-    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert "heartbeats" in failed.user_attrs[Attr.REASON]
+    waiting = store.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     assert [t.system_attrs["fixed_params"] for t in waiting] == [candidate_params(cand(8))]
+
+
+def test_a_dead_search_on_this_host_loses_its_trial_at_once(storage: str) -> None:
+    store = worker(storage, f"dead-{uuid.uuid4().hex[:8]}")
+    store.enqueue(cand(8))
+    trial, config = store.ask()
+    store.claim(trial, config, 10)
+    ns = coordination.pid_namespace()
+    trial.set_user_attr(Attr.WORKER, f"{coordination.HOST}|{ns}|999999999|gone")
+    assert store.recover_stale() == [trial.number]
+    reason = store.study.get_trials(deepcopy=False)[trial.number].user_attrs[Attr.REASON]
+    assert "search process died" in reason
+
+
+def test_a_live_worker_in_another_pid_namespace_keeps_its_trial(storage: str) -> None:
+    """Containers can share a hostname without sharing pids: a pid that does not exist
+    here says nothing about a worker in another pid namespace."""
+    store = worker(storage, f"ns-{uuid.uuid4().hex[:8]}")
+    store.enqueue(cand(8))
+    trial, config = store.ask()
+    store.claim(trial, config, 10)
+    trial.set_user_attr(Attr.WORKER, f"{coordination.HOST}|pid:[1]|999999999|other")
+    assert store.recover_stale() == []

@@ -12,16 +12,23 @@ from autotune.core.units import format_duration, format_size, parse_duration, pa
         ("7500MB", 7_500_000_000),
         ("512mib", 512 * 2**20),
         ("1.5G", int(1.5 * 2**30)),
-        ("1024", 1024),
+        ("1024B", 1024),
     ],
 )
 def test_parse_size(text: str, expected: int) -> None:
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text", ["8XB", "", "GiB", "-3GiB", "0GiB", "8 G i B"])
+@pytest.mark.parametrize("text", ["8XB", "", "GiB", "-3GiB", "0GiB", "8 G i B", "1024", "0.5"])
 def test_parse_size_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="size"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("text", ["0.5B", "1" * 401 + "B", "99999999TiB"])
+def test_a_size_is_a_whole_positive_number_of_bytes_a_machine_can_have(text: str) -> None:
+    """Half a byte is not "no limit", and 401 digits are not an OverflowError."""
+    with pytest.raises(ValueError, match="byte|large"):
         parse_size(text)
 
 
@@ -32,7 +39,7 @@ def test_parse_duration(text: str, expected: float) -> None:
     assert parse_duration(text) == expected
 
 
-@pytest.mark.parametrize("text", ["-3m", "3x", "m", "0s", "1h 3m"])
+@pytest.mark.parametrize("text", ["-3m", "3x", "m", "0s", "1h 3m", "99999999999"])
 def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration(text)

@@ -19,7 +19,14 @@ def test_the_cores_are_split_evenly_between_workers() -> None:
     cores = sorted(os.sched_getaffinity(0))
     slots = plan_slots("cpu", len(cores), None)
     assert [s.cores for s in slots] == [(c,) for c in cores]
-    assert plan_slots("cuda", 1, ("0", "3")) == [Slot(gpu="0"), Slot(gpu="3")]
+    assert plan_slots("cuda", 1, ("0", "3"), 4) == [Slot(gpu="0"), Slot(gpu="3")]
+
+
+def test_gpu_ids_are_checked_against_the_gpus_this_process_sees() -> None:
+    with pytest.raises(UsageError, match="3 is not a GPU index here; this process sees 2"):
+        plan_slots("cuda", 1, ("0", "3"), 2)
+    with pytest.raises(UsageError, match="x is not a GPU index"):
+        plan_slots("cuda", 1, ("x",), 2)
 
 
 def test_asking_for_more_workers_than_cores_or_for_gpus_on_the_cpu_is_refused() -> None:

@@ -52,3 +52,7 @@ class TrialFilesError(AutotuneError):
 
 class ExportError(AutotuneError):
     """The best configuration cannot be written as TrainingArguments JSON."""
+
+
+class LaunchError(AutotuneError):
+    """A probe could not be started (the fork server died or did not answer)."""

@@ -8,13 +8,13 @@ micro-batch x accumulation always equals the global batch exactly.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import itertools
 from collections.abc import Iterator, Sequence
 
+from autotune.core.device import DeviceInfo, supported_precisions
+from autotune.core.enums import DeviceKind, Precision
 from autotune.core.errors import SpaceError
-from autotune.probe.device import DeviceInfo, supported_precisions
-from autotune.core.trial import PRECISIONS, Candidate
+from autotune.core.trial import Candidate
 
 FALLBACK_BATCHES = (1, 2, 4)
 DEFAULT_OPTIMIZERS = (
@@ -24,19 +24,6 @@ DEFAULT_OPTIMIZERS = (
     "adamw_bnb_8bit",
     "adamw_torch_8bit",
 )
-_NEEDS = {
-    "adamw_bnb_8bit": "bitsandbytes",
-    "adamw_8bit": "bitsandbytes",
-    "paged_adamw_8bit": "bitsandbytes",
-    "paged_adamw_32bit": "bitsandbytes",
-    "lion_8bit": "bitsandbytes",
-    "lion_32bit": "bitsandbytes",
-    "paged_lion_8bit": "bitsandbytes",
-    "paged_lion_32bit": "bitsandbytes",
-    "adamw_torch_8bit": "torchao",
-    "adamw_torch_4bit": "torchao",
-}
-_NOT_HERE = {"adamw_torch_xla", "adamw_torch_npu_fused"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +31,7 @@ class SearchSpace:
     global_batch_size: int
     micro_batches: tuple[int, ...]  # multiples of 8 dividing the global batch
     fallback_batches: tuple[int, ...]  # 1, 2, 4 dividing it: only once 8 cannot fit
-    precisions: tuple[str, ...]
+    precisions: tuple[Precision, ...]
     checkpointing: tuple[bool, ...]
     optimizers: tuple[str, ...]
     samplings: tuple[str, ...] = ("random",)  # + group_by_length when a dataset is given
@@ -53,13 +40,16 @@ class SearchSpace:
     def all_batches(self) -> tuple[int, ...]:
         return tuple(sorted(self.fallback_batches + self.micro_batches))
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "precisions", tuple(Precision(p) for p in self.precisions))
+
     def candidate(
         self, batch: int, precision: str, checkpointing: bool, optim: str, sampling: str = "random"
     ) -> Candidate:
         return Candidate(
             per_device_train_batch_size=batch,
             gradient_accumulation_steps=self.global_batch_size // batch,
-            precision=precision,
+            precision=Precision(precision),
             activation_checkpointing=checkpointing,
             optim=optim,
             train_sampling_strategy=sampling,
@@ -81,20 +71,6 @@ class SearchSpace:
             * len(self.optimizers)
             * len(self.samplings)
         )
-
-
-def available_optimizers() -> tuple[str, ...]:
-    """Every optimizer transformers names whose library is installed here."""
-    from transformers.training_args import OptimizerNames
-
-    names = []
-    for name in (o.value for o in OptimizerNames):
-        if name in _NOT_HERE:
-            continue
-        module = _NEEDS.get(name)
-        if module is None or importlib.util.find_spec(module) is not None:
-            names.append(name)
-    return tuple(names)
 
 
 def batch_choices(global_batch: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -123,20 +99,26 @@ def derive_space(
     optimizers: Sequence[str] | None = None,
     checkpointing: Sequence[bool] | None = None,
     samplings: Sequence[str] = ("random",),
+    installed_optimizers: Sequence[str],
 ) -> SearchSpace:
-    """The space for this device, narrowed by the user's options; refuses an empty one."""
+    """The space for this device, narrowed by the user's options; refuses an empty one.
+
+    `installed_optimizers`: the optim names the installed libraries can run
+    (autotune.hf.training_args.available_optimizers)."""
     regular, fallback = batch_choices(global_batch_size)
     supported = supported_precisions(device)
     for name in precisions or ():
-        if name not in PRECISIONS:
-            raise SpaceError(f"unknown precision {name!r}; choose from {', '.join(PRECISIONS)}")
+        if name not in set(Precision):
+            raise SpaceError(
+                f"unknown precision {name!r}; choose from {', '.join(p.value for p in Precision)}"
+            )
     chosen_prec = tuple(p for p in (precisions or supported) if p in supported)
     if not chosen_prec:
         raise SpaceError(
             f"--precisions {','.join(precisions or ())}: none is supported on {device.name} "
             f"({device.kind}); this device supports {', '.join(supported)}"
         )
-    installed = available_optimizers()
+    installed = tuple(installed_optimizers)
     if optimizers:
         unknown = [o for o in optimizers if o not in installed]
         if unknown:
@@ -152,18 +134,21 @@ def derive_space(
         global_batch_size=global_batch_size,
         micro_batches=regular,
         fallback_batches=fallback,
-        precisions=chosen_prec,
+        precisions=tuple(Precision(p) for p in chosen_prec),
         checkpointing=tuple(dict.fromkeys(checkpointing or (False, True))),
         optimizers=chosen_opt,
         samplings=tuple(samplings),
     )
 
 
-def seed_candidates(space: SearchSpace, device: DeviceInfo) -> list[Candidate]:
+def seed_candidates(
+    space: SearchSpace, device: DeviceInfo, tokens_per_sample: int = 1
+) -> list[Candidate]:
     """Good first guesses to enqueue: the plain default, then the usual fast settings.
 
-    On Ampere+ GPUs the largest multiple of 64 is preferred for the fast guess.
-    """
+    On a GPU the fast guess is the largest micro-batch whose tokens (batch x tokens per
+    sample) are a multiple of the device's tile (64 on Ampere+): the rule is in tokens,
+    so it holds at any global batch, not only above 64 samples."""
     seeds = []
     batches = space.micro_batches
     default_batch = 8 if 8 in batches else batches[0]
@@ -172,10 +157,12 @@ def seed_candidates(space: SearchSpace, device: DeviceInfo) -> list[Candidate]:
     no_ckpt = False if False in space.checkpointing else space.checkpointing[0]
     seeds.append(space.candidate(default_batch, fp, no_ckpt, plain_opt))
     mixed = [p for p in ("bf16", "fp16") if p in space.precisions]
-    fast_prec = mixed[0] if device.kind == "cuda" and mixed else fp
+    fast_prec = mixed[0] if device.kind == DeviceKind.CUDA and mixed else fp
     fast_opt = "adamw_torch_fused" if "adamw_torch_fused" in space.optimizers else plain_opt
-    big = [b for b in batches if b % 64 == 0] if device.prefers_multiples_of_64 else []
-    fast_batch = max(big) if big else batches[len(batches) // 2]
+    align = device.alignment_tokens
+    aligned = [b for b in batches if (b * tokens_per_sample) % align == 0]
+    on_gpu = device.kind == DeviceKind.CUDA and aligned
+    fast_batch = max(aligned) if on_gpu else batches[len(batches) // 2]
     seeds.append(space.candidate(fast_batch, fast_prec, no_ckpt, fast_opt))
     if "group_by_length" in space.samplings:  # with real data: the same, lengths grouped
         seeds.append(space.candidate(fast_batch, fast_prec, no_ckpt, fast_opt, "group_by_length"))

@@ -7,8 +7,9 @@ import hashlib
 import json
 from typing import Any
 
-from autotune.hf.corpus import DataSpec
-from autotune.probe.device import DeviceInfo
+from autotune.core.dataset import DataSpec
+from autotune.core.device import DeviceInfo
+from autotune.core.enums import Task
 from autotune.core.space import SearchSpace
 from autotune.core.trial import ModelSpec
 
@@ -29,11 +30,17 @@ class SearchSpec:
     parameters: int = 0  # counted on the meta device; 0 when unknown
     nproc_per_node: int = 1  # DDP processes per probe (torchrun); the space is per process
     data: DataSpec | None = None  # the user's dataset (--dataset), tokenized once
+    # The installed transformers' name for the switch (read once, where it is imported).
+    checkpointing_field: str = "activation_checkpointing"
 
     @property
     def global_batch_size(self) -> int:
         """The effective batch: per-device batch x accumulation x processes."""
         return self.space.global_batch_size * self.nproc_per_node
+
+    @property
+    def tokens_per_sample(self) -> int:
+        return self.seq_len + (self.target_len if self.model.task == Task.SEQ2SEQ else 0)
 
     @property
     def fit_limit_bytes(self) -> int:
@@ -87,9 +94,9 @@ class SearchSpec:
         return cls(**raw)
 
     def describe(self) -> str:
-        kind = "tokens" if self.model.task != "seq2seq" else "source/target tokens"
+        kind = "tokens" if self.model.task != Task.SEQ2SEQ else "source/target tokens"
         lengths = (
-            f"{self.seq_len}/{self.target_len}" if self.model.task == "seq2seq" else self.seq_len
+            f"{self.seq_len}/{self.target_len}" if self.model.task == Task.SEQ2SEQ else self.seq_len
         )
         return (
             f"{self.model.name} ({self.model.task}) on {self.device.kind} {self.device.name}; "

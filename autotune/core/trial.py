@@ -7,37 +7,10 @@ Each is a frozen dataclass that round-trips through JSON, so the parent and the 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
-import os
-from pathlib import Path
 from typing import Any
 
-
-class Outcome(str, enum.Enum):
-    """The closed set of trial outcomes (DESIGN.md, invariant 3)."""
-
-    OK = "ok"
-    OOM = "oom"
-    UNSTABLE = "unstable"
-    TIMEOUT = "timeout"
-    ERROR = "error"
-    SKIPPED = "skipped"
-
-
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-
-
-def checkpointing_field() -> str:
-    """`activation_checkpointing` in current transformers; `gradient_checkpointing` before."""
-    from transformers import TrainingArguments
-
-    names = {f.name for f in dataclasses.fields(TrainingArguments)}
-    return (
-        "activation_checkpointing"
-        if "activation_checkpointing" in names
-        else ("gradient_checkpointing")
-    )
+from autotune.core.enums import DeviceKind, Outcome, Precision, Task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,38 +19,22 @@ class Candidate:
 
     per_device_train_batch_size: int
     gradient_accumulation_steps: int
-    precision: str
+    precision: Precision
     activation_checkpointing: bool
     optim: str
     # TrainingArguments.train_sampling_strategy; searched only when --dataset is given
     train_sampling_strategy: str = "random"
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "precision", Precision(self.precision))
+
     @property
-    def family(self) -> tuple[str, bool, str]:
+    def family(self) -> tuple[Precision, bool, str]:
         """Settings other than the batch: memory is monotone in batch within a family.
 
         The sampling is left out: probes measure memory on worst-case batches, the same
         whatever the order of the real ones."""
         return (self.precision, self.activation_checkpointing, self.optim)
-
-    def training_arguments(self, *, device_kind: str) -> dict[str, Any]:
-        """The TrainingArguments fields this candidate sets (what export writes)."""
-        args: dict[str, Any] = {
-            "per_device_train_batch_size": self.per_device_train_batch_size,
-            "gradient_accumulation_steps": self.gradient_accumulation_steps,
-            "fp16": self.precision == "fp16",
-            "bf16": self.precision == "bf16",
-            checkpointing_field(): self.activation_checkpointing,
-            "optim": self.optim,
-        }
-        if self.train_sampling_strategy != "random":
-            args["train_sampling_strategy"] = self.train_sampling_strategy
-        if device_kind == "cuda":
-            # Explicit either way, so "fp32" means full fp32 matmuls whatever torch's default.
-            args["tf32"] = self.precision == "tf32"
-        else:
-            args["use_cpu"] = True
-        return args
 
     def describe(self) -> str:
         ckpt = "ckpt" if self.activation_checkpointing else "no-ckpt"
@@ -94,8 +51,11 @@ class ModelSpec:
 
     name: str
     source: str  # "local", "hub", "cache" or "preset"
-    task: str  # "seq2seq", "causal-lm", "masked-lm", "classification"
+    task: Task
     config: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "task", Task(self.task))
 
     @property
     def vocab_size(self) -> int:
@@ -113,19 +73,30 @@ class TrialConfig:
     device: str  # "cpu", "cuda:0"
     seq_len: int
     target_len: int
-    memory_budget_bytes: int | None
+    memory_limit_bytes: int | None  # the budget less the headroom: enforced in the child
     warmup_steps: int = 3
     measure_steps: int = 5
     seed: int = 0
-    base_arguments: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The TrainingArguments fields the probe runs with (the user's base fields + the
+    # candidate's), exactly what export writes; empty: the candidate's alone.
+    training_arguments: dict[str, Any] = dataclasses.field(default_factory=dict)
     concurrent: int = 1  # probes sharing the machine's cores while this one runs
     data_path: str = ""  # the user's tokenized data: real batches are timed after the worst case
     pad_token_id: int = 0
     nproc_per_node: int = 1  # >1: a DDP run of this many processes, launched by torchrun
+    # CUDA: what the probe sets CUDA_VISIBLE_DEVICES to before CUDA starts ("": leave it),
+    # so a single-process probe sees exactly its one GPU.
+    visible_devices: str = ""
+    # >0: measure until the window lasts this long (fast devices), not a fixed step count
+    min_measure_s: float = 0.0
 
     @property
-    def device_kind(self) -> str:
-        return self.device.split(":")[0]
+    def device_kind(self) -> DeviceKind:
+        return DeviceKind(self.device.split(":")[0])
+
+    @property
+    def device_index(self) -> int:
+        return int(self.device.split(":")[1]) if ":" in self.device else 0
 
     @property
     def global_batch_size(self) -> int:
@@ -134,7 +105,7 @@ class TrialConfig:
 
     @property
     def tokens_per_sample(self) -> int:
-        return self.seq_len + (self.target_len if self.model.task == "seq2seq" else 0)
+        return self.seq_len + (self.target_len if self.model.task == Task.SEQ2SEQ else 0)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -142,6 +113,10 @@ class TrialConfig:
     @classmethod
     def from_json(cls, text: str) -> TrialConfig:
         raw = json.loads(text)
+        if "memory_budget_bytes" in raw:  # written before the field was named for what it is
+            raw["memory_limit_bytes"] = raw.pop("memory_budget_bytes")
+        if raw.pop("base_arguments", None):
+            raise ValueError("this config.json predates autotune 0.2; rerun the search")
         raw["model"] = ModelSpec(**raw["model"])
         raw["candidate"] = Candidate(**raw["candidate"])
         return cls(**raw)
@@ -172,6 +147,9 @@ class TrialResult:
     # real batches; the worst case's samples/s is kept here.
     worst_case_samples_per_s: float | None = None
     padding_fraction: float | None = None  # pad share of the tokens in the timed real batches
+    # The memory the probe process held before training (CPU: data segment and resident
+    # set after the imports; CUDA: the context and how it was measured).
+    baseline: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> str:
         raw = dataclasses.asdict(self)
@@ -199,15 +177,23 @@ class TrialResult:
         return dataclasses.replace(self, **changes)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write a file so that readers see the old content or the new, never half of it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+@dataclasses.dataclass(frozen=True)
+class TrialRecord:
+    """A finished trial as the search and the reports see it."""
+
+    number: int
+    candidate: Candidate
+    result: TrialResult  # pooled over the confirmation runs, when there are any
+    runs: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What a result means to the study: the values Optuna optimises and the constraint.
+
+    `values` (samples/s, peak GiB) for a point the sampler learns from; None for a trial
+    that tells it nothing (an error, a redundant proposal: `pruned`)."""
+
+    values: tuple[float, float] | None
+    constraint_gib: float | None  # <= 0: feasible (the peak within the budget less headroom)
+    pruned: bool = False

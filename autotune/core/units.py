@@ -21,20 +21,31 @@ _SIZE_UNITS = {
     "t": 2**40,
 }
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600}
+MAX_DURATION_S = 366 * 24 * 3600
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)([smh])")
 
 
+MAX_SIZE = 2**60  # an exbibyte: past any machine's memory
+
+
 def parse_size(text: str) -> int:
-    """'8GiB' -> 8589934592. Raises ValueError with what was wrong."""
+    """'8GiB' -> 8589934592. Raises ValueError with what was wrong.
+
+    A unit is required ('512' alone is refused: bytes or MiB?); the result is a whole,
+    positive number of bytes, so '0.5B' is refused rather than read as 0 ("no limit")."""
     match = _SIZE_RE.match(text)
-    if not match or match.group(2).lower() not in _SIZE_UNITS:
+    if not match or not match.group(2) or match.group(2).lower() not in _SIZE_UNITS:
         raise ValueError(
             f"{text!r} is not a size; write a number and a unit, e.g. 8GiB, 7500MB or 512MiB"
         )
+    if len(match.group(1)) > 30:
+        raise ValueError(f"{text!r} is too large for a memory size")
     value = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
-    if value <= 0:
-        raise ValueError(f"{text!r} is not a positive size")
+    if value < 1:
+        raise ValueError(f"{text!r} is less than one byte; give a positive size, e.g. 8GiB")
+    if value > MAX_SIZE:
+        raise ValueError(f"{text!r} is larger than any machine's memory; e.g. 8GiB")
     return int(value)
 
 
@@ -51,6 +62,8 @@ def parse_duration(text: str) -> float:
         )
     if seconds <= 0:
         raise ValueError(f"{text!r} is not a positive duration")
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"{text!r} is longer than a year; give a duration such as 10m or 2h")
     return seconds
 
 

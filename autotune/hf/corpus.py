@@ -9,82 +9,21 @@ here, once per search, not per trial.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import random
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from autotune.core.dataset import DataSpec, LengthStats
+from autotune.core.enums import Task
 from autotune.core.errors import UsageError
 
 FILE_KINDS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet",
               ".txt": "text"}  # fmt: skip
 SAMPLINGS = ("random", "group_by_length")  # values of TrainingArguments.train_sampling_strategy
 LENGTH_COLUMN = "length"  # TrainingArguments.length_column_name's default
-
-
-@dataclasses.dataclass(frozen=True)
-class LengthStats:
-    """Token lengths of a column before truncation."""
-
-    count: int
-    max: int
-    mean: float
-    p50: int
-    p90: int
-    p99: int
-
-    @classmethod
-    def of(cls, lengths: Sequence[int]) -> LengthStats:
-        ordered = sorted(lengths)
-
-        def pct(q: float) -> int:
-            return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-        return cls(len(ordered), ordered[-1], round(statistics.fmean(ordered), 1),
-                   pct(0.5), pct(0.9), pct(0.99))  # fmt: skip
-
-    def describe(self) -> str:
-        return (f"{self.count} samples, tokens: max {self.max}, p99 {self.p99}, p90 {self.p90}, "
-                f"median {self.p50}, mean {self.mean}")  # fmt: skip
-
-
-@dataclasses.dataclass(frozen=True)
-class DataSpec:
-    """The user's dataset as a search uses it."""
-
-    source: str  # what --dataset named
-    path: str  # the tokenized data (datasets.save_to_disk), read by each probe
-    tokenizer: str  # what tokenized it ("" when the data came tokenized)
-    text_column: str
-    target_column: str
-    lengths: LengthStats  # of the input, before truncation
-    target_lengths: LengthStats | None  # seq2seq targets
-    truncated: float  # share of samples longer than the probe's length (cut to it)
-    # Padding waste per micro-batch and sampling, over the whole dataset: pad tokens /
-    # all tokens fed to the model when every micro-batch is padded to its longest.
-    padding_waste: dict[str, dict[str, float]]
-    fingerprint: str  # of the tokenized ids: a study is tied to its data
-    pad_token_id: int
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> DataSpec:
-        target = raw.get("target_lengths")
-        return cls(**{**raw, "lengths": LengthStats(**raw["lengths"]),
-                      "target_lengths": LengthStats(**target) if target else None})  # fmt: skip
-
-    def summary(self) -> dict[str, Any]:
-        """Length distribution, truncation and padding waste (for show and the sidecar)."""
-        raw = dataclasses.asdict(self)
-        del raw["path"]  # where this machine keeps its tokenized copy
-        return raw
-
-    def describe(self) -> str:
-        cut = f"; {100 * self.truncated:.1f}% truncated" if self.truncated else ""
-        return f"data {self.source}: {self.lengths.describe()}{cut}"
 
 
 def load_source(source: str, *, split: str) -> Any:
@@ -136,7 +75,7 @@ def load_tokenizer(name: str) -> Any:
     return tokenizer
 
 
-def prepare(
+def prepare(  # long: one pass over the data: load, tokenize, measure, save
     *,
     source: str,
     split: str,
@@ -165,8 +104,8 @@ def prepare(
     if tokenized:
         ids = [list(map(int, x)) for x in table["input_ids"]]
         targets = ([list(map(int, x)) for x in table["labels"]]
-                   if task == "seq2seq" and "labels" in columns else None)  # fmt: skip
-        if task == "seq2seq" and targets is None:
+                   if task == Task.SEQ2SEQ and "labels" in columns else None)  # fmt: skip
+        if task == Task.SEQ2SEQ and targets is None:
             raise UsageError(f"--dataset {source} has input_ids but no labels for seq2seq")
         text_column = text_column or "input_ids"
     else:
@@ -179,7 +118,7 @@ def prepare(
         pad_id = int(tok.pad_token_id)
         ids = tok([str(t) for t in table[text_column]], truncation=False)["input_ids"]
         targets = None
-        if task == "seq2seq":
+        if task == Task.SEQ2SEQ:
             target_column = target_column or _pick(columns, ("target", "summary", "labels"))
             if target_column not in columns:
                 raise UsageError(f"seq2seq needs a target column; --dataset {source} has "
@@ -201,7 +140,7 @@ def prepare(
     rows[LENGTH_COLUMN] = [min(n, seq_len) for n in lengths]
     if targets is not None:
         rows["labels"] = [t[: target_len or len(t)] for t in targets]
-    if task == "classification":
+    if task == Task.CLASSIFICATION:
         rows["labels"] = ([int(v) for v in table[target_column]] if target_column
                           else [0] * len(ids))  # fmt: skip
     fingerprint = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]

@@ -14,20 +14,21 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from autotune.core.enums import Task
 from autotune.core.errors import ModelConfigError, ModelNotFoundError, UsageError
 from autotune.core.trial import ModelSpec
 
-TASKS = ("seq2seq", "causal-lm", "masked-lm", "classification")
+TASKS = tuple(Task)
 PRESET_DIR = Path(__file__).parents[1] / "presets"
 
 _ARCH_SUFFIXES = (
-    ("ForConditionalGeneration", "seq2seq"),
-    ("ForSeq2SeqLM", "seq2seq"),
-    ("ForCausalLM", "causal-lm"),
-    ("LMHeadModel", "causal-lm"),
-    ("ForMaskedLM", "masked-lm"),
-    ("ForPreTraining", "masked-lm"),
-    ("ForSequenceClassification", "classification"),
+    ("ForConditionalGeneration", Task.SEQ2SEQ),
+    ("ForSeq2SeqLM", Task.SEQ2SEQ),
+    ("ForCausalLM", Task.CAUSAL_LM),
+    ("LMHeadModel", Task.CAUSAL_LM),
+    ("ForMaskedLM", Task.MASKED_LM),
+    ("ForPreTraining", Task.MASKED_LM),
+    ("ForSequenceClassification", Task.CLASSIFICATION),
 )
 
 
@@ -58,7 +59,7 @@ def resolve_model(name: str, *, task: str = "auto") -> ModelSpec:
             f"cannot tell the task of {name!r} from its config (architectures: "
             f"{config.get('architectures')}); pass --task {'|'.join(TASKS)}"
         )
-    return ModelSpec(name=name, source=source, task=detected, config=config)
+    return ModelSpec(name=name, source=source, task=Task(detected), config=config)
 
 
 def detect_task(config: dict[str, Any]) -> str | None:
@@ -68,14 +69,14 @@ def detect_task(config: dict[str, Any]) -> str | None:
             if str(arch).endswith(suffix):
                 return task
     if config.get("is_encoder_decoder"):
-        return "seq2seq"
+        return Task.SEQ2SEQ
     from transformers.models.auto import modeling_auto as auto
 
     model_type = config.get("model_type")
     if model_type in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        return "causal-lm"
+        return Task.CAUSAL_LM
     if model_type in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES:
-        return "masked-lm"
+        return Task.MASKED_LM
     return None
 
 
@@ -84,15 +85,24 @@ def build_model(spec: ModelSpec) -> Any:
     import transformers
 
     config = _transformers_config(spec.config)
-    if spec.task == "classification" and "num_labels" not in spec.config:
+    if spec.task == Task.CLASSIFICATION and "num_labels" not in spec.config:
         config.num_labels = 2
     auto = {
-        "seq2seq": transformers.AutoModelForSeq2SeqLM,
-        "causal-lm": transformers.AutoModelForCausalLM,
-        "masked-lm": transformers.AutoModelForMaskedLM,
-        "classification": transformers.AutoModelForSequenceClassification,
+        Task.SEQ2SEQ: transformers.AutoModelForSeq2SeqLM,
+        Task.CAUSAL_LM: transformers.AutoModelForCausalLM,
+        Task.MASKED_LM: transformers.AutoModelForMaskedLM,
+        Task.CLASSIFICATION: transformers.AutoModelForSequenceClassification,
     }[spec.task]
     return auto.from_config(config)  # type: ignore[no-untyped-call]
+
+
+def count_parameters(spec: ModelSpec) -> int:
+    """Parameters of the model, built on the meta device (no memory, no weights)."""
+    import torch
+
+    with torch.device("meta"):
+        model = build_model(spec)
+    return int(sum(p.numel() for p in model.parameters()))
 
 
 def max_positions(config: dict[str, Any]) -> int | None:

@@ -1,33 +1,120 @@
-"""The user's own arguments files: read and check them, merge tuned fields in, print flags.
+"""TrainingArguments, in one place: the mapping from a candidate to the fields it sets,
+the user's own arguments files (read, checked, merged), and validation.
 
 A file may hold several dataclasses' fields (model, data and training arguments, as
 the Hugging Face example scripts read with one HfArgumentParser). Keys TrainingArguments
 does not know are kept as they are, unless one looks like a misspelt TrainingArguments
 field, which is refused.
+
+Only `checkpointing_field`, `training_fields`, `available_optimizers` and the
+validators import transformers; the mapping itself is pure, so `show` and `export`
+stay light.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
-from autotune.core.errors import UsageError
+from autotune.core.enums import DeviceKind, Precision
+from autotune.core.errors import AutotuneError, UsageError
+from autotune.core.spec import SearchSpec
+from autotune.core.trial import Candidate
+
+# `activation_checkpointing` in current transformers; `gradient_checkpointing` before.
+CHECKPOINTING_FIELDS = ("activation_checkpointing", "gradient_checkpointing")
+_NEEDS = {
+    "adamw_bnb_8bit": "bitsandbytes",
+    "adamw_8bit": "bitsandbytes",
+    "paged_adamw_8bit": "bitsandbytes",
+    "paged_adamw_32bit": "bitsandbytes",
+    "lion_8bit": "bitsandbytes",
+    "lion_32bit": "bitsandbytes",
+    "paged_lion_8bit": "bitsandbytes",
+    "paged_lion_32bit": "bitsandbytes",
+    "adamw_torch_8bit": "torchao",
+    "adamw_torch_4bit": "torchao",
+}
+_NOT_HERE = {"adamw_torch_xla", "adamw_torch_npu_fused"}
+
+
+def tuned_arguments(
+    candidate: Candidate,
+    *,
+    device_kind: DeviceKind,
+    checkpointing_field: str = CHECKPOINTING_FIELDS[0],
+) -> dict[str, Any]:
+    """The TrainingArguments fields a candidate sets: what the probe runs and export writes."""
+    args: dict[str, Any] = {
+        "per_device_train_batch_size": candidate.per_device_train_batch_size,
+        "gradient_accumulation_steps": candidate.gradient_accumulation_steps,
+        "fp16": candidate.precision == Precision.FP16,
+        "bf16": candidate.precision == Precision.BF16,
+        checkpointing_field: candidate.activation_checkpointing,
+        "optim": candidate.optim,
+        "train_sampling_strategy": candidate.train_sampling_strategy,
+    }
+    if device_kind == DeviceKind.CUDA:
+        # Explicit either way, so "fp32" means full fp32 matmuls whatever torch's default.
+        args["tf32"] = candidate.precision == Precision.TF32
+    else:
+        args["use_cpu"] = True
+    return args
+
+
+def study_arguments(spec: SearchSpec, candidate: Candidate) -> dict[str, Any]:
+    """The tuned fields of a candidate on a study's device, under its transformers' names."""
+    return tuned_arguments(
+        candidate, device_kind=spec.device.kind, checkpointing_field=spec.checkpointing_field
+    )
+
+
+def recipe(spec: SearchSpec, candidate: Candidate) -> dict[str, Any]:
+    """What a probe of the candidate runs and export writes: the base fields + tuned ones."""
+    return merge(spec.base_arguments, study_arguments(spec, candidate))
+
+
+def _tuned_fields() -> frozenset[str]:
+    """Every field some candidate sets, on any device, under either checkpointing name."""
+    probe = Candidate(8, 1, Precision.FP32, False, "adamw_torch")
+    return frozenset(
+        key
+        for kind in DeviceKind
+        for field in CHECKPOINTING_FIELDS
+        for key in tuned_arguments(probe, device_kind=kind, checkpointing_field=field)
+    )
+
 
 # Fields the search sets; a base file's values for them are replaced, not carried.
-TUNED = {
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-    "fp16",
-    "bf16",
-    "tf32",
-    "activation_checkpointing",
-    "gradient_checkpointing",
-    "optim",
-    "use_cpu",
-}
+TUNED = _tuned_fields()
+
+
+def checkpointing_field() -> str:
+    """The installed transformers' name for activation checkpointing."""
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return next((n for n in CHECKPOINTING_FIELDS if n in names), CHECKPOINTING_FIELDS[-1])
+
+
+def available_optimizers() -> tuple[str, ...]:
+    """Every optimizer transformers names whose library is installed here."""
+    from transformers.training_args import OptimizerNames
+
+    names = []
+    for name in (o.value for o in OptimizerNames):
+        if name in _NOT_HERE:
+            continue
+        module = _NEEDS.get(name)
+        if module is None or importlib.util.find_spec(module) is not None:
+            names.append(name)
+    return tuple(names)
+
+
 # Fields the probe owns (run length, bookkeeping, evaluation): never carried into a probe.
 PROBE_OWNED_PREFIXES = (
     "output_dir",
@@ -86,34 +173,50 @@ def read_arguments_file(path: Path, *, option: str) -> dict[str, Any]:
                 f"{close[0]!r}?); fix the name"
             )
     # Tuned fields are replaced anyway (and may name hardware this machine lacks).
-    _check_values({k: v for k, v in raw.items() if k in known and k not in TUNED}, path, option)
+    fields = {k: v for k, v in raw.items() if k in known and k not in TUNED}
+    validate(fields, error=UsageError, where=f"{option} {path}")
     return raw
 
 
-def base_arguments(raw: dict[str, Any]) -> BaseArguments:
+def base_arguments(raw: dict[str, Any], *, where: str = "--base-args") -> BaseArguments:
+    """The global batch, the lengths and the carried fields of a user's arguments file."""
     known = training_fields()
-    batch = raw.get("per_device_train_batch_size")
-    accumulation = raw.get("gradient_accumulation_steps", 1)
+    batch = _positive_int(raw, "per_device_train_batch_size", where)
+    accumulation = _positive_int(raw, "gradient_accumulation_steps", where) or 1
     carried = {
         k: v
         for k, v in raw.items()
         if k in known and k not in TUNED and not k.startswith(PROBE_OWNED_PREFIXES)
     }
     return BaseArguments(
-        global_batch_size=int(batch) * int(accumulation) if batch is not None else None,
-        seq_len=next((int(raw[k]) for k in SEQ_KEYS if k in raw), None),
-        target_len=next((int(raw[k]) for k in TARGET_KEYS if k in raw), None),
+        global_batch_size=batch * accumulation if batch is not None else None,
+        seq_len=next((_positive_int(raw, k, where) for k in SEQ_KEYS if k in raw), None),
+        target_len=next((_positive_int(raw, k, where) for k in TARGET_KEYS if k in raw), None),
         carried=carried,
     )
 
 
+def _positive_int(raw: dict[str, Any], key: str, where: str) -> int | None:
+    """raw[key] as a whole number >= 1 (None when absent); UsageError otherwise."""
+    if key not in raw:
+        return None
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{where}: {key} is {value!r}; it must be a whole number of at least 1")
+    return value
+
+
 def merge(user: dict[str, Any], tuned: dict[str, Any]) -> dict[str, Any]:
-    """The user's arguments with only the tuned fields replaced (order kept)."""
+    """The user's arguments with only the tuned fields replaced (order kept).
+
+    The one merge: the probe runs `merge(base, tuned)`, export writes it, and
+    `export --merge-into` rewrites the user's file with it."""
     merged = dict(user)
     for key, value in tuned.items():
         merged[key] = value
-    if "activation_checkpointing" in tuned:
-        merged.pop("gradient_checkpointing", None)  # the deprecated alias would contradict
+    for name in CHECKPOINTING_FIELDS:  # the other name of the same switch would contradict
+        if name not in tuned and any(n in tuned for n in CHECKPOINTING_FIELDS):
+            merged.pop(name, None)
     return merged
 
 
@@ -126,12 +229,18 @@ def cli_flags(tuned: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def _check_values(fields: dict[str, Any], path: Path, option: str) -> None:
+def validate(fields: dict[str, Any], *, error: type[AutotuneError], where: str) -> None:
+    """Parse the fields the way the user's script will (HfArgumentParser), and check that
+    every value survives; raise `error` naming `where` and the first problem."""
     from transformers import HfArgumentParser, TrainingArguments
 
     parser = HfArgumentParser(TrainingArguments)  # type: ignore[arg-type]
     try:
-        parser.parse_dict(fields)
+        (parsed,) = parser.parse_dict(fields)
     except (ValueError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"{option} {path}: TrainingArguments refuses it: {first}") from None
+        raise error(f"{where}: TrainingArguments refuses it: {first}") from None
+    for key, value in fields.items():
+        got = getattr(parsed, key)
+        if got != value and str(got) != str(value):
+            raise error(f"{where}: {key}={value!r} did not survive HfArgumentParser")

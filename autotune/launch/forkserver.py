@@ -1,11 +1,12 @@
 """A pre-imported fork server for probe children: each trial still gets its own process,
 without paying for the torch + transformers import every time.
 
-The server is started once per search (`python -m autotune.forkserver`), imports the
-heavy libraries, and then, for each request on stdin (one JSON line: the probe's
-config path and log paths), forks a child that starts its own session, dies with the
-server, redirects its output, and runs the probe. The server answers with the child's
-pid, and later with its exit status. Nothing CUDA is initialised before the fork.
+The server is started once per search (`python -m autotune.launch.forkserver`), imports
+the heavy libraries, checks that none of them initialised CUDA (a forked child could not
+use it), and then, for each request on stdin (one JSON line: the probe's config path and
+log paths), forks a child that starts its own session, dies with the server, redirects
+its output, and runs the probe. The server answers with the child's pid, and later with
+its exit status.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from autotune.core.errors import LaunchError
+from autotune.launch.process import child_env, die_with_parent
+
 PRELOAD = (
     "torch",
     "transformers.trainer",  # `transformers` alone is lazy: the Trainer is the heavy part
@@ -33,6 +37,8 @@ PRELOAD = (
     "autotune.probe.flops",
     "autotune.hf.models",
 )
+READY_TIMEOUT_S = 300.0
+LONGEST_WAIT_S = 10**7  # select() overflows on larger timeouts; this is 115 days
 
 
 def serve(requests: IO[str], replies: IO[str], data_limit: int | None) -> None:
@@ -43,13 +49,17 @@ def serve(requests: IO[str], replies: IO[str], data_limit: int | None) -> None:
         # arenas to it exactly as in a fresh probe process, and the children inherit it.
         resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
-    for name in PRELOAD:
-        importlib.import_module(name)
-    from autotune.probe.device import FORK_RSS_FILE_ENV, _proc_status_kib
+    try:
+        for name in PRELOAD:
+            importlib.import_module(name)
+    except MemoryError:  # the limit is below what the imports need: say so, and stop
+        _reply(replies, {"ready": False, "error": "out of memory while importing"})
+        return
+    from autotune.probe import device
 
     # The children report peaks as a fresh process would (see untouched_library_bytes).
-    os.environ[FORK_RSS_FILE_ENV] = str(_proc_status_kib("RssFile") * 1024)
-    _reply(replies, {"ready": True})
+    os.environ[device.FORK_RSS_FILE_ENV] = str(device.file_backed_bytes())
+    _reply(replies, {"ready": True, "cuda_initialized": device.cuda_initialized()})
     for line in requests:
         request = json.loads(line)
         pid = os.fork()
@@ -64,8 +74,6 @@ def _run_child(request: dict[str, Any]) -> None:
     code = 1
     try:
         os.setsid()
-        from autotune.launch.runner import die_with_parent
-
         die_with_parent()
         for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
             target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -100,13 +108,17 @@ def _reply(replies: IO[str], message: dict[str, Any]) -> None:
     replies.flush()
 
 
+class ServerStartError(LaunchError):
+    """The server could not get ready (its imports failed, or took too long)."""
+
+
 class ForkServer:
     """The parent's handle on a running server; one trial at a time."""
 
     def __init__(self, log: Path, *, data_limit: int | None = None) -> None:
-        from autotune.launch.runner import child_env, die_with_parent
-
         self.data_limit = data_limit
+        self.log = log
+        self.fresh_only = False  # True: CUDA was initialised at import; fork is unsafe
         log.parent.mkdir(parents=True, exist_ok=True)
         limit = [] if data_limit is None else [str(data_limit)]
         with open(log, "ab") as err:
@@ -120,22 +132,48 @@ class ForkServer:
                 preexec_fn=die_with_parent,
             )
         self._buffer = b""
-        self._read(timeout=300)  # {"ready": true}: the imports are done
+        try:
+            ready = self._read(timeout=READY_TIMEOUT_S)
+        except LaunchError:
+            ready = None
+        if ready is None or not ready.get("ready"):
+            self.close()
+            why = ready.get("error") if ready else f"no answer within {READY_TIMEOUT_S:.0f} s"
+            raise ServerStartError(f"the fork server did not start: {why} (see {log})")
+        if ready.get("cuda_initialized"):
+            self.fresh_only = True
+            print(
+                f"note: an import initialised CUDA in the fork server, so forked probes "
+                f"could not use the GPU; each probe starts a fresh process (see {log})",
+                file=sys.stderr,
+            )
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
 
     def start(self, config: Path, stdout: Path, stderr: Path) -> int:
         """Fork a probe child for this config; returns its pid (also its process group)."""
-        assert self.process.stdin is not None
+        if self.process.stdin is None:
+            raise LaunchError("the fork server has no input pipe")
         request = {"config": str(config), "stdout": str(stdout), "stderr": str(stderr)}
         self.process.stdin.write((json.dumps(request) + "\n").encode())
         reply = self._read(timeout=60)
         if reply is None:
-            raise RuntimeError("the fork server did not answer within 60 s")
+            raise LaunchError(f"the fork server did not answer within 60 s (see {self.log})")
         return int(reply["pid"])
 
     def wait(self, timeout: float | None) -> int | None:
         """The current child's return code (negative: a signal), or None on timeout."""
         reply = self._read(timeout)
         return None if reply is None else int(reply["returncode"])
+
+    def reap(self, timeout: float) -> int | None:
+        """After killing the current child: its return code, or None if the server went
+        too (Ctrl-C reached it) and there is nothing to reap."""
+        try:
+            return self.wait(timeout)
+        except LaunchError:
+            return None
 
     def close(self) -> None:
         if self.process.stdin is not None:
@@ -148,9 +186,11 @@ class ForkServer:
 
     def _read(self, timeout: float | None) -> dict[str, Any] | None:
         """One JSON line from the server, or None if none came within the timeout."""
-        assert self.process.stdout is not None
+        if self.process.stdout is None:
+            raise LaunchError("the fork server has no output pipe")
         fd = self.process.stdout.fileno()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = None if timeout is None else min(timeout, LONGEST_WAIT_S)
+        deadline = None if wait is None else time.monotonic() + wait
         while b"\n" not in self._buffer:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready, _, _ = select.select([fd], [], [], left)
@@ -158,10 +198,16 @@ class ForkServer:
                 return None
             chunk = os.read(fd, 65536)
             if not chunk:
-                raise RuntimeError(f"the fork server exited (code {self.process.poll()})")
+                raise LaunchError(
+                    f"the fork server exited (code {self.process.poll()}; see {self.log}); "
+                    "rerun to resume, or pass --no-fork-server"
+                )
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
-        return dict(json.loads(line))
+        try:
+            return dict(json.loads(line))
+        except (ValueError, TypeError):
+            raise LaunchError(f"the fork server sent {line[:80]!r} (see {self.log})") from None
 
 
 if __name__ == "__main__":

@@ -7,37 +7,84 @@ a normal exit (so no stray grandchild survives the trial).
 
 from __future__ import annotations
 
-import ctypes
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from autotune.core.enums import DeviceKind
 from autotune.core.errors import TrialFilesError
+from autotune.core.files import write_atomic
+from autotune.core.trial import TrialConfig, TrialResult
+from autotune.launch.forkserver import ForkServer, ServerStartError
 from autotune.launch.outcomes import classify_exit
-from autotune.probe.main import RESULT_NAME, merge_ranks
-from autotune.core.trial import TrialConfig, TrialResult, write_atomic
-
-if TYPE_CHECKING:
-    from autotune.launch.forkserver import ForkServer
+from autotune.launch.process import child_env, die_with_parent, kill_group, stop
+from autotune.probe.ranks import RESULT_NAME, merge_ranks
 
 CONFIG_NAME = "config.json"
-_PR_SET_PDEATHSIG = 1
+DDP_GRACE_S = 15.0  # torchrun stops its ranks on SIGTERM; SIGKILL after this
 
 
 def probe_command(config_path: Path, nproc_per_node: int = 1) -> list[str]:
     """The child: the probe, or torchrun starting one probe per rank (gloo on the CPU)."""
     if nproc_per_node > 1:
         return [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc_per_node}", "-m", "autotune.probe", str(config_path),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc_per_node}",
+            "-m",
+            "autotune.probe",
+            str(config_path),
+        ]
     return [sys.executable, "-m", "autotune.probe", str(config_path)]
+
+
+def data_limit(device_kind: DeviceKind, memory_limit_bytes: int | None) -> int | None:
+    """The RLIMIT_DATA a probe process (and the fork server it comes from) runs under:
+    the memory limit on the CPU; none on CUDA, where the allocator is capped instead."""
+    return memory_limit_bytes if device_kind == DeviceKind.CPU else None
+
+
+class Launcher:
+    """Runs probes: forked from a pre-imported server when `server_log` is given (started
+    on first use, restarted if it dies or a probe needs another limit), else each in a
+    fresh interpreter."""
+
+    def __init__(self, device_kind: DeviceKind, server_log: Path | None) -> None:
+        self.device_kind = device_kind
+        self.server_log = server_log
+        self.server: ForkServer | None = None
+        self.no_server: set[int | None] = set()  # limits under which a server cannot start
+
+    def run(self, config: TrialConfig, *, timeout_s: float) -> TrialResult:
+        server = self._server(data_limit(self.device_kind, config.memory_limit_bytes))
+        if server is None or config.nproc_per_node > 1:
+            return run_trial(config, timeout_s=timeout_s)
+        return run_trial(config, timeout_s=timeout_s, server=server)
+
+    def _server(self, limit: int | None) -> ForkServer | None:
+        """A live server under this limit; None where probes must start fresh (no server
+        wanted, CUDA initialised at import, or the imports do not fit under the limit:
+        a fresh probe then records that as its own out-of-memory)."""
+        if self.server_log is None or limit in self.no_server:
+            return None
+        if self.server is None or not self.server.alive() or self.server.data_limit != limit:
+            self.close()
+            try:
+                self.server = ForkServer(self.server_log, data_limit=limit)
+            except ServerStartError:
+                self.no_server.add(limit)
+                return None
+        return None if self.server.fresh_only else self.server
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
 
 
 def run_trial(
@@ -49,14 +96,35 @@ def run_trial(
 ) -> TrialResult:
     """Run one trial to completion and return its classified result.
 
-    `command` replaces the probe (tests use it to run a child that hangs or crashes).
-    """
+    `command` replaces the probe (tests use it to run a child that hangs or crashes)."""
     trial_dir = Path(config.trial_dir)
-    config_path = trial_dir / CONFIG_NAME
-    result_path = trial_dir / RESULT_NAME
+    _write_config(config, trial_dir)
+    started = time.monotonic()
+    if server is not None and command is None and config.nproc_per_node == 1:
+        returncode, timed_out = _run_forked(server, trial_dir / CONFIG_NAME, trial_dir, timeout_s)
+    else:
+        argv = list(command or probe_command(trial_dir / CONFIG_NAME, config.nproc_per_node))
+        grace = DDP_GRACE_S if config.nproc_per_node > 1 else 0.0
+        returncode, timed_out = _run_process(argv, trial_dir, timeout_s, grace)
+        if config.nproc_per_node > 1:
+            merge_ranks(trial_dir, config.nproc_per_node)
+    wall = time.monotonic() - started
+    result, problem = read_result(trial_dir / RESULT_NAME)
+    classified = classify_exit(
+        returncode=returncode,
+        result=result,
+        result_problem=problem,
+        timed_out=timed_out,
+        limit_in_force=config.memory_limit_bytes is not None,
+        timeout_s=timeout_s,
+    )
+    return classified.replace(phases_s={**classified.phases_s, "wall": round(wall, 3)})
+
+
+def _write_config(config: TrialConfig, trial_dir: Path) -> None:
     try:
         trial_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(config_path, config.to_json())
+        write_atomic(trial_dir / CONFIG_NAME, config.to_json())
         for stale in trial_dir.glob("result*.json"):  # from an interrupted run
             stale.unlink()
     except OSError as exc:
@@ -64,34 +132,11 @@ def run_trial(
             f"cannot write trial files in {trial_dir}: {exc.strerror or exc}; free disk space "
             "or fix the permissions of studies/, then rerun to resume"
         ) from None
-    started = time.monotonic()
-    if server is not None and command is None and config.nproc_per_node == 1:
-        if config.device_kind == "cpu" and server.data_limit != config.memory_budget_bytes:
-            raise ValueError("the fork server must run under the trial's memory budget")
-        returncode, timed_out = _run_forked(server, config_path, trial_dir, timeout_s)
-    else:
-        argv = (
-            list(command)
-            if command is not None
-            else probe_command(config_path, config.nproc_per_node)
-        )
-        returncode, timed_out = _run_process(argv, trial_dir, timeout_s)
-        if config.nproc_per_node > 1:
-            merge_ranks(trial_dir, config.nproc_per_node)
-    wall = time.monotonic() - started
-    result, problem = read_result(result_path)
-    classified = classify_exit(
-        returncode=returncode,
-        result=result,
-        result_problem=problem,
-        timed_out=timed_out,
-        limit_in_force=config.memory_budget_bytes is not None,
-        timeout_s=timeout_s,
-    )
-    return classified.replace(phases_s={**classified.phases_s, "wall": round(wall, 3)})
 
 
-def _run_process(argv: list[str], trial_dir: Path, timeout_s: float) -> tuple[int, bool]:
+def _run_process(
+    argv: list[str], trial_dir: Path, timeout_s: float, grace_s: float
+) -> tuple[int, bool]:
     """A fresh interpreter in a new session; returns (return code, timed out)."""
     timed_out = False
     with open(trial_dir / "stdout.log", "wb") as out, open(trial_dir / "stderr.log", "wb") as err:
@@ -109,7 +154,7 @@ def _run_process(argv: list[str], trial_dir: Path, timeout_s: float) -> tuple[in
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:
-            kill_group(child)
+            stop(child, grace_s=grace_s if timed_out or child.poll() is None else 0.0)
     return int(child.returncode), timed_out
 
 
@@ -118,37 +163,17 @@ def _run_forked(
 ) -> tuple[int, bool]:
     """A child forked from the pre-imported server; returns (return code, timed out)."""
     pid = server.start(config_path, trial_dir / "stdout.log", trial_dir / "stderr.log")
-    returncode: int | None = None
-    killed: int | None = None
+    returncode = killed = None
     try:
         returncode = server.wait(timeout_s)
     finally:
         if returncode is None:  # timed out, or interrupted: the whole group goes
-            _killpg(pid)
-            try:
-                killed = server.wait(60)
-            except RuntimeError:
-                killed = None  # the server went too (Ctrl-C reached it): nothing to reap
-    _killpg(pid)  # a grandchild left behind by a child that exited
+            kill_group(pid)
+            killed = server.reap(60)
+    kill_group(pid)  # a grandchild left behind by a child that exited
     if returncode is not None:
         return returncode, False
-    return (killed if killed is not None else -signal.SIGKILL), True
-
-
-def _killpg(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def kill_group(child: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the child's whole process group, then reap the child."""
-    try:
-        os.killpg(child.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # the group is already gone
-    child.wait()
+    return (killed if killed is not None else -9), True
 
 
 def read_result(path: Path) -> tuple[TrialResult | None, str]:
@@ -163,24 +188,3 @@ def read_result(path: Path) -> tuple[TrialResult | None, str]:
         return TrialResult.from_json(text), ""
     except (json.JSONDecodeError, ValueError, TypeError, KeyError) as exc:
         return None, f"malformed result.json ({type(exc).__name__})"
-
-
-def die_with_parent() -> None:
-    """In the child before exec: get SIGKILL if the search process dies (Linux prctl).
-
-    The child runs in its own session, so a SIGKILL of the search would otherwise leave
-    it running with nobody to enforce its timeout.
-    """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass  # not Linux: the parent's finally-block cleanup still covers Ctrl-C and SIGTERM
-
-
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("HF_HUB_OFFLINE", "1")  # the child builds from a config: never the hub
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env

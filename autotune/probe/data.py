@@ -1,6 +1,6 @@
 """What a probe feeds the model.
 
-Synthetic data at the worst-case length (DESIGN.md, invariant 5): every example is
+Synthetic data at the worst-case length (docs/ARCHITECTURE.md, invariant 5): every example is
 exactly as long as the longest one the user will train with and has no padding, so a
 config that fits the probe fits every real batch. With --dataset, the probe then times
 real batches too: RealBatches pads each micro-batch to its longest, as a user's
@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from autotune.core.enums import Task
 
 
 class WorstCaseDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
@@ -43,11 +45,11 @@ class WorstCaseDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
         ids = torch.randint(0, self.vocab_size, (self.seq_len,), generator=generator)
         item = {"input_ids": ids, "attention_mask": torch.ones(self.seq_len, dtype=torch.long)}
-        if self.task == "seq2seq":
+        if self.task == Task.SEQ2SEQ:
             item["labels"] = torch.randint(
                 0, self.vocab_size, (self.target_len,), generator=generator
             )
-        elif self.task == "classification":
+        elif self.task == Task.CLASSIFICATION:
             item["labels"] = torch.randint(0, self.num_labels, (), generator=generator)
         else:  # causal and masked LM: a loss at every position is the most memory
             item["labels"] = ids.clone()
@@ -75,13 +77,13 @@ class RealBatches:
             "attention_mask": torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids]),
         }
         real, fed = sum(len(x) for x in ids), width * len(ids)
-        if self.task == "seq2seq":
+        if self.task == Task.SEQ2SEQ:
             labels = [list(f["labels"]) for f in features]
             target = max(len(t) for t in labels)
             batch["labels"] = torch.tensor([t + [-100] * (target - len(t)) for t in labels])
             real += sum(len(t) for t in labels)
             fed += target * len(labels)
-        elif self.task == "classification":
+        elif self.task == Task.CLASSIFICATION:
             batch["labels"] = torch.tensor([int(f["labels"]) for f in features])
         else:
             batch["labels"] = torch.tensor([x + [-100] * (width - len(x)) for x in ids])

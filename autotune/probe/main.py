@@ -15,30 +15,32 @@ from __future__ import annotations
 import gc
 import math
 import os
-import statistics
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from autotune.probe import device as hardware
+from autotune.core.enums import Outcome
+from autotune.core.files import write_atomic
+from autotune.core.stats import StepStats
+from autotune.core.trial import TrialConfig, TrialResult
 from autotune.launch.outcomes import is_out_of_memory, loss_outcome
-from autotune.core.trial import Outcome, TrialConfig, TrialResult, write_atomic
+from autotune.probe import device as hardware
+from autotune.probe.ranks import RESULT_NAME, rank_result_name
 
-RESULT_NAME = "result.json"
+MAX_STEPS_BY_TIME = 500  # a time-based window never runs longer than this
 
 
 def run_probe(config: TrialConfig) -> TrialResult:
     """Run the trial and return what it measured; an OOM or crash becomes a typed result."""
     started = time.perf_counter()
-    index = int(config.device.split(":")[1]) if ":" in config.device else 0
-    index = int(os.environ.get("LOCAL_RANK", index))  # a DDP rank uses its own GPU
+    index = int(os.environ.get("LOCAL_RANK", config.device_index))  # a DDP rank: its GPU
     phases: dict[str, float] = {}
-    if config.memory_budget_bytes is not None:
-        hardware.enforce_memory_budget(config.device_kind, index, config.memory_budget_bytes)
     try:
-        result = _train(config, phases)
+        if config.memory_limit_bytes is not None:
+            hardware.enforce_memory_budget(config.device_kind, index, config.memory_limit_bytes)
+        result = _train(config, index, phases)
     except BaseException as exc:  # classify every failure; KeyboardInterrupt re-raised
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -58,43 +60,23 @@ def run_probe(config: TrialConfig) -> TrialResult:
     )
 
 
-def _train(config: TrialConfig, phases: dict[str, float]) -> TrialResult:
+def _train(config: TrialConfig, index: int, phases: dict[str, float]) -> TrialResult:
     tick = time.perf_counter()
-    from transformers import Trainer, TrainingArguments, set_seed
+    import transformers.trainer  # noqa: F401 - the heaviest import, before the baseline
+    from transformers import set_seed
 
-    from autotune.probe.data import WorstCaseDataset
-    from autotune.probe.flops import flops_per_sample, measure_peak_flops
     from autotune.hf.models import build_model
-    from autotune.probe.timing import StepTimer
+    from autotune.probe.flops import flops_per_sample
 
     phases["import"] = time.perf_counter() - tick
+    baseline = hardware.baseline(config.device_kind, index)  # after imports, before the model
     tick = time.perf_counter()
     set_seed(config.seed)
     model = build_model(config.model)
     phases["build"] = time.perf_counter() - tick
-    total_steps = config.warmup_steps + config.measure_steps
-    dataset = WorstCaseDataset(
-        task=config.model.task,
-        length=total_steps * config.global_batch_size,
-        seq_len=config.seq_len,
-        target_len=config.target_len,
-        vocab_size=config.model.vocab_size,
-        num_labels=int(config.model.config.get("num_labels", 2)),
-        seed=config.seed,
-    )
-    recipe = {
-        **config.base_arguments,
-        **config.candidate.training_arguments(device_kind=config.device_kind),
-    }
-    args = TrainingArguments(**{**recipe, **_probe_only_arguments(config, total_steps)})
-    timer = StepTimer(device_kind=config.device_kind, warmup_steps=config.warmup_steps)
-    trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[timer])
-    tick = time.perf_counter()
-    output = trainer.train()
-    phases["train"] = time.perf_counter() - tick
+    recipe = _recipe(config)
+    result = _worst_case(config, model, recipe, phases).replace(baseline=baseline)
     per_sample = flops_per_sample(model, config.model.task, config.seq_len, config.target_len)
-    del trainer
-    result = _measured(config, timer, float(output.training_loss))
     if config.data_path and result.outcome == Outcome.OK:
         gc.collect()
         tick = time.perf_counter()
@@ -104,12 +86,56 @@ def _train(config: TrialConfig, phases: dict[str, float]) -> TrialResult:
     if result.samples_per_s is None:
         return result
     tick = time.perf_counter()
-    peak = measure_peak_flops(config.device_kind, config.candidate.precision)
+    peak = hardware.measure_peak_flops(config.device_kind, config.candidate.precision)
     phases["peak_flops"] = time.perf_counter() - tick
     achieved = per_sample * result.samples_per_s
     if result.worst_case_samples_per_s is not None:  # real batches: FLOPs of real tokens
         achieved = per_sample / config.tokens_per_sample * (result.tokens_per_s or 0.0)
     return result.replace(model_flops_per_s=achieved, peak_flops_per_s=peak)
+
+
+def _recipe(config: TrialConfig) -> dict[str, Any]:
+    """The TrainingArguments fields the trial runs with (what export writes)."""
+    if config.training_arguments:
+        return dict(config.training_arguments)
+    from autotune.hf.training_args import checkpointing_field, tuned_arguments
+
+    return tuned_arguments(
+        config.candidate, device_kind=config.device_kind, checkpointing_field=checkpointing_field()
+    )
+
+
+def _worst_case(
+    config: TrialConfig, model: Any, recipe: dict[str, Any], phases: dict[str, float]
+) -> TrialResult:
+    """Warm-up + measured optimizer steps on worst-case batches: the peak and the speed."""
+    from transformers import Trainer, TrainingArguments
+
+    from autotune.probe.data import WorstCaseDataset
+    from autotune.probe.timing import StepTimer
+
+    by_time = config.min_measure_s > 0
+    steps = config.warmup_steps + (MAX_STEPS_BY_TIME if by_time else config.measure_steps)
+    dataset = WorstCaseDataset(
+        task=config.model.task, length=steps * config.global_batch_size,
+        seq_len=config.seq_len, target_len=config.target_len,
+        vocab_size=config.model.vocab_size,
+        num_labels=int(config.model.config.get("num_labels", 2)), seed=config.seed,
+    )  # fmt: skip
+    args = TrainingArguments(**{**recipe, **_probe_only_arguments(config, steps)})
+    timer = StepTimer(
+        device_kind=config.device_kind,
+        warmup_steps=config.warmup_steps,
+        measure_steps=config.measure_steps,
+        min_window_s=config.min_measure_s,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[timer])
+    timer.attach(trainer)
+    tick = time.perf_counter()
+    output = trainer.train()
+    phases["train"] = time.perf_counter() - tick
+    del trainer
+    return _measured(config, timer, float(output.training_loss))
 
 
 def _real_batches(
@@ -142,13 +168,12 @@ def _real_batches(
     accumulation = config.candidate.gradient_accumulation_steps
     window = collator.fed[accumulation : accumulation * steps]
     real, fed = sum(r for r, _ in window), sum(f for _, f in window)
-    median = statistics.median(times)
-    quartiles = statistics.quantiles(times, n=4) if len(times) >= 2 else [median] * 3
+    stats = StepStats.of(times)
     return worst.replace(
-        samples_per_s=config.global_batch_size / median,
+        samples_per_s=config.global_batch_size / stats.median_s,
         tokens_per_s=real * config.nproc_per_node / sum(times),
-        step_time_median_s=median,
-        step_time_spread=(quartiles[2] - quartiles[0]) / median,
+        step_time_median_s=stats.median_s,
+        step_time_spread=stats.spread,
         step_times_s=tuple(round(t, 6) for t in times),
         worst_case_samples_per_s=worst.samples_per_s,
         padding_fraction=round(1 - real / fed, 4) if fed else None,
@@ -175,17 +200,16 @@ def _measured(config: TrialConfig, timer: Any, final_loss: float) -> TrialResult
     times = timer.measured_step_times()
     if not times:
         return TrialResult(Outcome.ERROR, reason="no measured step completed")
-    median = statistics.median(times)
-    quartiles = statistics.quantiles(times, n=4) if len(times) >= 2 else [median] * 3
-    samples_per_s = config.global_batch_size / median
+    stats = StepStats.of(times)
+    samples_per_s = config.global_batch_size / stats.median_s
     outcome, reason = loss_outcome(final_loss, timer.skipped_in_window)
     return TrialResult(
         outcome=outcome,
         reason=reason,
         samples_per_s=samples_per_s,
         tokens_per_s=samples_per_s * config.tokens_per_sample,
-        step_time_median_s=median,
-        step_time_spread=(quartiles[2] - quartiles[0]) / median,
+        step_time_median_s=stats.median_s,
+        step_time_spread=stats.spread,
         step_times_s=tuple(round(t, 6) for t in times),
         final_loss=final_loss,
         loss_finite=math.isfinite(final_loss),
@@ -203,12 +227,22 @@ def _warmup_split(result: TrialResult, phases: dict[str, float]) -> dict[str, fl
 
 def _failure(exc: BaseException, config: TrialConfig) -> TrialResult:
     in_use = hardware.memory_in_use(config.device_kind)
-    oom = is_out_of_memory(exc, limit_bytes=config.memory_budget_bytes, in_use_bytes=in_use)
+    oom = is_out_of_memory(exc, limit_bytes=config.memory_limit_bytes, in_use_bytes=in_use,
+                           device_kind=config.device_kind)  # fmt: skip
     message = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
     if oom:
         return TrialResult(Outcome.OOM, reason="out of memory", error=message)
     traceback.print_exception(exc)
     return TrialResult(Outcome.ERROR, reason=message[:120], error=message)
+
+
+def prepare_environment(config: TrialConfig) -> None:
+    """Before torch touches a device or an import reserves memory: the one GPU this probe
+    sees, and no import-time memory pool (pyarrow's mimalloc reserves ~1 GiB of address
+    space that RLIMIT_DATA would count against the budget)."""
+    os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "system"
+    if config.visible_devices:
+        os.environ["CUDA_VISIBLE_DEVICES"] = config.visible_devices
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,8 +252,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     config_path = Path(argv[0])
     config = TrialConfig.from_json(config_path.read_text(encoding="utf-8"))
+    prepare_environment(config)
+    ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if ddp:  # torchrun starts ranks in sessions of their own: die with the agent
+        from autotune.launch.process import die_with_parent
+
+        die_with_parent()
     result = run_probe(config)
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+    if not ddp:
         write_atomic(config_path.with_name(RESULT_NAME), result.to_json())
         return 0
     rank = int(os.environ.get("RANK", "0"))
@@ -229,33 +269,3 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(1)  # torchrun then stops the other ranks, which wait in a collective
     return 0
-
-
-def rank_result_name(rank: int) -> str:
-    return f"result.rank{rank}.json"
-
-
-def merge_ranks(trial_dir: Path, world_size: int) -> None:
-    """Write result.json from the ranks' results: a failing rank's result wins (an OOM
-    before other failures); otherwise rank 0's figures with the highest rank's peak.
-    Writes nothing when no rank wrote a result, or when an ok run lacks a rank."""
-    results = []
-    for rank in range(world_size):
-        path = trial_dir / rank_result_name(rank)
-        try:
-            results.append(TrialResult.from_json(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError, KeyError):
-            continue
-    failed = sorted(
-        (r for r in results if r.outcome != Outcome.OK), key=lambda r: r.outcome != Outcome.OOM
-    )
-    if failed:
-        merged = failed[0]
-    elif results and len(results) == world_size:
-        merged = results[0]
-    else:
-        return
-    peaks = [r.peak_memory_bytes for r in results if r.peak_memory_bytes is not None]
-    merged = merged.replace(peak_memory_bytes=max(peaks) if peaks else None)
-    write_atomic(trial_dir / RESULT_NAME, merged.to_json())
-

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from autotune.core.enums import Outcome, Task
 from autotune.core.errors import UsageError
-from autotune.core.trial import Candidate, ModelSpec, Outcome, TrialResult
+from autotune.core.space import SearchSpace
+from autotune.core.spec import SearchSpec
+from autotune.core.trial import Candidate, ModelSpec, TrialRecord, TrialResult
 from autotune.core.units import format_size
-
-if TYPE_CHECKING:
-    from autotune.core.spec import SearchSpec
-    from autotune.store.study import TrialRecord
 
 # The published rule (Hugging Face's single-GPU training guide): fp32 weights 4 bytes a
 # parameter, mixed precision 6 (fp32 master + 16-bit copy); gradients 4; optimizer state
@@ -87,7 +86,7 @@ def activation_bytes(
 
     stacks = [(layers, layer(seq_len, seq_len), seq_len)]
     out_len = seq_len
-    if task == "seq2seq":
+    if task == Task.SEQ2SEQ:
         decoder_layers = _first(config, "num_decoder_layers", default=layers)
         stacks.append((decoder_layers, layer(target_len, target_len + seq_len), target_len))
         out_len = target_len
@@ -97,7 +96,7 @@ def activation_bytes(
             total += count * 2 * s * b * h * scale + per_layer
         else:
             total += count * per_layer
-    logits = 0 if task == "classification" else 12 * b * out_len * vocab
+    logits = 0 if task == Task.CLASSIFICATION else 12 * b * out_len * vocab
     return total + logits
 
 
@@ -131,17 +130,6 @@ def activation_scale(
         if r.outcome == Outcome.OK and r.peak_memory_bytes and b.activations > 0
     ]
     return max(0.0, min(ratios)) if ratios else None
-
-
-def count_parameters(spec: ModelSpec) -> int:
-    """Parameters of the model, built on the meta device (no memory, no weights)."""
-    import torch
-
-    from autotune.hf.models import build_model
-
-    with torch.device("meta"):
-        model = build_model(spec)
-    return int(sum(p.numel() for p in model.parameters()))
 
 
 def check_budget(
@@ -212,3 +200,51 @@ def make_predictor(
         return int(process + b.static + (scale or 0.0) * b.activations)
 
     return predict
+
+
+@dataclasses.dataclass(frozen=True)
+class EstimateRow:
+    candidate: Candidate
+    breakdown: Breakdown
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """`autotune estimate`'s answer: a breakdown per precision/optimizer/checkpointing."""
+
+    model: str
+    task: str
+    parameters: int
+    batch: int
+    seq_len: int
+    target_len: int
+    process_bytes: int
+    rows: tuple[EstimateRow, ...]
+
+
+def estimate_rows(
+    model: ModelSpec,
+    device_kind: str,
+    space: SearchSpace,
+    parameters: int,
+    batch: int,
+    seq_len: int,
+    target_len: int,
+) -> Estimate:
+    rows = []
+    for precision in space.precisions:
+        for optim in space.optimizers:
+            for ckpt in (False, True):
+                candidate = space.candidate(batch, precision, ckpt, optim)
+                b = breakdown(parameters, model.config, model.task, candidate, seq_len, target_len)
+                rows.append(EstimateRow(candidate, b))
+    return Estimate(
+        model.name,
+        str(model.task),
+        parameters,
+        batch,
+        seq_len,
+        target_len,
+        PROCESS_BYTES[device_kind],
+        tuple(rows),
+    )

@@ -4,11 +4,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autotune.store.study import TrialRecord
-from autotune.core.trial import Outcome
+from autotune.core.enums import Objective, Outcome
+from autotune.core.spec import SearchSpec
+from autotune.core.trial import TrialRecord, TrialResult, Verdict
 
 MIN_NOISE = 0.01  # two configs closer than 1% are a tie even when both measured tight
 MAX_NOISE = 0.10  # a noisy measurement never makes a config >10% slower count as a tie
+GIB = float(2**30)
+
+
+def verdict(result: TrialResult, spec: SearchSpec, *, implied: bool) -> Verdict:
+    """What a result tells the sampler. A config fits when its peak is within the budget
+    less the headroom (the constraint <= 0); one measured (or, `implied`, known) not to be
+    usable is a complete, infeasible point, which teaches the sampler to look elsewhere."""
+    limit = spec.fit_limit_bytes / GIB
+    peak = result.peak_memory_bytes
+    if result.outcome == Outcome.OK and peak is not None:
+        return Verdict((float(result.samples_per_s or 0.0), peak / GIB), peak / GIB - limit)
+    if result.outcome in (Outcome.OOM, Outcome.UNSTABLE) or (
+        result.outcome == Outcome.SKIPPED and implied
+    ):
+        worst = max(peak or 0, spec.memory_budget_bytes) / GIB
+        return Verdict((0.0, worst), max((peak or 0) / GIB - limit, 0.0) + 1.0)
+    # An error, a timeout, a redundant proposal: nothing to learn (a redundant one is pruned).
+    return Verdict(None, None, pruned=result.outcome == Outcome.SKIPPED)
 
 
 def fitting(records: Sequence[TrialRecord], fit_limit_bytes: int) -> list[TrialRecord]:
@@ -24,13 +43,16 @@ def fitting(records: Sequence[TrialRecord], fit_limit_bytes: int) -> list[TrialR
 
 
 def select_best(
-    records: Sequence[TrialRecord], *, fit_limit_bytes: int, objective: str = "throughput"
+    records: Sequence[TrialRecord],
+    *,
+    fit_limit_bytes: int,
+    objective: Objective = Objective.THROUGHPUT,
 ) -> TrialRecord | None:
     """The record to export, or None when nothing fits."""
     pool = fitting(records, fit_limit_bytes)
     if not pool:
         return None
-    if objective == "efficiency":
+    if objective == Objective.EFFICIENCY:
         return max(pool, key=lambda r: (_sps(r) / _peak(r), -r.number))
     fastest = max(pool, key=lambda r: (_sps(r), -r.number))
     band = noise_band(fastest)

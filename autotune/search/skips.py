@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
+from autotune.core.enums import Outcome
 from autotune.core.space import SearchSpace
-from autotune.store.study import TrialRecord
-from autotune.core.trial import Candidate, Outcome
+from autotune.core.trial import Candidate, TrialRecord
 
 
 @dataclasses.dataclass(frozen=True)

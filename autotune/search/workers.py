@@ -17,13 +17,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-from rich.console import Console
-
+from autotune.core.enums import DeviceKind
 from autotune.core.errors import AutotuneError, Terminated, UsageError, raise_terminated
-from autotune.search.run import SearchLimits, prepare_study, run_search
 from autotune.core.spec import SearchSpec
+from autotune.search.deadline import Deadline
+from autotune.search.run import SearchLimits, prepare_store, run_search
+from autotune.store.storage import STORAGE_ENV
 
 STOP_GRACE_S = 60.0  # a worker told to stop fails and re-queues its trial in this time
 
@@ -41,32 +41,47 @@ class Slot:
 
 @dataclasses.dataclass(frozen=True)
 class WorkerJob:
+    """What one worker process does. The storage URL is not in it: it travels in the
+    worker's environment (AUTOTUNE_STORAGE), so no password is written to disk."""
+
     index: int
     slot: Slot
-    spec: str  # SearchSpec JSON
+    spec: SearchSpec
     study_name: str
-    storage: str
     studies_dir: str
     sampler: str
-    limits: dict[str, Any]
+    limits: SearchLimits
+    explore_s: float | None  # seconds left to explore when the worker starts
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2)
+        raw = dataclasses.asdict(self)
+        raw["spec"] = json.loads(self.spec.to_json())
+        return json.dumps(raw, indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> WorkerJob:
         raw = json.loads(text)
         slot = Slot(tuple(raw["slot"]["cores"]), raw["slot"]["gpu"])
-        return cls(**{**raw, "slot": slot})
+        spec = SearchSpec.from_json(json.dumps(raw["spec"]))
+        return cls(**{**raw, "slot": slot, "spec": spec, "limits": SearchLimits(**raw["limits"])})
 
 
-def plan_slots(device_kind: str, parallel: int, devices: tuple[str, ...] | None) -> list[Slot]:
-    """One slot per worker: the given GPUs, or the CPU's cores split evenly."""
+def plan_slots(
+    device_kind: str, parallel: int, devices: tuple[str, ...] | None, visible_gpus: int = 0
+) -> list[Slot]:
+    """One slot per worker: the given GPUs (indices among the `visible_gpus` this process
+    sees, through any CUDA_VISIBLE_DEVICES of the user's), or the CPU's cores split evenly."""
     if devices:
-        if device_kind != "cuda":
+        if device_kind != DeviceKind.CUDA:
             raise UsageError("--devices needs CUDA GPUs; on the CPU use --parallel N")
+        bad = [d for d in devices if not d.isdigit() or int(d) >= visible_gpus]
+        if bad:
+            raise UsageError(
+                f"--devices {','.join(devices)}: {', '.join(bad)} is not a GPU index here; "
+                f"this process sees {visible_gpus} GPU(s), numbered 0 to {visible_gpus - 1}"
+            )
         return [Slot(gpu=d) for d in devices]
-    if device_kind != "cpu":
+    if device_kind != DeviceKind.CPU:
         raise UsageError("on GPUs give --devices 0,1,... (one trial per GPU) instead of --parallel")
     cores = sorted(os.sched_getaffinity(0))
     if parallel > len(cores):
@@ -87,43 +102,50 @@ def run_workers(
     studies_dir: Path,
     sampler: str,
     limits: SearchLimits,
+    deadline: Deadline,
 ) -> None:
     """Run one worker per slot on the study until each stops; then return."""
-    prepare_study(spec=spec, study_name=study_name, storage=storage, sampler=sampler)
+    prepare_store(spec=spec, study_name=study_name, storage=storage, sampler=sampler)
     folder = studies_dir / study_name / "workers"
     folder.mkdir(parents=True, exist_ok=True)
-    concurrent = len(slots) if spec.device.kind == "cpu" else 1
-    budget = limits.time_budget_s
-    if budget is not None and limits.confirm_top:
-        budget *= limits.search_share  # the rest is for the parent's confirmation
-    worker_limits = dataclasses.replace(
-        limits, conclude=False, confirm_top=0, concurrent=concurrent, time_budget_s=budget
-    )
-    processes = []
-    for index, slot in enumerate(slots):
-        job = WorkerJob(
-            index,
-            slot,
-            spec.to_json(),
-            study_name,
-            storage,
-            str(studies_dir),
-            sampler,
-            dataclasses.asdict(worker_limits),
-        )
-        path = folder / f"{index}.json"
-        path.write_text(job.to_json(), encoding="utf-8")
-        processes.append(subprocess.Popen([sys.executable, "-m", "autotune.search.workers", str(path)]))
+    concurrent = len(slots) if spec.device.kind == DeviceKind.CPU else 1
+    worker_limits = dataclasses.replace(limits, confirm_top=0, concurrent=concurrent)
+    # The rest of the time budget is for the parent's confirmation.
+    explore = deadline.share(limits.search_share if limits.confirm_top else 1.0).left()
+    paths, processes = [], []
     try:
+        for index, slot in enumerate(slots):
+            job = WorkerJob(
+                index, slot, spec, study_name, str(studies_dir), sampler, worker_limits, explore
+            )
+            path = folder / f"{index}.json"
+            _write_private(path, job.to_json())
+            paths.append(path)
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "autotune.search.workers", str(path)],
+                    env={**os.environ, STORAGE_ENV: storage},
+                )
+            )
         for process in processes:
             process.wait()
     except BaseException:
         _stop(processes)
         raise
+    finally:
+        for path in paths:
+            path.unlink(missing_ok=True)
     failed = [(i, p.returncode) for i, p in enumerate(processes) if p.returncode != 0]
     if failed:
         which = ", ".join(f"worker {i} exited with {rc}" for i, rc in failed)
         raise AutotuneError(f"{which}; its messages are above; rerun the command to resume")
+
+
+def _write_private(path: Path, text: str) -> None:
+    """A job file only its owner reads (it names the study and its folders)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
 
 
 def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
@@ -143,7 +165,9 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
 def confine(slot: Slot) -> None:
     """Restrict this process (and the probes it starts) to the slot."""
     if slot.gpu:
-        os.environ["CUDA_VISIBLE_DEVICES"] = slot.gpu
+        from autotune.probe.device import visible_entry
+
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_entry(int(slot.gpu))
     if slot.cores:
         os.sched_setaffinity(0, slot.cores)
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -151,28 +175,33 @@ def confine(slot: Slot) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
     from autotune.views.progress import Progress
 
     argv = sys.argv[1:] if argv is None else argv
     job = WorkerJob.from_json(Path(argv[0]).read_text(encoding="utf-8"))
     signal.signal(signal.SIGTERM, raise_terminated)
     confine(job.slot)
-    spec = SearchSpec.from_json(job.spec)
+    spec = job.spec
     if job.slot.gpu:  # the one visible GPU is cuda:0 in this process
         spec = dataclasses.replace(spec, device=dataclasses.replace(spec.device, index=0))
     console = Console(highlight=False, soft_wrap=True)
     console.print(f"worker {job.index}: {job.slot.describe()}")
     try:
-        run_search(
+        store = prepare_store(
             spec=spec,
             study_name=job.study_name,
-            storage=job.storage,
-            studies_dir=Path(job.studies_dir),
-            limits=SearchLimits(**job.limits),
+            storage=os.environ[STORAGE_ENV],
             sampler=job.sampler,
-            output=Path(os.devnull),
-            objective="throughput",
+        )
+        run_search(
+            store=store,
+            studies_dir=Path(job.studies_dir),
+            limits=job.limits,
+            deadline=Deadline.after(job.explore_s),
             observer=Progress(console, live=False),
+            confirm=False,
         )
     except KeyboardInterrupt:
         return 130

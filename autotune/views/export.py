@@ -8,44 +8,20 @@ sidecar `<name>.summary.json`.
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from autotune.core.enums import Objective, Task
 from autotune.core.errors import ExportError
-from autotune.search.selection import fitting, ranked, select_best
+from autotune.core.files import write_atomic
 from autotune.core.spec import SearchSpec
-from autotune.store.study import TrialRecord
-from autotune.core.trial import write_atomic
+from autotune.core.trial import TrialRecord
+from autotune.hf.training_args import recipe
+from autotune.search.selection import fitting, ranked, select_best
 
 
 def sidecar_path(output: Path) -> Path:
     return output.with_name(output.stem + ".summary.json")
-
-
-def training_arguments(record: TrialRecord, spec: SearchSpec) -> dict[str, Any]:
-    """What the probe ran: the user's carried base fields plus the tuned ones."""
-    tuned = record.candidate.training_arguments(device_kind=spec.device.kind)
-    return {**spec.base_arguments, **tuned}
-
-
-def verify(arguments: dict[str, Any]) -> None:
-    """Parse the JSON the way the user's script will; raise ExportError if it would fail."""
-    from transformers import HfArgumentParser, TrainingArguments
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "args.json"
-        path.write_text(json.dumps(arguments), encoding="utf-8")
-        try:
-            parser = HfArgumentParser(TrainingArguments)  # type: ignore[arg-type]
-            (parsed,) = parser.parse_json_file(str(path))
-        except (ValueError, TypeError) as exc:
-            raise ExportError(
-                f"TrainingArguments refuses the best config on this machine: {exc}"
-            ) from None
-    for key, value in arguments.items():
-        if getattr(parsed, key) != value and str(getattr(parsed, key)) != str(value):
-            raise ExportError(f"{key}={value!r} did not survive HfArgumentParser")
 
 
 def export_best(
@@ -55,11 +31,19 @@ def export_best(
     study_name: str,
     output: Path,
     runners_up: list[TrialRecord],
-    objective: str,
+    objective: Objective,
+    validate: bool,
 ) -> Path:
-    """Write the arguments JSON and its sidecar atomically; returns the arguments path."""
-    arguments = training_arguments(record, spec)
-    verify(arguments)
+    """Write the arguments JSON and its sidecar atomically; returns the arguments path.
+
+    The arguments are exactly what the probe ran (`recipe`). `validate` parses them with
+    HfArgumentParser first (the search does, with transformers loaded); `autotune export`
+    writes what the probe already ran, without importing transformers."""
+    arguments = recipe(spec, record.candidate)
+    if validate:
+        from autotune.hf.training_args import validate as check
+
+        check(arguments, error=ExportError, where="the best config on this machine")
     summary = _summary(record, spec, study_name, runners_up, objective)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -76,7 +60,8 @@ def export_selected(
     spec: SearchSpec,
     study_name: str,
     output: Path,
-    objective: str,
+    objective: Objective,
+    validate: bool,
 ) -> TrialRecord | None:
     """Select the best of a study's records and export it; None when nothing fits."""
     best = select_best(records, fit_limit_bytes=spec.fit_limit_bytes, objective=objective)
@@ -90,6 +75,7 @@ def export_selected(
         output=output,
         runners_up=others,
         objective=objective,
+        validate=validate,
     )
     return best
 
@@ -126,7 +112,7 @@ def _summary(
     spec: SearchSpec,
     study_name: str,
     runners_up: list[TrialRecord],
-    objective: str,
+    objective: Objective,
 ) -> dict[str, Any]:
     return {
         "study": study_name,
@@ -141,7 +127,7 @@ def _summary(
         "nproc_per_node": spec.nproc_per_node,
         "launch": launch_line(spec.nproc_per_node),
         "seq_len": spec.seq_len,
-        "target_len": spec.target_len if spec.model.task == "seq2seq" else None,
+        "target_len": spec.target_len if spec.model.task == Task.SEQ2SEQ else None,
         "probe_steps": {"warmup": spec.warmup_steps, "measured": spec.measure_steps},
         "data": spec.data.summary() if spec.data else None,
         "best": _figures(record),

@@ -8,11 +8,13 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from autotune.views.show import data_lines
-from autotune.search.run import SearchLimits, SearchReport
+from autotune.core.enums import DeviceKind, Outcome
 from autotune.core.spec import SearchSpec
-from autotune.core.trial import Candidate, Outcome, TrialResult
+from autotune.core.trial import Candidate, TrialResult
 from autotune.core.units import format_duration, format_size
+from autotune.search.deadline import Deadline
+from autotune.search.run import SearchLimits, SearchReport
+from autotune.views.show import data_lines
 
 _STYLE = {
     Outcome.OK: "green",
@@ -24,32 +26,49 @@ _STYLE = {
 }
 
 
-def trial_line(number: int, candidate: Candidate, result: TrialResult) -> str:
+SHORT_STEP_S = 0.05  # below this a step is mostly kernel-launch overhead on a GPU
+
+
+def short_step_note(result: TrialResult, device_kind: str) -> str:
+    """On a GPU, a warning when steps are so short that launch overhead dominates them."""
+    step = result.step_time_median_s
+    if device_kind != DeviceKind.CUDA or step is None or step >= SHORT_STEP_S:
+        return ""
+    return (f"; steps of {1000 * step:.0f} ms are mostly launch overhead: a larger "
+            "micro-batch (--global-batch-size) measures the model, not the launches")  # fmt: skip
+
+
+def trial_line(
+    number: int, candidate: Candidate, result: TrialResult, device_kind: str = DeviceKind.CPU
+) -> str:
     figures = ""
     if result.samples_per_s is not None:
         figures = f" {result.samples_per_s:8.2f} samples/s"
     if result.peak_memory_bytes is not None:
         figures += f"  peak {format_size(result.peak_memory_bytes)}"
-    reason = f"  ({result.reason})" if result.reason else ""
+    note = (result.reason + short_step_note(result, device_kind)).lstrip("; ")
+    reason = f"  ({note})" if note else ""
     return f"trial {number:>3} {result.outcome.value:<8} {candidate.describe()}{figures}{reason}"
 
 
 class Progress:
     """Observer of a search. `live=False` (or no terminal) prints one line per trial."""
 
-    def __init__(self, console: Console, *, live: bool) -> None:
+    def __init__(self, console: Console, *, live: bool, deadline: Deadline | None = None) -> None:
         self.console = console
+        self.deadline = deadline
         self.live_enabled = live and console.is_terminal
         self.rows: list[tuple[int, Candidate, TrialResult]] = []
         self.running: tuple[int, Candidate] | None = None
         self.started = time.monotonic()
-        self.limits = SearchLimits()
         self.live: Live | None = None
         self.budget = 0
+        self.kind: str = DeviceKind.CPU
 
     def on_search_start(self, spec: SearchSpec, study_name: str, limits: SearchLimits) -> None:
-        self.limits, self.started = limits, time.monotonic()
+        self.started = time.monotonic()
         self.budget = spec.fit_limit_bytes
+        self.kind = spec.device.kind
         self.console.print(f"study {study_name}: {spec.describe()}")
         for line in data_lines(spec):
             self.console.print(line)
@@ -68,10 +87,10 @@ class Progress:
         self.rows.append((number, candidate, result))
         self._refresh()
         if not self.live:
-            self.console.print(trial_line(number, candidate, result), soft_wrap=True)
+            self.console.print(trial_line(number, candidate, result, self.kind), soft_wrap=True)
 
     def on_confirm(self, number: int, candidate: Candidate, result: TrialResult) -> None:
-        line = trial_line(number, candidate, result).replace("trial", "confirm", 1)
+        line = trial_line(number, candidate, result, self.kind).replace("trial", "confirm", 1)
         self.console.print(line, soft_wrap=True)
 
     def close(self) -> None:
@@ -94,8 +113,8 @@ class Progress:
 
     def _table(self) -> Table:
         elapsed = time.monotonic() - self.started
-        budget = self.limits.time_budget_s
-        left = f", {format_duration(budget - elapsed)} left" if budget else ""
+        remaining = self.deadline.left() if self.deadline else None
+        left = f", {format_duration(remaining)} left" if remaining is not None else ""
         best = max(
             (
                 r.samples_per_s or 0.0

@@ -11,12 +11,13 @@ import html
 from collections.abc import Sequence
 from pathlib import Path
 
-from autotune.views.show import TrialRow
-from autotune.search.selection import fitting, select_best
+from autotune.core.enums import Outcome
+from autotune.core.files import write_atomic
 from autotune.core.spec import SearchSpec
-from autotune.store.study import TrialRecord
-from autotune.core.trial import Outcome, write_atomic
+from autotune.core.trial import TrialRecord
 from autotune.core.units import format_size
+from autotune.search.selection import fitting, select_best
+from autotune.views.show import TrialRow
 
 GIB = float(2**30)
 COLOURS = {
@@ -65,6 +66,7 @@ def plain_default(records: Sequence[TrialRecord], spec: SearchSpec) -> TrialReco
 
 
 def plot_tradeoff(records: Sequence[TrialRecord], spec: SearchSpec, path: Path) -> None:
+    # long: one matplotlib call per element of the chart, in drawing order
     import matplotlib
 
     matplotlib.use("Agg")
@@ -182,7 +184,7 @@ def write_report(
     return [page, tradeoff, by_batch]
 
 
-def _html(
+def _html(  # long: the page's HTML, top to bottom
     records: Sequence[TrialRecord],
     rows: Sequence[TrialRow],
     spec: SearchSpec,

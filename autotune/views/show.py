@@ -10,11 +10,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from autotune.search.selection import ranked, select_best
+from autotune.core.enums import Objective, Outcome
 from autotune.core.spec import SearchSpec
-from autotune.store.study import TrialRecord
-from autotune.core.trial import Outcome
+from autotune.core.trial import TrialRecord
 from autotune.core.units import format_size
+from autotune.hf.training_args import study_arguments
+from autotune.search.selection import ranked, select_best
 
 GIB = float(2**30)
 
@@ -52,7 +53,9 @@ def explain(record: TrialRecord, spec: SearchSpec) -> str:
     return r.reason
 
 
-def trial_rows(records: Sequence[TrialRecord], spec: SearchSpec, objective: str) -> list[TrialRow]:
+def trial_rows(
+    records: Sequence[TrialRecord], spec: SearchSpec, objective: Objective
+) -> list[TrialRow]:
     best = select_best(records, fit_limit_bytes=spec.fit_limit_bytes, objective=objective)
     rows = []
     for record in ranked(records):
@@ -63,9 +66,7 @@ def trial_rows(records: Sequence[TrialRecord], spec: SearchSpec, objective: str)
                 trial=record.number,
                 best=best is not None and record.number == best.number,
                 config=record.candidate.describe(),
-                training_arguments=record.candidate.training_arguments(
-                    device_kind=spec.device.kind
-                ),
+                training_arguments=study_arguments(spec, record.candidate),
                 outcome=r.outcome.value,
                 samples_per_s=_round(r.samples_per_s, 3),
                 tokens_per_s=_round(r.tokens_per_s, 1),
@@ -166,3 +167,19 @@ def _round(value: float | None, digits: int) -> float | None:
 
 def _fmt(value: float | None, spec: str) -> str:
     return "" if value is None else format(value, spec)
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyView:
+    """What `show` returns: the study's spec and its rows, best first."""
+
+    study_name: str
+    spec: SearchSpec
+    rows: list[TrialRow]
+
+
+def print_view(view: StudyView, fmt: str) -> None:
+    if fmt == "json":
+        print(rows_json(view.rows, view.spec, view.study_name))
+    else:
+        print_table(view.rows, view.spec, view.study_name)

@@ -1,13 +1,12 @@
-"""Confirm before crowning: the finalists are measured again, longer, before selection.
+"""Step-time statistics, in one place: a run's median and spread, and the pooling of a
+config's runs (confirm before crowning).
 
-A confirmation is a separate run of the same config with more measured steps, stored
-as its own trial (user attribute `confirms`: the trial it confirms). Selection then
-uses the pooled step times of every run of a config, so one lucky run cannot win, and
-a config that fails a confirmation (OOM, NaN) is out.
-
-Figures measured while other probes shared the cores (`--parallel` on the CPU) are
-not comparable with figures measured alone: once a config has a run measured alone,
-only its runs measured alone are pooled.
+A confirmation is a separate run of the same config with more measured steps.
+Selection uses the pooled step times of every run of a config, so one lucky run cannot
+win, and a config that fails a confirmation (OOM, NaN) is out. Figures measured while
+other probes shared the cores (`--parallel` on the CPU) are not comparable with figures
+measured alone: once a config has a run measured alone, only its runs measured alone
+are pooled.
 """
 
 from __future__ import annotations
@@ -16,7 +15,28 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 
-from autotune.core.trial import Outcome, TrialResult
+from autotune.core.enums import Outcome
+from autotune.core.trial import TrialResult
+
+
+@dataclasses.dataclass(frozen=True)
+class StepStats:
+    """The median of step times and their spread (interquartile range / median)."""
+
+    median_s: float
+    spread: float
+    count: int
+
+    @classmethod
+    def of(cls, times: Sequence[float]) -> StepStats:
+        """Raises ValueError on an empty series; one step has no spread (0)."""
+        if not times:
+            raise ValueError("no step times")
+        median = statistics.median(times)
+        if len(times) < 2 or median <= 0:
+            return cls(median, 0.0, len(times))
+        q1, _, q3 = statistics.quantiles(times, n=4)
+        return cls(median, (q3 - q1) / median, len(times))
 
 
 def pooled(original: TrialResult, confirmations: Sequence[TrialResult]) -> list[TrialResult]:
@@ -37,19 +57,20 @@ def combine(original: TrialResult, confirmations: Sequence[TrialResult]) -> Tria
     runs = pooled(original, confirmations)
     original = runs[0]
     times = [t for run in runs for t in run.step_times_s]
-    median = statistics.median(times)
-    q1, _, q3 = statistics.quantiles(times, n=4)
+    if not times:
+        return original
+    stats = StepStats.of(times)
     samples_per_step = (original.samples_per_s or 0.0) * (original.step_time_median_s or 0.0)
     tokens_per_sample = (original.tokens_per_s or 0.0) / (original.samples_per_s or 1.0)
-    samples_per_s = samples_per_step / median
+    samples_per_s = samples_per_step / stats.median_s
     flops_per_sample = (original.model_flops_per_s or 0.0) / (original.samples_per_s or 1.0)
     peaks = [r.peak_memory_bytes for r in every if r.peak_memory_bytes is not None]
     return dataclasses.replace(
         original,
         samples_per_s=samples_per_s,
         tokens_per_s=samples_per_s * tokens_per_sample,
-        step_time_median_s=median,
-        step_time_spread=(q3 - q1) / median,
+        step_time_median_s=stats.median_s,
+        step_time_spread=stats.spread,
         step_times_s=tuple(times),
         peak_memory_bytes=max(peaks) if peaks else None,
         final_loss=confirmations[-1].final_loss,

@@ -1,0 +1,54 @@
+"""The device a study runs on, as a plain value, and what it can train in.
+
+Detection and everything that touches `torch.cuda` or NVML live in
+`autotune.probe.device`; this is the pure part the parent reasons with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from autotune.core.enums import DeviceKind, Precision
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+    kind: DeviceKind
+    index: int | None
+    name: str
+    total_memory_bytes: int
+    capability: tuple[int, int] | None = None  # CUDA compute capability
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", DeviceKind(self.kind))
+        if self.capability is not None:
+            object.__setattr__(self, "capability", tuple(self.capability))
+
+    @property
+    def torch_device(self) -> str:
+        return "cpu" if self.kind == DeviceKind.CPU else f"cuda:{self.index or 0}"
+
+    @property
+    def alignment_tokens(self) -> int:
+        """Tokens per micro-batch (batch x sequence: the rows of every linear layer's
+        matrix multiply) whose multiples tensor cores tile best: 64 on Ampere and newer,
+        8 on older GPUs; 1 on the CPU, which has no such tiles."""
+        if self.kind != DeviceKind.CUDA:
+            return 1
+        return 64 if self.capability is not None and self.capability >= (8, 0) else 8
+
+
+def supported_precisions(device: DeviceInfo) -> tuple[Precision, ...]:
+    """Precisions this device can train in, checked against what transformers accepts."""
+    if device.kind == DeviceKind.CPU:
+        # tf32 is a CUDA tensor-core mode; TrainingArguments refuses it without Ampere.
+        return (Precision.FP32, Precision.FP16, Precision.BF16)
+    capability = device.capability or (0, 0)
+    found = [Precision.FP32]
+    if capability >= (8, 0):
+        found.append(Precision.TF32)
+    if capability >= (6, 0):
+        found.append(Precision.FP16)
+    if capability >= (8, 0):
+        found.append(Precision.BF16)
+    return tuple(found)

@@ -1,0 +1,201 @@
+"""From the user's options to a SearchSpec: every check first, then anything written.
+
+The model is resolved, the device detected, the space derived and the budget checked;
+only when all of that (and the worker layout) holds is the user's dataset tokenized.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from autotune.core.dataset import DataSpec
+from autotune.core.enums import DeviceKind
+from autotune.core.errors import UsageError
+from autotune.core.space import SearchSpace, derive_space
+from autotune.core.spec import SearchSpec
+from autotune.core.trial import ModelSpec
+from autotune.hf.corpus import SAMPLINGS, prepare
+from autotune.hf.models import count_parameters, max_positions, resolve_model
+from autotune.hf.training_args import (
+    BaseArguments,
+    available_optimizers,
+    base_arguments,
+    checkpointing_field,
+    read_arguments_file,
+)
+from autotune.probe.device import cuda_device_count, detect_device
+from autotune.search.estimate import check_budget
+from autotune.search.workers import Slot, plan_slots
+
+DEFAULT_GLOBAL_BATCH = 32
+DEFAULT_TARGET_LEN = 128
+MAX_GLOBAL_BATCH = 1 << 20  # a million samples per optimizer step is past any real recipe
+
+
+@dataclasses.dataclass(frozen=True)
+class DataOptions:
+    """--dataset and its companions; out_dir is where the tokenized data is kept."""
+
+    source: str
+    split: str
+    text_column: str | None
+    target_column: str | None
+    tokenizer: str | None
+    out_dir: Path
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How the search uses the machine: DDP processes per probe, worker slots."""
+
+    nproc_per_node: int = 1
+    parallel: int = 1
+    devices: tuple[str, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecOptions:
+    """What the user asked a search to keep and to vary (the `search` options)."""
+
+    model: str
+    task: str
+    device: str
+    memory_budget: int | None
+    headroom: float
+    global_batch_size: int | None
+    seq_len: int | None
+    target_len: int | None
+    base_args: Path | None
+    precisions: tuple[str, ...] | None
+    optimizers: tuple[str, ...] | None
+    checkpointing: tuple[str, ...] | None
+    warmup_steps: int
+    measure_steps: int
+    seed: int
+
+
+def build_spec(
+    options: SpecOptions, *, layout: Layout = Layout(), dataset: DataOptions | None = None
+) -> tuple[SearchSpec, list[Slot]]:
+    """Validate every option against the model and the device; raise UsageError if off.
+
+    With a dataset, it is tokenized once into `dataset.out_dir`, after every check; a
+    sequence length not given is then the data's longest (--seq-len caps it)."""
+    o = options
+    base = _base(o.base_args, o.global_batch_size)
+    batch = _global_batch(o.global_batch_size or base.global_batch_size or DEFAULT_GLOBAL_BATCH)
+    model_spec = resolve_model(o.model, task=o.task)
+    device_info = detect_device(o.device)
+    seq_len, target_len = _lengths(o, base, model_spec.config)
+    budget = _budget(o.memory_budget, device_info.total_memory_bytes)
+    slots = _check_layout(layout, batch, device_info.kind)
+    if layout.devices and device_info.kind == DeviceKind.CUDA:  # confirm in a worker's slot
+        device_info = dataclasses.replace(device_info, index=int(layout.devices[0]))
+    space = derive_space(
+        device_info,
+        global_batch_size=batch // layout.nproc_per_node,
+        precisions=o.precisions,
+        optimizers=o.optimizers,
+        checkpointing=tuple(c == "on" for c in o.checkpointing) if o.checkpointing else None,
+        samplings=SAMPLINGS if dataset else ("random",),
+        installed_optimizers=available_optimizers(),
+    )
+    parameters = count_parameters(model_spec)
+    check_budget(parameters, space.precisions, space.optimizers, budget)
+    data = None
+    if dataset is not None:  # the first write: every check above has passed
+        data, seq_len, target_len = _tokenize(dataset, o, base, model_spec, space, target_len)
+    spec = SearchSpec(
+        model=model_spec, device=device_info, space=space, seq_len=seq_len,
+        target_len=target_len, memory_budget_bytes=budget, headroom=o.headroom,
+        warmup_steps=o.warmup_steps, measure_steps=o.measure_steps, seed=o.seed,
+        base_arguments=base.carried, parameters=parameters,
+        nproc_per_node=layout.nproc_per_node, data=data,
+        checkpointing_field=checkpointing_field(),
+    )  # fmt: skip
+    return spec, slots
+
+
+def _global_batch(batch: int) -> int:
+    if batch > MAX_GLOBAL_BATCH:
+        raise UsageError(
+            f"--global-batch-size {batch} is over the limit of {MAX_GLOBAL_BATCH}; "
+            "give the samples per optimizer step"
+        )
+    return batch
+
+
+def _lengths(o: SpecOptions, base: BaseArguments, config: dict[str, Any]) -> tuple[int, int]:
+    """The worst-case lengths probes use: asked, from --base-args, or the model's limit."""
+    limit = max_positions(config)
+    seq_len = o.seq_len or base.seq_len
+    if seq_len is None:
+        seq_len = min(512, limit or 512)
+    elif limit is not None and seq_len > limit:
+        raise UsageError(f"--seq-len {seq_len} exceeds {o.model}'s limit of {limit} positions")
+    return seq_len, o.target_len or base.target_len or DEFAULT_TARGET_LEN
+
+
+def _budget(asked: int | None, total: int) -> int:
+    """The budget in bytes: what was asked (never more than the device has), else all."""
+    if asked is None:
+        return total
+    if asked > total:
+        raise UsageError(
+            f"--memory-budget {asked / 2**30:.1f} GiB exceeds this device's {total / 2**30:.1f} GiB"
+        )
+    return asked
+
+
+def _tokenize(
+    dataset: DataOptions, o: SpecOptions, base: BaseArguments, model: ModelSpec,
+    space: SearchSpace, target_len: int,
+) -> tuple[DataSpec, int, int]:  # fmt: skip
+    """Tokenize the user's data once; its lengths set those the user did not give."""
+    data, seq_len, data_target_len = prepare(
+        source=dataset.source, split=dataset.split, task=model.task,
+        text_column=dataset.text_column, target_column=dataset.target_column,
+        tokenizer=dataset.tokenizer, model_name=o.model, vocab_size=model.vocab_size,
+        seq_len=o.seq_len or base.seq_len, target_len=o.target_len or base.target_len,
+        max_positions=max_positions(model.config), micro_batches=space.all_batches,
+        global_batch=space.global_batch_size, out_dir=dataset.out_dir,
+    )  # fmt: skip
+    return data, seq_len, data_target_len or target_len
+
+
+def _check_layout(layout: Layout, global_batch_size: int, kind: DeviceKind) -> list[Slot]:
+    """DDP needs a batch the processes share evenly, and the GPUs; workers need slots."""
+    n = layout.nproc_per_node
+    if n > 1 and (layout.parallel > 1 or layout.devices):
+        raise UsageError(
+            "--nproc-per-node runs each probe on several devices already; "
+            "drop --parallel/--devices, or run several searches on one --storage"
+        )
+    if n > 1 and global_batch_size % n:
+        raise UsageError(
+            f"--global-batch-size {global_batch_size} is not divisible by --nproc-per-node "
+            f"{n}; each process takes an equal share of the batch"
+        )
+    gpus = cuda_device_count() if kind == DeviceKind.CUDA else 0
+    if n > 1 and kind == DeviceKind.CUDA and gpus < n:
+        raise UsageError(f"--nproc-per-node {n} needs {n} GPUs; {gpus} visible")
+    if layout.parallel > 1 or layout.devices:
+        return plan_slots(kind, layout.parallel, layout.devices, gpus)
+    return []
+
+
+def _base(path: Path | None, global_batch_size: int | None) -> BaseArguments:
+    """What --base-args fixes: the global batch, sequence lengths, the other fields."""
+    if path is None:
+        return BaseArguments(None, None, None, {})
+    where = f"--base-args {path}"
+    base = base_arguments(read_arguments_file(path, option="--base-args"), where=where)
+    if global_batch_size is not None and base.global_batch_size not in (None, global_batch_size):
+        raise UsageError(
+            f"--global-batch-size {global_batch_size} contradicts {where} "
+            f"(per_device_train_batch_size x gradient_accumulation_steps = "
+            f"{base.global_batch_size}); drop one of them"
+        )
+    return base

@@ -1,0 +1,174 @@
+"""Many workers on one study: claims on configs, heartbeats, recovery of dead workers' trials.
+
+A worker is a searching process: this machine's search, a `--parallel` worker, or a
+search on another machine sharing the storage. Each writes a claim before it probes
+and records a heartbeat while it does; a trial whose worker is gone is failed and its
+config goes back in the queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+from optuna.storages import RDBStorage
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.core.enums import Outcome
+from autotune.core.trial import Candidate
+from autotune.store import compat
+from autotune.store.keys import Attr
+
+# This process, as other workers see it. The pid namespace tells containers that share a
+# hostname apart; the random part tells apart two processes that reuse one pid.
+HOST = socket.gethostname()
+WORKER_ID = uuid.uuid4().hex[:12]
+
+
+def pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def worker_identity() -> dict[str, object]:
+    return {
+        Attr.HOST: HOST,
+        Attr.PID: os.getpid(),
+        Attr.WORKER: f"{HOST}|{pid_namespace()}|{os.getpid()}|{WORKER_ID}",
+    }
+
+
+def claim_key(candidate: Candidate) -> str:
+    c = candidate
+    key = f"{c.per_device_train_batch_size}|{c.precision}|{c.activation_checkpointing}|{c.optim}"
+    return key if c.train_sampling_strategy == "random" else f"{key}|{c.train_sampling_strategy}"
+
+
+def rival(
+    trials: list[FrozenTrial], number: int, candidate: Candidate, max_trials: int
+) -> str | None:
+    """Why a freshly claimed trial must yield, or None when its claim holds.
+
+    Every worker writes its claim before it reads the others', and yields on seeing
+    any rival claim. Two workers that pick one config at the same moment may both
+    yield (and pick again), but both can never run it: the second to read always
+    sees the first one's claim."""
+    mine = claim_key(candidate)
+    probes = 1  # this one
+    for other in trials:
+        if other.number == number:
+            continue
+        attrs = other.user_attrs
+        if other.state == TrialState.RUNNING and Attr.CLAIM in attrs:
+            probes += 1
+            if attrs[Attr.CLAIM] == mine:
+                return f"trial {other.number} is probing the same config"
+        elif other.state in (TrialState.COMPLETE, TrialState.FAIL) and Attr.RESULT in attrs:
+            if Attr.CONFIRMS in attrs or attrs.get(Attr.OUTCOME) == Outcome.SKIPPED:
+                continue
+            probes += 1
+            if attrs.get(Attr.CLAIM) == mine:
+                return f"trial {other.number} measured the same config"
+    if probes > max_trials:
+        return f"other workers reached --max-trials {max_trials}"
+    return None
+
+
+def dead_here(trial: FrozenTrial) -> bool:
+    """A running trial whose worker was on this host, in this pid namespace, and is gone."""
+    worker = str(trial.user_attrs.get(Attr.WORKER, ""))
+    host, namespace, pid = [*worker.split("|"), "", "", ""][:3]
+    if not worker:  # recorded before workers had an id: host and pid alone
+        host, namespace, pid = (
+            str(trial.user_attrs.get(Attr.HOST)),
+            "",
+            str(trial.user_attrs.get(Attr.PID)),
+        )
+    if host != HOST or (namespace and namespace != pid_namespace()):
+        return False
+    return not (pid.isdigit() and _alive(int(pid)))
+
+
+@contextlib.contextmanager
+def heartbeat(storage: RDBStorage, trial_id: int) -> Iterator[None]:
+    """Record the trial's heartbeat every interval while the block runs.
+
+    Unlike Optuna's own heartbeat thread, a failed write (a database restarting) does not
+    end the beats: the next interval tries again, and the trial goes stale only when
+    the storage stays unreachable for the whole grace period."""
+    stop = threading.Event()
+    interval = compat.heartbeat_interval(storage)
+
+    def beat() -> None:
+        while True:
+            try:
+                compat.record_heartbeat(storage, trial_id)
+            except Exception as exc:  # transient: the storage is away; try again
+                print(f"heartbeat not recorded ({type(exc).__name__}); retrying", file=sys.stderr)
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{trial_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def recover_stale(study: optuna.Study, storage: RDBStorage) -> list[int]:
+    """Fail running trials whose worker is gone and put their configs back in the queue;
+    returns their numbers.
+
+    Gone: a worker on this host (and pid namespace) that no longer exists, seen at once,
+    or a worker anywhere whose heartbeat is older than the grace period. The reason is
+    written before the trial is failed (a finished trial takes no more attributes), so
+    Optuna's `fail_stale_trials`, which fails first, does not serve."""
+    stale = set(compat.stale_trial_ids(storage, study))
+    recovered = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        tid = compat.trial_id(storage, study, trial.number)
+        here = dead_here(trial)
+        if tid not in stale and not here:
+            continue
+        why = "search process died" if here else "worker stopped sending heartbeats"
+        try:
+            storage.set_trial_user_attr(tid, Attr.OUTCOME, str(Outcome.ERROR))
+            storage.set_trial_user_attr(tid, Attr.REASON, f"{why} during the trial; re-queued")
+            if not storage.set_trial_state_values(tid, state=TrialState.FAIL):
+                continue
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue  # another worker recovered it (or it finished) first
+        if trial.params:
+            study.enqueue_trial(trial.params, skip_if_exists=False)
+        recovered.append(trial.number)
+    return recovered
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sqlite_lock_path(url: str) -> Path | None:
+    """The lock file SQLite workers take turns through when they ask for a trial."""
+    if not url.startswith("sqlite:///"):
+        return None
+    return Path(url.removeprefix("sqlite:///") + ".lock")

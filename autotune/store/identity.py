@@ -1,0 +1,41 @@
+"""What makes a stored study the same search, and the note optuna-dashboard shows."""
+
+from __future__ import annotations
+
+import json
+
+from autotune.core.enums import Task
+from autotune.core.spec import SearchSpec
+
+GIB = float(2**30)
+
+
+def same_search(stored: str, wanted: str) -> bool:
+    """Equal identities; a setting newer than the stored study matches when left empty."""
+    old, new = json.loads(stored), json.loads(wanted)
+    return all(old.get(k) == v if k in old else not v for k, v in new.items()) and all(
+        k in new for k in old
+    )
+
+
+def difference(stored: str, wanted: str) -> str:
+    old, new = json.loads(stored), json.loads(wanted)
+    keys = [k for k in new if old.get(k) != new.get(k)]
+    return ", ".join(f"{k}: {old.get(k)!r} vs {new.get(k)!r}" for k in keys[:2]) or "spec"
+
+
+def note(spec: SearchSpec) -> str:
+    """The study's description, as optuna-dashboard shows it."""
+    ddp = f" ({spec.nproc_per_node} DDP processes)" if spec.nproc_per_node > 1 else ""
+    target = f", target length {spec.target_len}" if spec.model.task == Task.SEQ2SEQ else ""
+    return (
+        f"# autotune: {spec.model.name}\n\n"
+        f"- task: {spec.model.task} (model from {spec.model.source})\n"
+        f"- device: {spec.device.kind} {spec.device.name}\n"
+        f"- memory budget: {spec.memory_budget_bytes / GIB:.2f} GiB "
+        f"(fits below {spec.fit_limit_bytes / GIB:.2f} GiB)\n"
+        f"- global batch: {spec.global_batch_size}{ddp}\n"
+        f"- sequence length: {spec.seq_len}{target}\n\n"
+        "Values: samples_per_s (maximise), peak_memory_gib (minimise); the budget is a "
+        "constraint. Each trial's user attributes hold its outcome, reason and figures.\n"
+    )

@@ -1,0 +1,49 @@
+"""A candidate as Optuna trial params, and back.
+
+Params are named after the TrainingArguments fields they set; `precision` stands for
+the fp16/bf16/tf32 flags. The sampling is a param only where the space varies it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+
+from autotune.core.space import SearchSpace
+from autotune.core.trial import Candidate
+
+
+def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
+    found: dict[str, BaseDistribution] = {
+        "per_device_train_batch_size": CategoricalDistribution(list(space.all_batches)),
+        "precision": CategoricalDistribution([str(p) for p in space.precisions]),
+        "activation_checkpointing": CategoricalDistribution(list(space.checkpointing)),
+        "optim": CategoricalDistribution(list(space.optimizers)),
+    }
+    if len(space.samplings) > 1:  # a dimension only when the user's data is given
+        found["train_sampling_strategy"] = CategoricalDistribution(list(space.samplings))
+    return found
+
+
+def candidate_params(candidate: Candidate, space: SearchSpace | None = None) -> dict[str, Any]:
+    """The trial params of a candidate (the sampling only where the space varies it)."""
+    params: dict[str, Any] = {
+        "per_device_train_batch_size": candidate.per_device_train_batch_size,
+        "precision": str(candidate.precision),
+        "activation_checkpointing": candidate.activation_checkpointing,
+        "optim": candidate.optim,
+    }
+    if space is not None and len(space.samplings) > 1:
+        params["train_sampling_strategy"] = candidate.train_sampling_strategy
+    return params
+
+
+def candidate_of(space: SearchSpace, params: dict[str, Any]) -> Candidate:
+    return space.candidate(
+        int(params["per_device_train_batch_size"]),
+        str(params["precision"]),
+        bool(params["activation_checkpointing"]),
+        str(params["optim"]),
+        str(params.get("train_sampling_strategy", "random")),
+    )

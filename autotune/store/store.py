@@ -1,0 +1,285 @@
+"""StudyStore: one search's study in an Optuna storage. The only code that reads or
+writes Optuna trials; the search decides, the store records.
+
+Figures and the outcome are user attributes with units in their names; the study's
+values are (samples/s, peak memory GiB) with the budget as a constraint, so
+optuna-dashboard shows the Pareto front.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import optuna
+import sqlalchemy.exc
+from optuna.storages import RDBStorage
+from optuna.trial import TrialState
+from optuna_dashboard import save_note
+
+from autotune.core.enums import Outcome
+from autotune.core.errors import StudyError
+from autotune.core.spec import SearchSpec
+from autotune.core.stats import combine, pooled
+from autotune.core.trial import Candidate, TrialRecord, TrialResult, Verdict
+from autotune.store import compat, coordination, identity
+from autotune.store.keys import CONSTRAINT_NAME, METRIC_NAMES, Attr, StudyAttr
+from autotune.store.params import candidate_of, candidate_params, distributions
+from autotune.store.storage import first_line, mask, open_storage, quiet_optuna
+
+GIB = float(2**30)
+
+
+class StudyStore:
+    """A study, its storage and its spec; built by `open` (search) or `load` (review)."""
+
+    def __init__(
+        self, study: optuna.Study, storage: RDBStorage, url: str, spec: SearchSpec
+    ) -> None:
+        self.study = study
+        self.storage = storage
+        self.url = url
+        self.spec = spec
+
+    @property
+    def name(self) -> str:
+        return self.study.study_name
+
+    # ---- opening --------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls, *, url: str, name: str, spec: SearchSpec, sampler: optuna.samplers.BaseSampler
+    ) -> StudyStore:
+        """Create the study, or resume it when it holds the same search; refuse otherwise."""
+        quiet_optuna()
+        storage = open_storage(url)
+        try:
+            study = optuna.create_study(
+                storage=storage,
+                study_name=name,
+                sampler=sampler,
+                load_if_exists=True,
+                directions=["maximize", "minimize"],
+            )
+        except (optuna.exceptions.DuplicatedStudyError, sqlalchemy.exc.IntegrityError):
+            # Another worker created the study at the same moment: join it.
+            study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+        except Exception as exc:  # a path that cannot be created or written, a bad URL
+            raise StudyError(f"cannot open storage {mask(url)!r}: {first_line(exc)}") from None
+        store = cls(study, storage, url, spec)
+        store._check_identity()
+        return store
+
+    @classmethod
+    def load(cls, *, url: str, name: str) -> StudyStore:
+        """An existing study and the spec it was created with (for export and review)."""
+        quiet_optuna()
+        storage = open_storage(url)
+        try:
+            study = optuna.load_study(study_name=name, storage=storage)
+        except KeyError:
+            raise StudyError(
+                f"no study named {name!r} in {mask(url)}; run `autotune search` first or "
+                "check --storage"
+            ) from None
+        except Exception as exc:
+            raise StudyError(f"cannot open storage {mask(url)!r}: {first_line(exc)}") from None
+        raw = study.user_attrs.get(StudyAttr.SPEC)
+        if raw is None:
+            raise StudyError(
+                f"study {name!r} was not made by autotune (it has no {StudyAttr.SPEC})"
+            )
+        return cls(study, storage, url, SearchSpec.from_json(raw))
+
+    def _check_identity(self) -> None:
+        wanted = json.dumps(self.spec.identity(), sort_keys=True)
+        stored = self.study.user_attrs.get(StudyAttr.IDENTITY)
+        if stored is None:
+            self.study.set_user_attr(StudyAttr.IDENTITY, wanted)
+            self.study.set_user_attr(StudyAttr.SPEC, self.spec.to_json())
+            self.study.set_user_attr(StudyAttr.DESCRIPTION, self.spec.describe())
+            self.study.set_metric_names(list(METRIC_NAMES))
+            save_note(self.study, identity.note(self.spec))
+        elif not identity.same_search(stored, wanted):
+            raise StudyError(
+                f"study {self.name!r} already holds a different search "
+                f"({identity.difference(stored, wanted)}); pass --study with a new name to "
+                "start another, or repeat the original options"
+            )
+
+    # ---- reading --------------------------------------------------------------------
+
+    def records(self) -> list[TrialRecord]:
+        """Every trial with a result: measured, or skipped because an OOM implies it.
+
+        Confirmation runs are pooled into the trial they confirm; redundant proposals
+        (pruned), running and interrupted trials are left out."""
+        finished = [
+            t
+            for t in self.study.get_trials(
+                deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)
+            )
+            if Attr.RESULT in t.user_attrs
+        ]
+        confirmations: dict[int, list[TrialResult]] = {}
+        for trial in finished:
+            if Attr.CONFIRMS in trial.user_attrs:
+                confirmations.setdefault(int(trial.user_attrs[Attr.CONFIRMS]), []).append(
+                    TrialResult.from_json(trial.user_attrs[Attr.RESULT])
+                )
+        found = []
+        for trial in finished:
+            if Attr.CONFIRMS in trial.user_attrs:
+                continue
+            extra = confirmations.get(trial.number, [])
+            first = TrialResult.from_json(trial.user_attrs[Attr.RESULT])
+            found.append(
+                TrialRecord(
+                    trial.number,
+                    candidate_of(self.spec.space, trial.params),
+                    combine(first, extra),
+                    len(pooled(first, extra)),
+                )
+            )
+        return found
+
+    def in_flight(self, exclude: int = -1) -> dict[Candidate, int]:
+        """Configs being probed now (by any worker): config -> trial number."""
+        return {
+            candidate_of(self.spec.space, t.params): t.number
+            for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if Attr.CLAIM in t.user_attrs and t.number != exclude
+        }
+
+    def is_empty(self) -> bool:
+        return not self.study.get_trials(deepcopy=False)
+
+    # ---- the queue ------------------------------------------------------------------
+
+    def enqueue(self, candidate: Candidate) -> None:
+        self.study.enqueue_trial(candidate_params(candidate, self.spec.space))
+
+    def ask(self) -> tuple[optuna.Trial, Candidate]:
+        """The next trial to run, never the one another worker just took.
+
+        Optuna hands out a queued trial by reading its state and then setting it running;
+        PostgreSQL and MySQL lock the row in between, SQLite does not, and two workers on
+        one SQLite file were seen taking the same trial. On SQLite the workers take turns
+        through a lock file beside the database."""
+        lock = coordination.sqlite_lock_path(self.url)
+        with _locked(lock):
+            trial = self.study.ask(distributions(self.spec.space))
+        return trial, candidate_of(self.spec.space, trial.params)
+
+    def claim(self, trial: optuna.Trial, candidate: Candidate, max_trials: int) -> str | None:
+        """Claim the config for this trial; the reason to yield when another worker holds it
+        (or the study already has `max_trials` probes), else None."""
+        for key, value in coordination.worker_identity().items():
+            trial.set_user_attr(key, value)
+        trial.set_user_attr(Attr.CLAIM, coordination.claim_key(candidate))
+        compat.record_heartbeat(self.storage, self._id(trial.number))
+        trials = self.study.get_trials(deepcopy=False)
+        return coordination.rival(trials, trial.number, candidate, max_trials)
+
+    def record_folder(self, trial: optuna.Trial, folder: str) -> None:
+        trial.set_user_attr(Attr.TRIAL_DIR, folder)
+
+    @contextlib.contextmanager
+    def heartbeat(self, trial: optuna.Trial) -> Iterator[None]:
+        with coordination.heartbeat(self.storage, self._id(trial.number)):
+            yield
+
+    def recover_stale(self) -> list[int]:
+        """Fail trials whose worker is gone and re-queue their configs; their numbers."""
+        return coordination.recover_stale(self.study, self.storage)
+
+    # ---- writing results ------------------------------------------------------------
+
+    def tell(self, trial: optuna.Trial, result: TrialResult, verdict: Verdict) -> None:
+        """Record a result on the trial (user attributes) and tell the sampler."""
+        candidate = candidate_of(self.spec.space, trial.params)
+        for key, value in self._attributes(candidate, result, verdict).items():
+            trial.set_user_attr(key, value)
+        if verdict.constraint_gib is not None:
+            trial.set_constraint(CONSTRAINT_NAME, verdict.constraint_gib)
+        if verdict.values is not None:
+            self.study.tell(trial, list(verdict.values))
+        else:
+            self.study.tell(trial, state=TrialState.PRUNED if verdict.pruned else TrialState.FAIL)
+
+    def fail_and_requeue(self, trial: optuna.Trial, candidate: Candidate, why: str) -> None:
+        """A trial stopped by its own search (Ctrl-C, a full disk): failed, config re-queued."""
+        trial.set_user_attr(Attr.OUTCOME, "error")
+        trial.set_user_attr(Attr.REASON, f"{why}; re-queued")
+        self.study.tell(trial, state=TrialState.FAIL)
+        self.enqueue(candidate)
+
+    def add_confirmation(
+        self, record: TrialRecord, result: TrialResult, verdict: Verdict, folder: str
+    ) -> None:
+        """Store a confirmation run as a finished trial pointing at the trial it confirms."""
+        values = verdict.values if result.outcome == Outcome.OK else None
+        attrs = {
+            Attr.CONFIRMS: record.number,
+            Attr.TRIAL_DIR: folder,
+            Attr.OUTCOME: str(result.outcome),
+            Attr.REASON: result.reason or f"confirms trial {record.number}",
+            Attr.RESULT: result.to_json(),
+            Attr.SAMPLES_PER_S: round(result.samples_per_s or 0.0, 3),
+        }
+        self.study.add_trial(
+            optuna.trial.create_trial(
+                params=candidate_params(record.candidate, self.spec.space),
+                distributions=distributions(self.spec.space),
+                values=list(values) if values else None,
+                state=TrialState.COMPLETE if values else TrialState.FAIL,
+                user_attrs={str(k): v for k, v in attrs.items()},
+            )
+        )
+
+    def _attributes(
+        self, candidate: Candidate, result: TrialResult, verdict: Verdict
+    ) -> dict[str, Any]:
+        from autotune.hf.training_args import study_arguments  # pure: imports no transformers
+
+        spec = self.spec
+        attrs: dict[str, Any] = {
+            Attr.OUTCOME: str(result.outcome),
+            Attr.REASON: result.reason,
+            Attr.RESULT: result.to_json(),
+            Attr.ACCUMULATION: candidate.gradient_accumulation_steps,
+            Attr.TRAINING_ARGUMENTS: study_arguments(spec, candidate),
+        }
+        if result.samples_per_s is not None:
+            attrs[Attr.SAMPLES_PER_S] = round(result.samples_per_s, 3)
+            attrs[Attr.TOKENS_PER_S] = round(result.tokens_per_s or 0.0, 1)
+            attrs[Attr.STEP_TIME_MEDIAN_S] = round(result.step_time_median_s or 0.0, 5)
+            attrs[Attr.STEP_TIME_SPREAD_PCT] = round(100 * (result.step_time_spread or 0.0), 2)
+        if result.peak_memory_bytes is not None:
+            attrs[Attr.PEAK_MEMORY_GIB] = round(result.peak_memory_bytes / GIB, 3)
+            attrs[Attr.BUDGET_USED_PCT] = round(
+                100 * result.peak_memory_bytes / spec.memory_budget_bytes, 1
+            )
+        if verdict.constraint_gib is not None:
+            attrs[Attr.CONSTRAINT_GIB] = verdict.constraint_gib
+        return {str(k): v for k, v in attrs.items()}
+
+    def _id(self, number: int) -> int:
+        return compat.trial_id(self.storage, self.study, number)
+
+
+@contextlib.contextmanager
+def _locked(path: Any) -> Iterator[None]:
+    if path is None:
+        yield
+        return
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -1,0 +1,49 @@
+"""`autotune estimate`: the memory breakdown as a table."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from autotune.core.enums import Task
+from autotune.core.units import format_size
+from autotune.search.estimate import Estimate
+
+COLUMNS = (
+    "precision",
+    "optim",
+    "checkpointing",
+    "bytes/param",
+    "weights",
+    "gradients",
+    "optimizer",
+    "activations",
+    "total",
+)
+
+
+def print_estimate(estimate: Estimate) -> None:
+    e = estimate
+    target = f" / {e.target_len} target" if e.task == Task.SEQ2SEQ else ""
+    table = Table(
+        title=f"{e.model} ({e.task}, {e.parameters / 1e6:.1f}M parameters): per-device batch "
+        f"{e.batch}, {e.seq_len} tokens{target}; + about {format_size(e.process_bytes)} "
+        "for the process",
+        title_justify="left",
+    )
+    for column in COLUMNS:
+        table.add_column(column, justify="left" if column in ("precision", "optim") else "right")
+    for row in e.rows:
+        c, b = row.candidate, row.breakdown
+        table.add_row(
+            str(c.precision),
+            c.optim,
+            "on" if c.activation_checkpointing else "off",
+            f"{b.static / e.parameters:.0f}",
+            format_size(b.weights),
+            format_size(b.gradients),
+            format_size(b.optimizer_state),
+            format_size(b.activations),
+            format_size(b.total),
+        )
+    Console(width=160).print(table)

@@ -1,0 +1,97 @@
+"""The layout's promises, checked statically: no import cycle, small modules, a pure core,
+an Optuna adapter that fails loudly when Optuna moves, and review commands without torch."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import ROOT
+
+PACKAGE = ROOT / "autotune"
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def module_imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """autotune modules imported at module level (imports inside functions are lazy)."""
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autotune"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in known else str(node.module))
+    return found
+
+
+def test_no_import_cycle_inside_the_package() -> None:
+    known = modules()
+    graph = {name: module_imports(path, known) & set(known) for name, path in known.items()}
+    state: dict[str, int] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = 1
+        for dep in graph[name] - {name}:
+            assert state.get(dep) != 1, "cycle: " + " -> ".join([*trail, name, dep])
+            if dep not in state:
+                visit(dep, [*trail, name])
+        state[name] = 2
+
+    for name in graph:
+        if name not in state:
+            visit(name, [])
+
+
+def test_modules_stay_small_and_the_core_stays_pure() -> None:
+    for name, path in modules().items():
+        text = path.read_text()
+        assert len(text.splitlines()) <= 400, f"{name} has grown past 400 lines"
+        if name.startswith("autotune.core"):
+            for heavy in ("torch", "transformers", "optuna", "click"):
+                assert f"import {heavy}" not in text and f"from {heavy}" not in text, name
+
+
+def test_the_optuna_adapter_still_finds_what_it_uses(tmp_path: Path) -> None:
+    """store/compat.py reaches past Optuna's documented API; an upgrade that moves any of
+    it must fail here, not in a user's search."""
+    from autotune.store import compat
+    from autotune.store.storage import open_storage
+
+    storage = open_storage(f"sqlite:///{tmp_path / 'c.db'}")
+    study = optuna.create_study(storage=storage, study_name="c")
+    trial = study.ask()
+    tid = compat.trial_id(storage, study, trial.number)
+    compat.record_heartbeat(storage, tid)
+    assert compat.heartbeat_interval(storage) >= 1
+    assert compat.stale_trial_ids(storage, study) == []  # beating now: not stale
+    assert compat.study_id(storage, study) == storage.get_study_id_from_name("c")
+
+
+@pytest.mark.parametrize("command", [["show"], ["export", "--output", "x.json"]])
+def test_review_commands_import_neither_torch_nor_transformers(
+    command: list[str], tmp_path: Path
+) -> None:
+    """`show` and `export` on a stored study start fast: they must not import torch."""
+    (tmp_path / "studies").mkdir()
+    for name in ("autotune.db", "mt5-small.best.json"):
+        (tmp_path / "studies" / name).write_bytes((ROOT / "studies" / name).read_bytes())
+    code = (
+        "import sys\n"
+        "from autotune.cli import main\n"
+        f"main({[*command, '--study', 'mt5-small']!r})\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
