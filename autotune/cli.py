@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
 
-from autotune.cli_types import DURATION, SIZE, ListType, ParsedType, fraction
+from autotune.cli_types import (
+    DURATION,
+    OBJECTIVE,
+    SIZE,
+    ListType,
+    ParsedType,
+    fraction,
+    study_options,
+)
 from autotune.core.enums import Objective, Precision, SamplerName, Task, values
 from autotune.core.errors import AutotuneError, Terminated, raise_terminated
-from autotune.core.paths import DEFAULT_STUDIES
+from autotune.core.paths import DEFAULT_STUDIES, study_folder
 from autotune.core.units import format_size
 
 
@@ -149,6 +156,11 @@ def cli(debug: bool) -> None:
     type=click.Choice(values(Objective)),
 )
 @click.option("--quiet", is_flag=True, help="Plain log lines instead of the live table.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace --output even if autotune did not write it (never a database).",
+)
 def search(**options: Any) -> None:
     """Search configs for a model and export the fastest that fits."""
     from autotune.commands import search_command
@@ -191,20 +203,6 @@ def estimate(**options: Any) -> None:
     print_estimate(estimate_command(**options))
 
 
-def study_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """--study and --storage, shared by the commands that read a stored study."""
-    command = click.option("--storage", help="[default: sqlite:///studies/autotune.db]")(command)
-    return click.option("--study", "study_name", required=True)(command)
-
-
-OBJECTIVE = click.option(
-    "--objective",
-    default="throughput",
-    show_default=True,
-    type=click.Choice(values(Objective)),
-)
-
-
 @cli.command()
 @study_options
 @click.option(
@@ -223,6 +221,11 @@ OBJECTIVE = click.option(
     type=click.Path(path_type=Path),
     help="Replace only the tuned fields in this arguments JSON of yours.",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace --output even if autotune did not write it (never a database).",
+)
 @OBJECTIVE
 def export(
     study_name: str,
@@ -230,6 +233,7 @@ def export(
     output: Path | None,
     fmt: str,
     merge_into: Path | None,
+    force: bool,
     objective: str,
 ) -> None:
     """Write the best config of a stored study as TrainingArguments JSON."""
@@ -251,11 +255,13 @@ def export(
         diff = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()) or "nothing"
         click.echo(f"updated {merge_into}: {diff}")
     else:
+        folder = study_folder(DEFAULT_STUDIES, study_name, url)
         path = commands.export_command(
             study_name=study_name,
             storage=url,
             objective=goal,
-            output=output or DEFAULT_STUDIES / f"{study_name}.best.json",
+            output=output or DEFAULT_STUDIES / f"{folder.name}.best.json",
+            force=force,
         )
         click.echo(f"wrote {path}")
 
@@ -298,11 +304,36 @@ def report(study_name: str, storage: str | None, output_dir: Path) -> None:
 
 @cli.command()
 @study_options
-@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to serve on; loopback only unless --allow-remote.",
+)
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
-def dashboard(study_name: str, storage: str | None, host: str, port: int) -> None:
+@click.option(
+    "--allow-remote",
+    is_flag=True,
+    help="Serve on a non-loopback --host. optuna-dashboard has no authentication and "
+    "its API can delete or rename any study in the storage: only on a trusted network.",
+)
+def dashboard(
+    study_name: str, storage: str | None, host: str, port: int, allow_remote: bool
+) -> None:
     """Review the study in optuna-dashboard (serves until Ctrl-C)."""
+    import ipaddress
+
     from autotune import commands
+
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and not allow_remote:
+        raise click.UsageError(
+            f"--host {host} would serve the study to the network without authentication "
+            "(anyone reaching it can delete studies); add --allow-remote if you mean it"
+        )
 
     commands.dashboard_command(
         study_name=study_name,

@@ -1,4 +1,5 @@
-"""The CLI's option types: each parses one kind of value, and its error is the message."""
+"""The CLI's option types and shared options: each type parses one kind of value, and
+its error is the message."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 import click
 
+from autotune.core.enums import Objective, values
 from autotune.core.units import parse_duration, parse_size
 
 
@@ -58,3 +60,18 @@ class ListType(click.ParamType):  # type: ignore[type-arg]
         if bad:
             self.fail(f"{', '.join(bad)} not in {', '.join(self.choices or ())}", param, ctx)
         return items
+
+
+def study_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--study and --storage, shared by the commands that read a stored study."""
+    command = click.option("--storage", help="[default: sqlite:///studies/autotune.db]")(command)
+    return click.option("--study", "study_name", required=True)(command)
+
+
+OBJECTIVE = click.option(
+    "--objective",
+    default="throughput",
+    show_default=True,
+    type=click.Choice(values(Objective)),
+    help="throughput: the fastest config that fits; efficiency: samples/s per GiB.",
+)

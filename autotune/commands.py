@@ -11,7 +11,13 @@ from typing import Any
 from autotune.core.enums import Objective
 from autotune.core.errors import ExportError, NoFitError, StudyError, UsageError
 from autotune.core.files import write_atomic
-from autotune.core.paths import check_study_name, default_storage, default_study_name
+from autotune.core.paths import (
+    check_study_name,
+    claim_folder,
+    default_storage,
+    default_study_name,
+    study_folder,
+)
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import TrialRecord
 from autotune.search.deadline import Deadline
@@ -62,30 +68,31 @@ def search_command(  # long: one keyword per `search` option, then a few calls
     text_column: str | None = None,
     target_column: str | None = None,
     tokenizer: str | None = None,
+    force: bool = False,
     **spec_options: Any,
 ) -> SearchOutcome:  # the search's options, one keyword each (cli.search passes them)
     """Search, record every trial in the study, export the best config to `output`."""
     from autotune.search.plan import DataOptions, Layout, SpecOptions, build_spec
+    from autotune.search.run import prepare_store
     from autotune.search.workers import run_workers
+    from autotune.views.export import previous_export
 
     name = check_study_name(study_name or default_study_name(model))
+    url = resolve_storage(storage, studies_dir)
+    folder = study_folder(studies_dir, name, url)
+    output = output or studies_dir / f"{folder.name}.best.json"
+    previous_export(output, force=force)  # refuse now, not after the search
+    if dataset is None and (text_column or target_column or tokenizer):
+        raise UsageError("--text-column, --target-column and --tokenizer need --dataset")
     data = None
     if dataset is not None:
-        data = DataOptions(
-            dataset,
-            dataset_split,
-            text_column,
-            target_column,
-            tokenizer,
-            studies_dir / name / "data",
-        )
-    elif text_column or target_column or tokenizer:
-        raise UsageError("--text-column, --target-column and --tokenizer need --dataset")
+        data = DataOptions(dataset, dataset_split, text_column, target_column, tokenizer,
+                           folder / "data")  # fmt: skip
     layout = Layout(nproc_per_node, parallel, devices)
-    options = SpecOptions(model=model, **spec_options)
-    spec, slots = build_spec(options, dataset=data, layout=layout)
-    url = resolve_storage(storage, studies_dir)
+    spec, slots = build_spec(SpecOptions(model=model, **spec_options), dataset=data, layout=layout)
     _ensure_sqlite_folder(url)
+    store = prepare_store(spec=spec, study_name=name, storage=url, sampler=sampler)
+    claim_folder(folder, name, url)  # after the storage opened: nothing written before
     limits = SearchLimits(
         max_trials=max_trials,
         trial_timeout_s=trial_timeout,
@@ -96,36 +103,34 @@ def search_command(  # long: one keyword per `search` option, then a few calls
     deadline = Deadline.after(time_budget)
     if slots:
         run_workers(
-            spec=spec, slots=slots, study_name=name, storage=url, studies_dir=studies_dir,
+            spec=spec, slots=slots, study_name=name, storage=url, study_dir=folder,
             sampler=sampler, limits=limits, deadline=deadline,
         )  # fmt: skip
-    output = output or studies_dir / f"{name}.best.json"
     return _search_and_export(
-        spec=spec, name=name, url=url, studies_dir=studies_dir, sampler=sampler,
-        limits=limits, deadline=deadline, explore=not slots, live=not quiet and not slots,
-        output=output, objective=objective,
+        store=store, folder=folder, limits=limits, deadline=deadline, explore=not slots,
+        live=not quiet and not slots, output=output, objective=objective, force=force,
     )  # fmt: skip
 
 
 def _search_and_export(
-    *, spec: SearchSpec, name: str, url: str, studies_dir: Path, sampler: str,
-    limits: SearchLimits, deadline: Deadline, explore: bool, live: bool, output: Path,
-    objective: Objective,
+    *, store: StudyStore, folder: Path, limits: SearchLimits, deadline: Deadline,
+    explore: bool, live: bool, output: Path, objective: Objective, force: bool,
 ) -> SearchOutcome:  # fmt: skip
     """The parent's part: explore (unless workers did), confirm, select, export."""
     from rich.console import Console
 
-    from autotune.search.run import nothing_fits, prepare_store, run_search
+    from autotune.search.run import nothing_fits, run_search
     from autotune.views.export import export_selected
     from autotune.views.progress import Progress
 
+    spec, name = store.spec, store.name
     progress = Progress(Console(highlight=False, soft_wrap=True), live=live, deadline=deadline)
     try:
-        store = prepare_store(spec=spec, study_name=name, storage=url, sampler=sampler)
-        report = run_search(store=store, studies_dir=studies_dir, limits=limits,
+        report = run_search(store=store, study_dir=folder, limits=limits,
                             deadline=deadline, observer=progress, explore=explore)  # fmt: skip
         best = export_selected(records=list(report.records), spec=spec, study_name=name,
-                               output=output, objective=objective, validate=True)  # fmt: skip
+                               output=output, objective=objective, validate=True,
+                               force=force)  # fmt: skip
         progress.on_search_end(report)
     finally:
         progress.close()
@@ -158,7 +163,9 @@ def best_of_study(
     return best, store.spec, recs
 
 
-def export_command(*, study_name: str, storage: str, output: Path, objective: Objective) -> Path:
+def export_command(
+    *, study_name: str, storage: str, output: Path, objective: Objective, force: bool = False
+) -> Path:
     """Write the study's best config as TrainingArguments JSON (+ sidecar)."""
     from autotune.views.export import export_selected
 
@@ -170,6 +177,7 @@ def export_command(*, study_name: str, storage: str, output: Path, objective: Ob
         output=output,
         objective=objective,
         validate=False,
+        force=force,
     )
     if best is None:
         raise NoFitError(f"study {study_name!r} has no trial that ran ok within the budget")

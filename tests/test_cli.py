@@ -146,3 +146,64 @@ def test_default_study_names_are_path_safe() -> None:
     assert default_study_name("/") == "study"
     assert default_study_name("google/mt5-small") == "mt5-small"
     assert default_study_name("./my model!") == "my-model"
+
+
+def test_the_dashboard_refuses_the_network_without_allow_remote(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, err = run(["dashboard", "--study", "s", "--host", "0.0.0.0"], capsys)
+    assert code == 2 and "--allow-remote" in err and "without authentication" in err
+
+
+def test_parallel_cpu_probes_cannot_share_more_memory_than_the_machine_has(
+    capsys: pytest.CaptureFixture[str], in_tmp: Path
+) -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores for --parallel 2")
+    from autotune.probe.device import cpu_memory_bytes
+
+    budget = int(0.6 * cpu_memory_bytes())
+    argv = ["search", "--model", "gpt2", "--device", "cpu", "--parallel", "2",
+            "--memory-budget", f"{budget}B"]  # fmt: skip
+    code, err = run(argv, capsys)
+    assert code == 2 and "--parallel 2 probes at once exceeds this machine" in err
+    assert_nothing_written(in_tmp)
+
+
+def test_storage_passwords_never_appear_in_messages(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = "postgresql://alice:S3cretPW@127.0.0.1:1/db"
+    code, err = run(["show", "--study", "s", "--storage", url], capsys)
+    assert code == 1 and "cannot open storage" in err
+    assert "S3cretPW" not in err and "alice" in err
+
+
+def test_an_export_over_a_users_file_is_refused_before_the_search(
+    capsys: pytest.CaptureFixture[str], in_tmp: Path
+) -> None:
+    (in_tmp / "mine.json").write_text('{"learning_rate": 0.1}')
+    code, err = run(["search", "--model", "gpt2", "--output", "mine.json"], capsys)
+    assert code == 1 and "not written by autotune" in err and "--force" in err
+    assert (in_tmp / "mine.json").read_text() == '{"learning_rate": 0.1}'
+    assert_nothing_written(in_tmp)
+
+
+def test_one_study_name_in_two_storages_gets_two_folders(tmp_path: Path) -> None:
+    from autotune.core.paths import default_storage, study_folder
+
+    studies = tmp_path / "studies"
+    default = study_folder(studies, "s", default_storage(studies))
+    other = study_folder(studies, "s", "postgresql://bob:pw@host/db")
+    assert default == studies / "s"
+    assert other != default and other.name.startswith("s-")
+    assert study_folder(studies, "s", "postgresql://bob:other@host/db") == other  # not keyed on pw
+
+
+def test_a_heartbeat_interval_that_is_not_a_number_is_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, in_tmp: Path
+) -> None:
+    monkeypatch.setenv("AUTOTUNE_HEARTBEAT_S", "ten")
+    code, err = run(["show", "--study", "s"], capsys)
+    assert code == 2 and "AUTOTUNE_HEARTBEAT_S='ten' is not a whole number" in err
+    assert len(err.strip().splitlines()) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -30,3 +31,34 @@ def check_study_name(name: str) -> str:
 
 def default_storage(studies_dir: Path) -> str:
     return f"sqlite:///{studies_dir}/autotune.db"
+
+
+def storage_key(url: str) -> str:
+    """A short, password-free identity of a storage URL."""
+    bare = re.sub(r"(://[^:/@]*):[^@]*@", r"\1@", url)
+    return hashlib.sha256(bare.encode()).hexdigest()[:8]
+
+
+def study_folder(studies_dir: Path, name: str, url: str) -> Path:
+    """Where a study's trials, data and logs live: `studies/<name>` for the default
+    storage, `studies/<name>-<storage key>` for any other, so the same study name in two
+    storages never shares (or overwrites) a folder."""
+    if url == default_storage(studies_dir):
+        return studies_dir / name
+    return studies_dir / f"{name}-{storage_key(url)}"
+
+
+def claim_folder(folder: Path, name: str, url: str) -> None:
+    """Mark the folder as this study's; refuse one that belongs to another study."""
+    owner = f"{name} {storage_key(url)}"
+    marker = folder / "STUDY"
+    try:
+        found = marker.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        folder.mkdir(parents=True, exist_ok=True)
+        marker.write_text(owner + "\n", encoding="utf-8")
+        return
+    if found != owner:
+        raise UsageError(
+            f"{folder} holds the files of another study ({found}); pass another --study"
+        )

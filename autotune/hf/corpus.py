@@ -125,10 +125,10 @@ def prepare(  # long: one pass over the data: load, tokenize, measure, save
                                  f"{', '.join(columns)}; pass --target-column")  # fmt: skip
             targets = tok(text_target=[str(t) for t in table[target_column]],
                           truncation=False)["input_ids"]  # fmt: skip
-    _check_vocab(ids, targets, vocab_size, used_tokenizer or source)
     lengths = [len(x) for x in ids]
     if min(lengths) == 0:
         raise UsageError(f"--dataset {source} has empty samples in {text_column!r}; drop them")
+    _check_vocab(ids, targets, vocab_size, used_tokenizer or source)
     seq_len = seq_len or min(max(lengths), max_positions or max(lengths))
     if max_positions is not None and seq_len > max_positions:
         raise UsageError(f"--seq-len {seq_len} exceeds the model's {max_positions} positions")
@@ -141,8 +141,7 @@ def prepare(  # long: one pass over the data: load, tokenize, measure, save
     if targets is not None:
         rows["labels"] = [t[: target_len or len(t)] for t in targets]
     if task == Task.CLASSIFICATION:
-        rows["labels"] = ([int(v) for v in table[target_column]] if target_column
-                          else [0] * len(ids))  # fmt: skip
+        rows["labels"] = _class_labels(table, columns, target_column, source)
     fingerprint = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
     saved = out_dir / f"tokenized-{fingerprint}"  # by content: a rerun reuses it
     if not saved.exists():
@@ -187,6 +186,22 @@ def padding_waste(
 
 def _pick(columns: list[str], preferred: tuple[str, ...]) -> str:
     return next((c for c in preferred if c in columns), columns[0])
+
+
+def _class_labels(table: Any, columns: list[str], column: str | None, source: str) -> list[int]:
+    """Class ids for a classifier: a column of whole numbers (`label` by default)."""
+    column = column or next((c for c in ("label", "labels") if c in columns), None)
+    if column is None or column not in columns:
+        raise UsageError(f"classification needs a label column; --dataset {source} has "
+                         f"{', '.join(columns)}; pass --target-column")  # fmt: skip
+    values = list(table[column])
+    bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, int)), None)
+    if bad is not None:
+        raise UsageError(
+            f"--dataset {source}: labels in {column!r} must be class ids (whole numbers), "
+            f"found {bad!r}; map the classes to 0, 1, ... first"
+        )
+    return [int(v) for v in values]
 
 
 def _check_vocab(

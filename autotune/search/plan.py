@@ -89,8 +89,8 @@ def build_spec(
     model_spec = resolve_model(o.model, task=o.task)
     device_info = detect_device(o.device)
     seq_len, target_len = _lengths(o, base, model_spec.config)
-    budget = _budget(o.memory_budget, device_info.total_memory_bytes)
     slots = _check_layout(layout, batch, device_info.kind)
+    budget = _budget(o.memory_budget, device_info.total_memory_bytes, len(slots), device_info.kind)
     if layout.devices and device_info.kind == DeviceKind.CUDA:  # confirm in a worker's slot
         device_info = dataclasses.replace(device_info, index=int(layout.devices[0]))
     space = derive_space(
@@ -138,13 +138,24 @@ def _lengths(o: SpecOptions, base: BaseArguments, config: dict[str, Any]) -> tup
     return seq_len, o.target_len or base.target_len or DEFAULT_TARGET_LEN
 
 
-def _budget(asked: int | None, total: int) -> int:
-    """The budget in bytes: what was asked (never more than the device has), else all."""
+def _budget(asked: int | None, total: int, workers: int, kind: DeviceKind) -> int:
+    """The budget in bytes: what was asked (never more than the device has), else all.
+
+    With --parallel N on the CPU, N probes run at once on one machine's memory: the
+    default budget is split between them, and a budget N probes cannot have together is
+    refused (the kernel would SIGKILL one, recorded as an OOM that skips larger batches)."""
+    share = total // workers if kind == DeviceKind.CPU and workers > 1 else total
     if asked is None:
-        return total
+        return share
     if asked > total:
         raise UsageError(
             f"--memory-budget {asked / 2**30:.1f} GiB exceeds this device's {total / 2**30:.1f} GiB"
+        )
+    if asked > share:
+        raise UsageError(
+            f"--memory-budget {asked / 2**30:.1f} GiB for each of --parallel {workers} probes "
+            f"at once exceeds this machine's {total / 2**30:.1f} GiB; give at most "
+            f"{share / 2**30:.1f} GiB, or fewer --parallel workers"
         )
     return asked
 

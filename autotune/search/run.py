@@ -166,7 +166,9 @@ class SearchRun:
             self.store.fail_and_requeue(trial, candidate, why)
             raise
         self.probes += 1
-        self.store.tell(trial, result, verdict(result, self.spec, implied=False))
+        if not self.store.tell(trial, result, verdict(result, self.spec, implied=False)):
+            lost = "not recorded: another worker took the trial over while the storage was away"
+            result = result.replace(reason=f"{result.reason}; {lost}".lstrip("; "))
         self.observer.on_trial_end(trial.number, candidate, result)
 
     # ---- confirming -----------------------------------------------------------------
@@ -290,7 +292,7 @@ def prepare_store(*, spec: SearchSpec, study_name: str, storage: str, sampler: s
 def run_search(
     *,
     store: StudyStore,
-    studies_dir: Path,
+    study_dir: Path,
     limits: SearchLimits,
     deadline: Deadline,
     observer: Observer,
@@ -303,11 +305,11 @@ def run_search(
     observer.on_search_start(store.spec, store.name, limits)
     launcher = Launcher(
         store.spec.device.kind,
-        studies_dir / store.name / "forkserver.log" if limits.fork_server else None,
+        study_dir / "forkserver.log" if limits.fork_server else None,
     )
     run = SearchRun(
         store=store,
-        study_dir=studies_dir / store.name,
+        study_dir=study_dir,
         limits=limits,
         observer=observer,
         launcher=launcher,

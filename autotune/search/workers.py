@@ -48,7 +48,7 @@ class WorkerJob:
     slot: Slot
     spec: SearchSpec
     study_name: str
-    studies_dir: str
+    study_dir: str
     sampler: str
     limits: SearchLimits
     explore_s: float | None  # seconds left to explore when the worker starts
@@ -99,14 +99,14 @@ def run_workers(
     slots: list[Slot],
     study_name: str,
     storage: str,
-    studies_dir: Path,
+    study_dir: Path,
     sampler: str,
     limits: SearchLimits,
     deadline: Deadline,
 ) -> None:
     """Run one worker per slot on the study until each stops; then return."""
     prepare_store(spec=spec, study_name=study_name, storage=storage, sampler=sampler)
-    folder = studies_dir / study_name / "workers"
+    folder = study_dir / "workers"
     folder.mkdir(parents=True, exist_ok=True)
     concurrent = len(slots) if spec.device.kind == DeviceKind.CPU else 1
     worker_limits = dataclasses.replace(limits, confirm_top=0, concurrent=concurrent)
@@ -116,7 +116,7 @@ def run_workers(
     try:
         for index, slot in enumerate(slots):
             job = WorkerJob(
-                index, slot, spec, study_name, str(studies_dir), sampler, worker_limits, explore
+                index, slot, spec, study_name, str(study_dir), sampler, worker_limits, explore
             )
             path = folder / f"{index}.json"
             _write_private(path, job.to_json())
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         run_search(
             store=store,
-            studies_dir=Path(job.studies_dir),
+            study_dir=Path(job.study_dir),
             limits=job.limits,
             deadline=Deadline.after(job.explore_s),
             observer=Progress(console, live=False),

@@ -28,6 +28,7 @@ from autotune.core.trial import Candidate, TrialRecord, TrialResult, Verdict
 from autotune.store import compat, coordination, identity
 from autotune.store.keys import CONSTRAINT_NAME, METRIC_NAMES, Attr, StudyAttr
 from autotune.store.params import candidate_of, candidate_params, distributions
+from autotune.store.retry import transient_retry
 from autotune.store.storage import first_line, mask, open_storage, quiet_optuna
 
 GIB = float(2**30)
@@ -113,6 +114,7 @@ class StudyStore:
 
     # ---- reading --------------------------------------------------------------------
 
+    @transient_retry
     def records(self) -> list[TrialRecord]:
         """Every trial with a result: measured, or skipped because an OOM implies it.
 
@@ -147,6 +149,7 @@ class StudyStore:
             )
         return found
 
+    @transient_retry
     def in_flight(self, exclude: int = -1) -> dict[Candidate, int]:
         """Configs being probed now (by any worker): config -> trial number."""
         return {
@@ -155,14 +158,17 @@ class StudyStore:
             if Attr.CLAIM in t.user_attrs and t.number != exclude
         }
 
+    @transient_retry
     def is_empty(self) -> bool:
         return not self.study.get_trials(deepcopy=False)
 
     # ---- the queue ------------------------------------------------------------------
 
+    @transient_retry
     def enqueue(self, candidate: Candidate) -> None:
         self.study.enqueue_trial(candidate_params(candidate, self.spec.space))
 
+    @transient_retry
     def ask(self) -> tuple[optuna.Trial, Candidate]:
         """The next trial to run, never the one another worker just took.
 
@@ -175,6 +181,7 @@ class StudyStore:
             trial = self.study.ask(distributions(self.spec.space))
         return trial, candidate_of(self.spec.space, trial.params)
 
+    @transient_retry
     def claim(self, trial: optuna.Trial, candidate: Candidate, max_trials: int) -> str | None:
         """Claim the config for this trial; the reason to yield when another worker holds it
         (or the study already has `max_trials` probes), else None."""
@@ -185,6 +192,7 @@ class StudyStore:
         trials = self.study.get_trials(deepcopy=False)
         return coordination.rival(trials, trial.number, candidate, max_trials)
 
+    @transient_retry
     def record_folder(self, trial: optuna.Trial, folder: str) -> None:
         trial.set_user_attr(Attr.TRIAL_DIR, folder)
 
@@ -193,31 +201,48 @@ class StudyStore:
         with coordination.heartbeat(self.storage, self._id(trial.number)):
             yield
 
+    @transient_retry
     def recover_stale(self) -> list[int]:
         """Fail trials whose worker is gone and re-queue their configs; their numbers."""
         return coordination.recover_stale(self.study, self.storage)
 
     # ---- writing results ------------------------------------------------------------
 
-    def tell(self, trial: optuna.Trial, result: TrialResult, verdict: Verdict) -> None:
-        """Record a result on the trial (user attributes) and tell the sampler."""
-        candidate = candidate_of(self.spec.space, trial.params)
-        for key, value in self._attributes(candidate, result, verdict).items():
-            trial.set_user_attr(key, value)
-        if verdict.constraint_gib is not None:
-            trial.set_constraint(CONSTRAINT_NAME, verdict.constraint_gib)
-        if verdict.values is not None:
-            self.study.tell(trial, list(verdict.values))
-        else:
-            self.study.tell(trial, state=TrialState.PRUNED if verdict.pruned else TrialState.FAIL)
+    @transient_retry
+    def tell(self, trial: optuna.Trial, result: TrialResult, verdict: Verdict) -> bool:
+        """Record a result on the trial (user attributes) and tell the sampler.
 
+        False when the trial was already finished: another worker took it over (its
+        heartbeat lapsed while the storage was away) and re-queued its config."""
+        candidate = candidate_of(self.spec.space, trial.params)
+        try:
+            for key, value in self._attributes(candidate, result, verdict).items():
+                trial.set_user_attr(key, value)
+            if verdict.constraint_gib is not None:
+                trial.set_constraint(CONSTRAINT_NAME, verdict.constraint_gib)
+            if verdict.values is not None:
+                self.study.tell(trial, list(verdict.values))
+            else:
+                state = TrialState.PRUNED if verdict.pruned else TrialState.FAIL
+                self.study.tell(trial, state=state)
+        except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError) as exc:
+            if "finished" not in str(exc) and "already" not in str(exc):
+                raise
+            return False
+        return True
+
+    @transient_retry
     def fail_and_requeue(self, trial: optuna.Trial, candidate: Candidate, why: str) -> None:
         """A trial stopped by its own search (Ctrl-C, a full disk): failed, config re-queued."""
-        trial.set_user_attr(Attr.OUTCOME, "error")
-        trial.set_user_attr(Attr.REASON, f"{why}; re-queued")
-        self.study.tell(trial, state=TrialState.FAIL)
-        self.enqueue(candidate)
+        try:
+            trial.set_user_attr(Attr.OUTCOME, "error")
+            trial.set_user_attr(Attr.REASON, f"{why}; re-queued")
+            self.study.tell(trial, state=TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return  # another worker already failed and re-queued it
+        self.study.enqueue_trial(candidate_params(candidate, self.spec.space))
 
+    @transient_retry
     def add_confirmation(
         self, record: TrialRecord, result: TrialResult, verdict: Verdict, folder: str
     ) -> None:

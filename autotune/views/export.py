@@ -16,12 +16,39 @@ from autotune.core.errors import ExportError
 from autotune.core.files import write_atomic
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import TrialRecord
-from autotune.hf.training_args import recipe
+from autotune.hf.training_args import merge, recipe
 from autotune.search.selection import fitting, ranked, select_best
 
 
 def sidecar_path(output: Path) -> Path:
     return output.with_name(output.stem + ".summary.json")
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def previous_export(output: Path, *, force: bool) -> dict[str, Any]:
+    """What an existing `output` holds that a new export keeps, after checking that it
+    may be replaced: a file autotune wrote (its sidecar says so) keeps the fields the user
+    added to it; any other file is refused unless `force`; a database never is."""
+    if not output.exists():
+        return {}
+    where = output.resolve()
+    if not where.is_file() or where.read_bytes()[:16] == SQLITE_HEADER:
+        raise ExportError(f"{output} is a database or not a plain file; autotune never "
+                          "writes an export over it: choose another --output")  # fmt: skip
+    try:
+        sidecar = json.loads(sidecar_path(output).read_text(encoding="utf-8"))
+        ours = isinstance(sidecar, dict) and {"study", "best"} <= set(sidecar)
+        existing = json.loads(where.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        ours, existing = False, None
+    if ours and isinstance(existing, dict):
+        return existing
+    if not force:
+        raise ExportError(f"{output} exists and was not written by autotune; choose another "
+                          "--output, or pass --force to replace it")  # fmt: skip
+    return {}
 
 
 def export_best(
@@ -33,6 +60,7 @@ def export_best(
     runners_up: list[TrialRecord],
     objective: Objective,
     validate: bool,
+    force: bool = False,
 ) -> Path:
     """Write the arguments JSON and its sidecar atomically; returns the arguments path.
 
@@ -45,9 +73,11 @@ def export_best(
 
         check(arguments, error=ExportError, where="the best config on this machine")
     summary = _summary(record, spec, study_name, runners_up, objective)
+    kept = previous_export(output, force=force)  # the user's own added fields stay
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(output, json.dumps(arguments, indent=2, sort_keys=True) + "\n")
+        text = json.dumps(merge(kept, arguments), indent=2, sort_keys=True) + "\n"
+        write_atomic(output, text)
         write_atomic(sidecar_path(output), json.dumps(summary, indent=2, sort_keys=True) + "\n")
     except OSError as exc:
         raise ExportError(f"cannot write {output}: {exc.strerror or exc}") from None
@@ -62,6 +92,7 @@ def export_selected(
     output: Path,
     objective: Objective,
     validate: bool,
+    force: bool = False,
 ) -> TrialRecord | None:
     """Select the best of a study's records and export it; None when nothing fits."""
     best = select_best(records, fit_limit_bytes=spec.fit_limit_bytes, objective=objective)
@@ -76,6 +107,7 @@ def export_selected(
         runners_up=others,
         objective=objective,
         validate=validate,
+        force=force,
     )
     return best
 

@@ -214,7 +214,7 @@ def _html(  # long: the page's HTML, top to bottom
                 "<p>The plain default (fp32, adamw_torch, no checkpointing) was not measured.</p>"
             )
     pictures = "".join(
-        f'<img alt="{p.stem}" src="data:image/png;base64,'
+        f'<img alt="{html.escape(p.stem, quote=True)}" src="data:image/png;base64,'
         f'{base64.b64encode(p.read_bytes()).decode()}">'
         for p in images
     )

@@ -111,3 +111,34 @@ def test_a_missing_text_column_names_the_columns(tmp_path: Path, tokenizer_dir: 
     with pytest.raises(UsageError, match=r"no column 'text'.*columns: body"):
         prepare(**options(tmp_path, source=str(source), text_column="text",
                           tokenizer=str(tokenizer_dir)))  # fmt: skip
+
+
+def _tokenized(tmp_path: Path, rows: dict[str, list[object]]) -> str:
+    import datasets
+
+    folder = tmp_path / "tokenized"
+    datasets.Dataset.from_dict(rows).save_to_disk(str(folder))
+    return str(folder)
+
+
+def test_a_dataset_of_only_empty_samples_is_one_clear_error(tmp_path: Path) -> None:
+    source = _tokenized(tmp_path, {"input_ids": [[], []]})
+    with pytest.raises(UsageError, match="has empty samples"):
+        prepare(**options(tmp_path, source=source))
+
+
+@pytest.mark.parametrize(
+    ("rows", "column", "message"),
+    [
+        ({"input_ids": [[1, 2]], "label": ["pos"]}, None, r"must be class ids .* found 'pos'"),
+        ({"input_ids": [[1, 2]], "label": [0.5]}, None, "found 0.5"),
+        ({"input_ids": [[1, 2]], "klass": [1]}, None, "needs a label column"),
+        ({"input_ids": [[1, 2]], "label": [1]}, "nope", "needs a label column"),
+    ],
+)
+def test_classification_labels_must_be_class_ids_in_a_column_that_exists(
+    tmp_path: Path, rows: dict[str, list[object]], column: str | None, message: str
+) -> None:
+    source = _tokenized(tmp_path, rows)
+    with pytest.raises(UsageError, match=message):
+        prepare(**options(tmp_path, source=source, task="classification", target_column=column))

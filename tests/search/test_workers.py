@@ -42,7 +42,12 @@ def test_parallel_search_probes_distinct_configs_and_confirms_alone(tmp_path: Pa
     write_model(tmp_path / "tiny", TINY_GPT2)
     done = autotune(tmp_path, *worker_search_args(4), "--parallel", "2")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "worker 0: cores 0" in done.stdout and "worker 1: cores 1" in done.stdout
+    cores = sorted(os.sched_getaffinity(0))
+    share = len(cores) // 2  # each worker gets an even share of this machine's cores
+    first = ",".join(map(str, cores[:share]))
+    second = ",".join(map(str, cores[share : 2 * share]))
+    assert f"worker 0: cores {first}" in done.stdout, done.stdout
+    assert f"worker 1: cores {second}" in done.stdout, done.stdout
     storage = f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
     trials = optuna.load_study(study_name="tiny", storage=storage).get_trials(deepcopy=False)
     assert not [t for t in trials if t.state == TrialState.RUNNING]
@@ -55,3 +60,5 @@ def test_parallel_search_probes_distinct_configs_and_confirms_alone(tmp_path: Pa
     assert confirmations, "the finalist was not measured again alone"
     assert {json.loads(t.user_attrs["result"])["concurrent"] for t in confirmations} == {1}
     assert (tmp_path / "studies" / "tiny.best.json").exists()
+    # The job files (study folders; no storage URL) are gone once the workers are.
+    assert not list((tmp_path / "studies" / "tiny" / "workers").glob("*.json"))
