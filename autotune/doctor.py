@@ -19,7 +19,8 @@ from autotune.core.enums import DeviceKind, Outcome, Precision, Task
 from autotune.core.trial import Candidate, ModelSpec, TrialConfig, TrialResult
 from autotune.core.units import format_size
 from autotune.launch.forkserver import ForkServer
-from autotune.launch.runner import data_limit, run_trial
+from autotune.launch.runner import run_trial
+from autotune.probe.device import process_data_limit
 
 MIB = 2**20
 TINY = {
@@ -179,7 +180,7 @@ class Doctor:
         )
 
     def fork_safety(self) -> Check:
-        limit = data_limit(self.device.kind, None)
+        limit = process_data_limit(self.device.kind, None)
         server = ForkServer(self.work / "forkserver.log", data_limit=limit)
         try:
             if server.fresh_only:

@@ -21,6 +21,7 @@ from autotune.core.trial import TrialConfig, TrialResult
 from autotune.launch.forkserver import ForkServer, ServerStartError
 from autotune.launch.outcomes import classify_exit
 from autotune.launch.process import child_env, die_with_parent, kill_group, stop
+from autotune.probe import device
 from autotune.probe.ranks import RESULT_NAME, merge_ranks
 
 CONFIG_NAME = "config.json"
@@ -43,12 +44,6 @@ def probe_command(config_path: Path, nproc_per_node: int = 1) -> list[str]:
     return [sys.executable, "-m", "autotune.probe", str(config_path)]
 
 
-def data_limit(device_kind: DeviceKind, memory_limit_bytes: int | None) -> int | None:
-    """The RLIMIT_DATA a probe process (and the fork server it comes from) runs under:
-    the memory limit on the CPU; none on CUDA, where the allocator is capped instead."""
-    return memory_limit_bytes if device_kind == DeviceKind.CPU else None
-
-
 class Launcher:
     """Runs probes: forked from a pre-imported server when `server_log` is given (started
     on first use, restarted if it dies or a probe needs another limit), else each in a
@@ -61,7 +56,9 @@ class Launcher:
         self.no_server: set[int | None] = set()  # limits under which a server cannot start
 
     def run(self, config: TrialConfig, *, timeout_s: float) -> TrialResult:
-        server = self._server(data_limit(self.device_kind, config.memory_limit_bytes))
+        server = self._server(
+            device.process_data_limit(self.device_kind, config.memory_limit_bytes)
+        )
         if server is None or config.nproc_per_node > 1:
             return run_trial(config, timeout_s=timeout_s)
         return run_trial(config, timeout_s=timeout_s, server=server)

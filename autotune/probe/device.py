@@ -236,6 +236,12 @@ def measure_peak_flops(device_kind: str, precision: str, seconds: float = 0.3) -
     return 2.0 * size**3 * runs / elapsed
 
 
+def process_data_limit(device_kind: DeviceKind, memory_limit_bytes: int | None) -> int | None:
+    """The RLIMIT_DATA a probe process (and the fork server it comes from) runs under:
+    the memory limit on the CPU; none on CUDA, where the allocator is capped instead."""
+    return memory_limit_bytes if device_kind == DeviceKind.CPU else None
+
+
 def memory_in_use(device_kind: str) -> int:
     """Bytes the budget counts right now (CPU: the data segment RLIMIT_DATA limits)."""
     if device_kind == DeviceKind.CUDA:
