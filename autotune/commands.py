@@ -82,6 +82,7 @@ def search_command(  # long: one keyword per `search` option, then a few calls
     folder = study_folder(studies_dir, name, url)
     output = output or studies_dir / f"{folder.name}.best.json"
     previous_export(output, force=force)  # refuse now, not after the search
+    claim_folder(folder, name, url, write=False)  # before the data is tokenized into it
     if dataset is None and (text_column or target_column or tokenizer):
         raise UsageError("--text-column, --target-column and --tokenizer need --dataset")
     data = None
@@ -92,7 +93,7 @@ def search_command(  # long: one keyword per `search` option, then a few calls
     spec, slots = build_spec(SpecOptions(model=model, **spec_options), dataset=data, layout=layout)
     _ensure_sqlite_folder(url)
     store = prepare_store(spec=spec, study_name=name, storage=url, sampler=sampler)
-    claim_folder(folder, name, url)  # after the storage opened: nothing written before
+    claim_folder(folder, name, url)
     limits = SearchLimits(
         max_trials=max_trials,
         trial_timeout_s=trial_timeout,

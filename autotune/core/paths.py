@@ -48,15 +48,17 @@ def study_folder(studies_dir: Path, name: str, url: str) -> Path:
     return studies_dir / f"{name}-{storage_key(url)}"
 
 
-def claim_folder(folder: Path, name: str, url: str) -> None:
-    """Mark the folder as this study's; refuse one that belongs to another study."""
+def claim_folder(folder: Path, name: str, url: str, *, write: bool = True) -> None:
+    """Mark the folder as this study's; refuse one that belongs to another study.
+    `write=False` only checks (before anything is written)."""
     owner = f"{name} {storage_key(url)}"
     marker = folder / "STUDY"
     try:
         found = marker.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
-        folder.mkdir(parents=True, exist_ok=True)
-        marker.write_text(owner + "\n", encoding="utf-8")
+        if write:
+            folder.mkdir(parents=True, exist_ok=True)
+            marker.write_text(owner + "\n", encoding="utf-8")
         return
     if found != owner:
         raise UsageError(

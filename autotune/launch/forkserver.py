@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from autotune.core.errors import LaunchError
-from autotune.launch.process import child_env, die_with_parent
+from autotune.launch.process import child_env, die_with_parent, dies_with
 
 PRELOAD = (
     "torch",
@@ -62,19 +62,20 @@ def serve(requests: IO[str], replies: IO[str], data_limit: int | None) -> None:
     _reply(replies, {"ready": True, "cuda_initialized": device.cuda_initialized()})
     for line in requests:
         request = json.loads(line)
+        server = os.getpid()
         pid = os.fork()
         if pid == 0:  # the trial's child
-            _run_child(request)
+            _run_child(request, server)
         _reply(replies, {"pid": pid})
         _, status = os.waitpid(pid, 0)
         _reply(replies, {"pid": pid, "returncode": _returncode(status)})
 
 
-def _run_child(request: dict[str, Any]) -> None:
+def _run_child(request: dict[str, Any], server: int) -> None:
     code = 1
     try:
         os.setsid()
-        die_with_parent()
+        die_with_parent(server)
         for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
             target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(target, fd)
@@ -129,9 +130,10 @@ class ForkServer:
                 stderr=err,
                 bufsize=0,
                 env=child_env(),
-                preexec_fn=die_with_parent,
+                preexec_fn=dies_with(os.getpid()),
             )
         self._buffer = b""
+        self.broken = False  # a child it could not reap: its replies are out of step
         try:
             ready = self._read(timeout=READY_TIMEOUT_S)
         except LaunchError:
@@ -149,7 +151,7 @@ class ForkServer:
             )
 
     def alive(self) -> bool:
-        return self.process.poll() is None
+        return self.process.poll() is None and not self.broken
 
     def start(self, config: Path, stdout: Path, stderr: Path) -> int:
         """Fork a probe child for this config; returns its pid (also its process group)."""
@@ -158,22 +160,29 @@ class ForkServer:
         request = {"config": str(config), "stdout": str(stdout), "stderr": str(stderr)}
         self.process.stdin.write((json.dumps(request) + "\n").encode())
         reply = self._read(timeout=60)
-        if reply is None:
-            raise LaunchError(f"the fork server did not answer within 60 s (see {self.log})")
+        if reply is None or "pid" not in reply or "returncode" in reply:
+            self.broken = True
+            raise LaunchError(f"the fork server did not answer as expected (see {self.log})")
         return int(reply["pid"])
 
     def wait(self, timeout: float | None) -> int | None:
         """The current child's return code (negative: a signal), or None on timeout."""
         reply = self._read(timeout)
+        if reply is not None and "returncode" not in reply:
+            self.broken = True
+            raise LaunchError(f"the fork server answered out of step (see {self.log})")
         return None if reply is None else int(reply["returncode"])
 
     def reap(self, timeout: float) -> int | None:
         """After killing the current child: its return code, or None if the server went
         too (Ctrl-C reached it) and there is nothing to reap."""
         try:
-            return self.wait(timeout)
+            code = self.wait(timeout)
         except LaunchError:
-            return None
+            code = None
+        if code is None:  # still waiting on that child: never reuse this server
+            self.broken = True
+        return code
 
     def close(self) -> None:
         if self.process.stdin is not None:

@@ -4,9 +4,11 @@ parent, and killing a whole process group."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 
 _PR_SET_PDEATHSIG = 1
 
@@ -28,16 +30,25 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def die_with_parent() -> None:
+def die_with_parent(parent: int | None = None) -> None:
     """Get SIGKILL if the parent process dies (Linux prctl); call in the child.
 
     A probe runs in its own session, so a SIGKILL of the search would otherwise leave it
-    running with nobody to enforce its timeout; a DDP rank would hold its GPU memory."""
+    running with nobody to enforce its timeout; a DDP rank would hold its GPU memory.
+    `parent`: the pid the caller expects as its parent; if it died before the prctl, the
+    signal will never come, so exit now."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass  # not Linux: the parent's finally-block cleanup still covers Ctrl-C and SIGTERM
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
+
+
+def dies_with(parent: int) -> Callable[[], None]:
+    """A preexec_fn for subprocess: the child dies with `parent` (this process)."""
+    return functools.partial(die_with_parent, parent)
 
 
 def kill_group(pgid: int) -> None:
@@ -53,11 +64,13 @@ def stop(child: subprocess.Popen[bytes], *, grace_s: float = 0.0) -> None:
 
     With a grace period the child first gets SIGTERM (torchrun then stops its ranks,
     which run in sessions of their own, and each rank also dies with its parent)."""
-    if grace_s > 0 and child.poll() is None:
-        try:
-            os.killpg(child.pid, signal.SIGTERM)
-            child.wait(timeout=grace_s)
-        except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
-            pass
-    kill_group(child.pid)
-    child.wait()
+    try:
+        if grace_s > 0 and child.poll() is None:
+            try:
+                os.killpg(child.pid, signal.SIGTERM)
+                child.wait(timeout=grace_s)
+            except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
+                pass
+    finally:  # a second Ctrl-C during the grace still ends the group
+        kill_group(child.pid)
+        child.wait()

@@ -8,6 +8,7 @@ a normal exit (so no stray grandchild survives the trial).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from autotune.core.files import write_atomic
 from autotune.core.trial import TrialConfig, TrialResult
 from autotune.launch.forkserver import ForkServer, ServerStartError
 from autotune.launch.outcomes import classify_exit
-from autotune.launch.process import child_env, die_with_parent, kill_group, stop
+from autotune.launch.process import child_env, dies_with, kill_group, stop
 from autotune.probe import device
 from autotune.probe.ranks import RESULT_NAME, merge_ranks
 
@@ -144,7 +145,7 @@ def _run_process(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             env=child_env(),
-            preexec_fn=die_with_parent,
+            preexec_fn=dies_with(os.getpid()),
         )
         try:
             child.wait(timeout=timeout_s)

@@ -52,8 +52,12 @@ def run_probe(config: TrialConfig) -> TrialResult:
         versions = {"error": f"{type(exc).__name__}: {exc}"[:200]}
     versions["world_size"] = os.environ.get("WORLD_SIZE", "1")
     phases["total"] = time.perf_counter() - started
+    try:
+        peak: int | None = hardware.peak_memory_bytes(config.device_kind, index)
+    except Exception:  # a CUDA error after a crash: the typed result still counts
+        peak = None
     return result.replace(
-        peak_memory_bytes=hardware.peak_memory_bytes(config.device_kind, index),
+        peak_memory_bytes=peak if peak is not None else result.peak_memory_bytes,
         phases_s={k: round(v, 3) for k, v in phases.items()} | _warmup_split(result, phases),
         versions=versions,
         concurrent=config.concurrent,
@@ -226,7 +230,10 @@ def _warmup_split(result: TrialResult, phases: dict[str, float]) -> dict[str, fl
 
 
 def _failure(exc: BaseException, config: TrialConfig) -> TrialResult:
-    in_use = hardware.memory_in_use(config.device_kind)
+    try:
+        in_use: int | None = hardware.memory_in_use(config.device_kind)
+    except Exception:  # the device itself failed: no figure, the exception still classifies
+        in_use = None
     oom = is_out_of_memory(exc, limit_bytes=config.memory_limit_bytes, in_use_bytes=in_use,
                            device_kind=config.device_kind)  # fmt: skip
     message = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
@@ -251,13 +258,14 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m autotune.probe TRIAL_DIR/config.json", file=sys.stderr)
         return 2
     config_path = Path(argv[0])
+    agent = os.getppid()  # torchrun's agent, for a DDP rank
     config = TrialConfig.from_json(config_path.read_text(encoding="utf-8"))
     prepare_environment(config)
     ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if ddp:  # torchrun starts ranks in sessions of their own: die with the agent
         from autotune.launch.process import die_with_parent
 
-        die_with_parent()
+        die_with_parent(agent)
     result = run_probe(config)
     if not ddp:
         write_atomic(config_path.with_name(RESULT_NAME), result.to_json())

@@ -8,6 +8,7 @@ is the caller's (commands), so a worker that only explores writes nothing else.
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import time
 from collections.abc import Callable
@@ -185,7 +186,9 @@ class SearchRun:
                 break
             record = todo[0]
             # Each run its own folder; confirmations run one at a time, alone (concurrent 1).
-            folder = f"{record.number}-confirm-{time.strftime('%Y%m%d-%H%M%S')}-{runs}"
+            folder = (
+                f"{record.number}-confirm-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{runs}"
+            )
             config = self.trial_config(
                 record.number,
                 record.candidate,

@@ -9,6 +9,7 @@ config goes back in the queue.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import socket
 import sys
@@ -25,6 +26,7 @@ from autotune.core.enums import Outcome
 from autotune.core.trial import Candidate
 from autotune.store import compat
 from autotune.store.keys import Attr
+from autotune.store.retry import transient_retry
 
 # This process, as other workers see it. The pid namespace tells containers that share a
 # hostname apart; the random part tells apart two processes that reuse one pid.
@@ -83,6 +85,17 @@ def rival(
     return None
 
 
+def _orphaned(trial: FrozenTrial, grace_s: float) -> bool:
+    """A running trial no worker ever claimed (its ask failed half-way, say while the
+    storage went away): no heartbeat will ever make it stale, so it goes after the grace."""
+    if Attr.WORKER in trial.user_attrs or Attr.HOST in trial.user_attrs:
+        return False
+    started = trial.datetime_start
+    if started is None:
+        return False
+    return (datetime.datetime.now() - started).total_seconds() > grace_s
+
+
 def dead_here(trial: FrozenTrial) -> bool:
     """A running trial whose worker was on this host, in this pid namespace, and is gone."""
     worker = str(trial.user_attrs.get(Attr.WORKER, ""))
@@ -139,9 +152,11 @@ def recover_stale(study: optuna.Study, storage: RDBStorage) -> list[int]:
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         tid = compat.trial_id(storage, study, trial.number)
         here = dead_here(trial)
-        if tid not in stale and not here:
+        orphan = _orphaned(trial, 3 * compat.heartbeat_interval(storage))
+        if tid not in stale and not here and not orphan:
             continue
-        why = "search process died" if here else "worker stopped sending heartbeats"
+        why = ("search process died" if here else "worker stopped sending heartbeats"
+               if not orphan else "its worker never claimed it")  # fmt: skip
         try:
             storage.set_trial_user_attr(tid, Attr.OUTCOME, str(Outcome.ERROR))
             storage.set_trial_user_attr(tid, Attr.REASON, f"{why} during the trial; re-queued")
@@ -150,9 +165,16 @@ def recover_stale(study: optuna.Study, storage: RDBStorage) -> list[int]:
         except optuna.exceptions.UpdateFinishedTrialError:
             continue  # another worker recovered it (or it finished) first
         if trial.params:
-            study.enqueue_trial(trial.params, skip_if_exists=False)
+            _requeue(study, trial.params)
         recovered.append(trial.number)
     return recovered
+
+
+@transient_retry
+def _requeue(study: optuna.Study, params: dict[str, object]) -> None:
+    """Put a failed trial's config back in the queue (retried alone: the trial is failed
+    already, so a retry of the whole recovery would not come back to it)."""
+    study.enqueue_trial(params, skip_if_exists=False)
 
 
 def _alive(pid: int) -> bool:

@@ -42,8 +42,8 @@ def transient_retry(call: Callable[P, R]) -> Callable[P, R]:
             return call(*args, **kwargs)
         except TRANSIENT as exc:
             raise StudyError(
-                f"the storage stayed unreachable for {sum(BACKOFF_S):.0f} s "
-                f"({first_line(exc)}); the study is kept: rerun to resume"
+                f"the storage kept failing for {sum(BACKOFF_S):.0f} s ({first_line(exc)}); "
+                "the study is kept: rerun to resume once it answers"
             ) from None
 
     return retried

@@ -225,8 +225,8 @@ class StudyStore:
             else:
                 state = TrialState.PRUNED if verdict.pruned else TrialState.FAIL
                 self.study.tell(trial, state=state)
-        except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError) as exc:
-            if "finished" not in str(exc) and "already" not in str(exc):
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as exc:
+            if not _already_finished(exc):
                 raise
             return False
         return True
@@ -238,9 +238,11 @@ class StudyStore:
             trial.set_user_attr(Attr.OUTCOME, "error")
             trial.set_user_attr(Attr.REASON, f"{why}; re-queued")
             self.study.tell(trial, state=TrialState.FAIL)
-        except optuna.exceptions.UpdateFinishedTrialError:
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as exc:
+            if not _already_finished(exc):
+                raise
             return  # another worker already failed and re-queued it
-        self.study.enqueue_trial(candidate_params(candidate, self.spec.space))
+        self.enqueue(candidate)  # retried on its own: a lost re-queue would lose the config
 
     @transient_retry
     def add_confirmation(
@@ -295,6 +297,14 @@ class StudyStore:
 
     def _id(self, number: int) -> int:
         return compat.trial_id(self.storage, self.study, number)
+
+
+def _already_finished(exc: BaseException) -> bool:
+    """Optuna's ways of saying a trial is already finished: UpdateFinishedTrialError from
+    an attribute write, ValueError("Cannot tell a FAIL trial.") from study.tell."""
+    if isinstance(exc, optuna.exceptions.UpdateFinishedTrialError):
+        return True
+    return str(exc).startswith("Cannot tell a")
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ from autotune.core.errors import ExportError
 from autotune.core.files import write_atomic
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import TrialRecord
-from autotune.hf.training_args import merge, recipe
+from autotune.hf.training_args import TUNED, merge, recipe
 from autotune.search.selection import fitting, ranked, select_best
 
 
@@ -28,9 +28,10 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 def previous_export(output: Path, *, force: bool) -> dict[str, Any]:
-    """What an existing `output` holds that a new export keeps, after checking that it
-    may be replaced: a file autotune wrote (its sidecar says so) keeps the fields the user
-    added to it; any other file is refused unless `force`; a database never is."""
+    """The fields of an existing `output` that a new export keeps, after checking that it
+    may be replaced: of a file autotune wrote (its sidecar says so), the fields the user
+    added (not those an earlier export wrote: what is exported is what was measured);
+    any other file is refused unless `force`; a database never is."""
     if not output.exists():
         return {}
     where = output.resolve()
@@ -44,7 +45,10 @@ def previous_export(output: Path, *, force: bool) -> dict[str, Any]:
     except (OSError, ValueError):
         ours, existing = False, None
     if ours and isinstance(existing, dict):
-        return existing
+        written = sidecar.get("arguments")
+        if not isinstance(written, dict):  # a sidecar from before it listed them
+            written = {k: v for k, v in existing.items() if k in TUNED}
+        return {k: v for k, v in existing.items() if k not in written}
     if not force:
         raise ExportError(f"{output} exists and was not written by autotune; choose another "
                           "--output, or pass --force to replace it")  # fmt: skip
@@ -68,17 +72,24 @@ def export_best(
     HfArgumentParser first (the search does, with transformers loaded); `autotune export`
     writes what the probe already ran, without importing transformers."""
     arguments = recipe(spec, record.candidate)
+    kept = previous_export(output, force=force)  # the user's own added fields stay
+    exported = merge(kept, arguments)
     if validate:
+        from autotune.hf.training_args import training_fields
         from autotune.hf.training_args import validate as check
 
-        check(arguments, error=ExportError, where="the best config on this machine")
-    summary = _summary(record, spec, study_name, runners_up, objective)
-    kept = previous_export(output, force=force)  # the user's own added fields stay
+        known = training_fields()
+        fields = {k: v for k, v in exported.items() if k in known}
+        check(fields, error=ExportError, where="the best config on this machine")
+    summary = {**_summary(record, spec, study_name, runners_up, objective),
+               "arguments": arguments}  # fmt: skip
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(merge(kept, arguments), indent=2, sort_keys=True) + "\n"
-        write_atomic(output, text)
+        text = json.dumps(exported, indent=2, sort_keys=True) + "\n"
+        # The sidecar first: an arguments file is never left without the note that says
+        # autotune wrote it (and which fields it wrote).
         write_atomic(sidecar_path(output), json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        write_atomic(output, text)
     except OSError as exc:
         raise ExportError(f"cannot write {output}: {exc.strerror or exc}") from None
     return output

@@ -62,3 +62,21 @@ def test_a_rewrite_keeps_the_mode_and_the_link(tmp_path: Path) -> None:
     assert link.is_symlink() and os.readlink(link) == str(target)
     assert json.loads(target.read_text())["fp16"] is True
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
+
+
+def test_fields_an_earlier_export_wrote_do_not_leak_into_the_next(tmp_path: Path) -> None:
+    """A CPU export's use_cpu must not survive into a CUDA export of the same file."""
+    import dataclasses
+
+    from autotune.core.device import DeviceInfo
+    from autotune.core.enums import DeviceKind
+
+    out = export(tmp_path / "best.json")
+    assert json.loads(out.read_text())["use_cpu"] is True
+    gpu = dataclasses.replace(SPEC, device=DeviceInfo(DeviceKind.CUDA, 0, "A100", 2**36, (8, 0)))
+    export_best(
+        record=rec(1, cand(16), sps=2.0, peak_gib=1.0), spec=gpu, study_name="s", output=out,
+        runners_up=[], objective=Objective.THROUGHPUT, validate=False,
+    )  # fmt: skip
+    again = json.loads(out.read_text())
+    assert "use_cpu" not in again and again["tf32"] is False
