@@ -6,12 +6,15 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import optuna
 import pytest
 from conftest import TINY_GPT2, probe_trials, worker_search_args, write_model
 from optuna.trial import TrialState
+
+from autotune.core.paths import study_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -42,7 +45,7 @@ def test_two_workers_share_one_study_and_recover_a_killed_ones_trial(
     tmp_path: Path, postgres_url: str
 ) -> None:
     write_model(tmp_path / "tiny", TINY_GPT2)
-    name = "shared"
+    name = f"shared-{uuid.uuid4().hex[:8]}"  # the server may be reused between runs
     first = search(tmp_path, postgres_url, name)
     deadline = time.monotonic() + 240
     second = None
@@ -82,4 +85,7 @@ def test_two_workers_share_one_study_and_recover_a_killed_ones_trial(
     assert len(probes) == MAX_TRIALS
     assert killed.user_attrs["claim"] in claims
     assert all(t.state == TrialState.COMPLETE for t in probes)
-    assert (tmp_path / "studies" / f"{name}.best.json").exists()
+    # Another storage than the default: the study's files are keyed by it.
+    folder = study_folder(tmp_path / "studies", name, postgres_url)
+    assert folder.name != name and (folder / "trials").is_dir()
+    assert (tmp_path / "studies" / f"{folder.name}.best.json").exists()
