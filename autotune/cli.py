@@ -10,16 +10,8 @@ from typing import Any
 import click
 from rich.console import Console
 
-from autotune.cli_types import (
-    DURATION,
-    OBJECTIVE,
-    SIZE,
-    ListType,
-    ParsedType,
-    fraction,
-    study_options,
-)
-from autotune.core.enums import Objective, Precision, SamplerName, Task, values
+from autotune.cli_types import OBJECTIVE, ListType, search_options, study_options
+from autotune.core.enums import Objective, Precision, Task, values
 from autotune.core.errors import AutotuneError, Terminated, raise_terminated
 from autotune.core.paths import DEFAULT_STUDIES, study_folder
 from autotune.core.units import format_size
@@ -27,140 +19,13 @@ from autotune.core.units import format_size
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
-@click.version_option(package_name="autotune")
+@click.version_option(package_name="trainer-autotune")
 def cli(debug: bool) -> None:
     """Find the fastest TrainingArguments that fit in memory, by measuring them."""
 
 
 @cli.command()
-@click.option("--model", required=True, help="Local directory, hub id, or bundled preset.")
-@click.option(
-    "--task",
-    default="auto",
-    show_default=True,
-    type=click.Choice(["auto", *values(Task)]),
-)
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option(
-    "--memory-budget", type=SIZE, help="e.g. 8GiB, 7500MB [default: the device's capacity]"
-)
-@click.option(
-    "--headroom",
-    default=0.05,
-    show_default=True,
-    type=ParsedType("FRACTION", lambda text: fraction(text, 0.0, 0.5)),
-    help="Fraction of the budget kept free for fragmentation in long runs (0 to 0.5).",
-)
-@click.option(
-    "--global-batch-size",
-    type=click.IntRange(1),
-    help="Kept exactly: per-device batch x accumulation steps [default: 32, or --base-args'].",
-)
-@click.option(
-    "--seq-len",
-    type=click.IntRange(1),
-    help="Longest input you train with [default: min(512, model limit)].",
-)
-@click.option(
-    "--target-len",
-    type=click.IntRange(1),
-    help="Longest target, seq2seq only [default: 128, or --base-args' max_target_length].",
-)
-@click.option(
-    "--base-args",
-    type=click.Path(path_type=Path),
-    help="Your arguments JSON: global batch, sequence lengths and other fields come from it.",
-)
-@click.option(
-    "--dataset",
-    help="Your data: a save_to_disk folder, a .json/.jsonl/.csv/.parquet/.txt file, or a hub "
-    "name. Its lengths set --seq-len; length-grouped sampling becomes a searched choice.",
-)
-@click.option("--dataset-split", default="train", show_default=True)
-@click.option("--text-column", help="Input text column [default: text, or the first column].")
-@click.option("--target-column", help="seq2seq target text (classification: label) column.")
-@click.option("--tokenizer", help="Folder or hub id [default: the model's own].")
-@click.option("--precisions", type=ListType(tuple(values(Precision))))
-@click.option("--optimizers", type=ListType(), help="TrainingArguments optim names.")
-@click.option("--checkpointing", type=ListType(("on", "off")), help="on, off or on,off.")
-@click.option(
-    "--max-trials",
-    default=20,
-    show_default=True,
-    type=click.IntRange(1),
-    help="Probes in the whole study; a resumed study counts earlier ones.",
-)
-@click.option("--time-budget", type=DURATION, help="No new probe starts after this, e.g. 10m.")
-@click.option("--trial-timeout", default="10m", show_default=True, type=DURATION)
-@click.option("--sampler", default="tpe", show_default=True, type=click.Choice(values(SamplerName)))
-@click.option(
-    "--seed",
-    default=0,
-    show_default=True,
-    type=click.IntRange(0, 2**32 - 1),
-    help="Seed of the sampler and of the probes' data and weights.",
-)
-@click.option(
-    "--confirm-top",
-    default=3,
-    show_default=True,
-    type=click.IntRange(0),
-    help="Measure this many finalists again, longer, before selecting (0: no confirmation).",
-)
-@click.option(
-    "--confirm-steps",
-    type=click.IntRange(2),
-    help="Measured steps of a confirmation run [default: 2 x --measure-steps].",
-)
-@click.option(
-    "--fork-server/--no-fork-server",
-    default=True,
-    show_default=True,
-    help="Fork each probe from a pre-imported server (saves the import of every trial).",
-)
-@click.option("--warmup-steps", default=3, show_default=True, type=click.IntRange(1))
-@click.option("--measure-steps", default=5, show_default=True, type=click.IntRange(2))
-@click.option("--study", "study_name", help="Study name [default: from the model name].")
-@click.option(
-    "--storage",
-    help="Optuna storage URL, e.g. postgresql://user@host/db to share the study between "
-    "machines [default: sqlite:///studies/autotune.db].",
-)
-@click.option(
-    "--parallel",
-    default=1,
-    show_default=True,
-    type=click.IntRange(1),
-    help="CPU: run this many trials at a time, the cores split between them.",
-)
-@click.option(
-    "--devices",
-    type=ListType(),
-    help="CUDA: run one trial at a time on each of these GPUs, e.g. 0,1,2,3.",
-)
-@click.option(
-    "--nproc-per-node",
-    default=1,
-    show_default=True,
-    type=click.IntRange(1),
-    help="Probe each config as a DDP run of N processes (torchrun; gloo on the CPU); "
-    "global batch = per-device batch x accumulation x N.",
-)
-@click.option(
-    "--output", type=click.Path(path_type=Path), help="[default: studies/<study>.best.json]"
-)
-@click.option(
-    "--objective",
-    default="throughput",
-    show_default=True,
-    type=click.Choice(values(Objective)),
-)
-@click.option("--quiet", is_flag=True, help="Plain log lines instead of the live table.")
-@click.option(
-    "--force",
-    is_flag=True,
-    help="Replace --output even if autotune did not write it (never a database).",
-)
+@search_options
 def search(**options: Any) -> None:
     """Search configs for a model and export the fastest that fits."""
     from autotune.commands import search_command
@@ -186,14 +51,25 @@ def search(**options: Any) -> None:
     "--task",
     default="auto",
     type=click.Choice(["auto", *values(Task)]),
+    help="What the model is trained for [default: from its config's architectures].",
 )
-@click.option("--device", default="auto", show_default=True)
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--seq-len", type=click.IntRange(1), help="[default: min(512, model limit)]")
-@click.option("--target-len", default=128, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--target-len",
+    default=128,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Longest target (seq2seq only).",
+)
 @click.option(
     "--batch", default=8, show_default=True, type=click.IntRange(1), help="Per-device batch size."
 )
-@click.option("--precisions", type=ListType(tuple(values(Precision))))
+@click.option(
+    "--precisions",
+    type=ListType(tuple(values(Precision))),
+    help="Comma-separated, from fp32, tf32, fp16, bf16 [default: all the device supports].",
+)
 @click.option("--optimizers", type=ListType(), help="TrainingArguments optim names.")
 def estimate(**options: Any) -> None:
     """Memory estimate per precision/optimizer/checkpointing, without running anything."""
@@ -269,7 +145,12 @@ def export(
 @cli.command()
 @study_options
 @click.option(
-    "--format", "fmt", default="table", show_default=True, type=click.Choice(["table", "json"])
+    "--format",
+    "fmt",
+    default="table",
+    show_default=True,
+    type=click.Choice(["table", "json"]),
+    help="table for people, json for scripts.",
 )
 @OBJECTIVE
 def show(study_name: str, storage: str | None, fmt: str, objective: str) -> None:
@@ -288,7 +169,11 @@ def show(study_name: str, storage: str | None, fmt: str, objective: str) -> None
 @cli.command()
 @study_options
 @click.option(
-    "--output-dir", type=click.Path(path_type=Path), default=DEFAULT_STUDIES, show_default=True
+    "--output-dir",
+    type=click.Path(path_type=Path),
+    default=DEFAULT_STUDIES,
+    show_default=True,
+    help="Where the HTML page and the PNG charts go.",
 )
 def report(study_name: str, storage: str | None, output_dir: Path) -> None:
     """An HTML page and PNG charts: throughput against memory, and by batch size."""
@@ -310,7 +195,13 @@ def report(study_name: str, storage: str | None, output_dir: Path) -> None:
     show_default=True,
     help="Address to serve on; loopback only unless --allow-remote.",
 )
-@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
+@click.option(
+    "--port",
+    default=8080,
+    show_default=True,
+    type=click.IntRange(1, 65535),
+    help="Port to serve on.",
+)
 @click.option(
     "--allow-remote",
     is_flag=True,
@@ -346,7 +237,12 @@ def dashboard(
 @cli.command()
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option(
-    "--format", "fmt", default="table", show_default=True, type=click.Choice(["table", "json"])
+    "--format",
+    "fmt",
+    default="table",
+    show_default=True,
+    type=click.Choice(["table", "json"]),
+    help="table for people, json for scripts.",
 )
 def doctor(device: str, fmt: str) -> None:
     """Check, on this machine, what the search relies on (a few minutes); exit 1 if any fails."""

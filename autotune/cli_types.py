@@ -4,11 +4,12 @@ its error is the message."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
 
-from autotune.core.enums import Objective, values
+from autotune.core.enums import Objective, Precision, SamplerName, Task, values
 from autotune.core.units import parse_duration, parse_size
 
 
@@ -65,7 +66,10 @@ class ListType(click.ParamType):  # type: ignore[type-arg]
 def study_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """--study and --storage, shared by the commands that read a stored study."""
     command = click.option("--storage", help="[default: sqlite:///studies/autotune.db]")(command)
-    return click.option("--study", "study_name", required=True)(command)
+    command = click.option(
+        "--study", "study_name", required=True, help="The study's name (see `autotune search`)."
+    )(command)
+    return command
 
 
 OBJECTIVE = click.option(
@@ -75,3 +79,174 @@ OBJECTIVE = click.option(
     type=click.Choice(values(Objective)),
     help="throughput: the fastest config that fits; efficiency: samples/s per GiB.",
 )
+
+# The `search` command's options, in the order `--help` lists them.
+SEARCH_OPTIONS = [
+    click.option("--model", required=True, help="Local directory, hub id, or bundled preset."),
+    click.option(
+        "--task",
+        default="auto",
+        show_default=True,
+        type=click.Choice(["auto", *values(Task)]),
+        help="What the model is trained for [default: from its config's architectures].",
+    ),
+    click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N."),
+    click.option(
+        "--memory-budget", type=SIZE, help="e.g. 8GiB, 7500MB [default: the device's capacity]"
+    ),
+    click.option(
+        "--headroom",
+        default=0.05,
+        show_default=True,
+        type=ParsedType("FRACTION", lambda text: fraction(text, 0.0, 0.5)),
+        help="Fraction of the budget kept free for fragmentation in long runs (0 to 0.5).",
+    ),
+    click.option(
+        "--global-batch-size",
+        type=click.IntRange(1),
+        help="Kept exactly: per-device batch x accumulation steps [default: 32, or --base-args'].",
+    ),
+    click.option(
+        "--seq-len",
+        type=click.IntRange(1),
+        help="Longest input you train with [default: min(512, model limit)].",
+    ),
+    click.option(
+        "--target-len",
+        type=click.IntRange(1),
+        help="Longest target, seq2seq only [default: 128, or --base-args' max_target_length].",
+    ),
+    click.option(
+        "--base-args",
+        type=click.Path(path_type=Path),
+        help="Your arguments JSON: global batch, sequence lengths and other fields come from it.",
+    ),
+    click.option(
+        "--dataset",
+        help="Your data: a save_to_disk folder, a .json/.jsonl/.csv/.parquet/.txt file, or a hub "
+        "name. Its lengths set --seq-len; length-grouped sampling becomes a searched choice.",
+    ),
+    click.option(
+        "--dataset-split", default="train", show_default=True, help="Split of --dataset to read."
+    ),
+    click.option("--text-column", help="Input text column [default: text, or the first column]."),
+    click.option("--target-column", help="seq2seq target text (classification: label) column."),
+    click.option("--tokenizer", help="Folder or hub id [default: the model's own]."),
+    click.option(
+        "--precisions",
+        type=ListType(tuple(values(Precision))),
+        help="Comma-separated, from fp32, tf32, fp16, bf16 [default: all the device supports]. "
+        "Precision changes the training arithmetic: leave out what your recipe must not use.",
+    ),
+    click.option("--optimizers", type=ListType(), help="TrainingArguments optim names."),
+    click.option(
+        "--activation-checkpointing",
+        "--checkpointing",
+        "checkpointing",
+        type=ListType(("on", "off")),
+        help="Activation (gradient) checkpointing to try: on, off or on,off [default: on,off].",
+    ),
+    click.option(
+        "--max-trials",
+        default=20,
+        show_default=True,
+        type=click.IntRange(1),
+        help="Probes in the whole study; a resumed study counts earlier ones.",
+    ),
+    click.option("--time-budget", type=DURATION, help="No new probe starts after this, e.g. 10m."),
+    click.option(
+        "--trial-timeout",
+        default="10m",
+        show_default=True,
+        type=DURATION,
+        help="A probe still running after this is killed and recorded as timeout.",
+    ),
+    click.option(
+        "--sampler",
+        default="tpe",
+        show_default=True,
+        type=click.Choice(values(SamplerName)),
+        help="Optuna sampler that proposes configs.",
+    ),
+    click.option(
+        "--seed",
+        default=0,
+        show_default=True,
+        type=click.IntRange(0, 2**32 - 1),
+        help="Seed of the sampler and of the probes' data and weights.",
+    ),
+    click.option(
+        "--confirm-top",
+        default=3,
+        show_default=True,
+        type=click.IntRange(0),
+        help="Measure this many finalists again, longer, before selecting (0: no confirmation).",
+    ),
+    click.option(
+        "--confirm-steps",
+        type=click.IntRange(2),
+        help="Measured steps of a confirmation run [default: 2 x --measure-steps].",
+    ),
+    click.option(
+        "--fork-server/--no-fork-server",
+        default=True,
+        show_default=True,
+        help="Fork each probe from a pre-imported server (saves the import of every trial).",
+    ),
+    click.option(
+        "--warmup-steps",
+        default=3,
+        show_default=True,
+        type=click.IntRange(1),
+        help="Optimizer steps each probe runs before timing.",
+    ),
+    click.option(
+        "--measure-steps",
+        default=5,
+        show_default=True,
+        type=click.IntRange(2),
+        help="Optimizer steps each probe times (on a GPU: at least 2 s and 20 steps).",
+    ),
+    click.option("--study", "study_name", help="Study name [default: from the model name]."),
+    click.option(
+        "--storage",
+        help="Optuna storage URL, e.g. postgresql://user@host/db to share the study between "
+        "machines [default: sqlite:///studies/autotune.db].",
+    ),
+    click.option(
+        "--parallel",
+        default=1,
+        show_default=True,
+        type=click.IntRange(1),
+        help="CPU: run this many trials at a time, the cores split between them.",
+    ),
+    click.option(
+        "--devices",
+        type=ListType(),
+        help="CUDA: run one trial at a time on each of these GPUs, e.g. 0,1,2,3.",
+    ),
+    click.option(
+        "--nproc-per-node",
+        default=1,
+        show_default=True,
+        type=click.IntRange(1),
+        help="Probe each config as a DDP run of N processes (torchrun; gloo on the CPU); "
+        "global batch = per-device batch x accumulation x N.",
+    ),
+    click.option(
+        "--output", type=click.Path(path_type=Path), help="[default: studies/<study>.best.json]"
+    ),
+    OBJECTIVE,
+    click.option("--quiet", is_flag=True, help="Plain log lines instead of the live table."),
+    click.option(
+        "--force",
+        is_flag=True,
+        help="Replace --output even if autotune did not write it (never a database).",
+    ),
+]
+
+
+def search_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(SEARCH_OPTIONS):
+        command = option(command)
+    return command

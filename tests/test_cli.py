@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import click
 import pytest
 
 from autotune.cli import main
@@ -207,3 +208,23 @@ def test_a_heartbeat_interval_that_is_not_a_number_is_one_line(
     code, err = run(["show", "--study", "s"], capsys)
     assert code == 2 and "AUTOTUNE_HEARTBEAT_S='ten' is not a whole number" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    from autotune.cli import cli
+
+    missing = [
+        f"{name} {'/'.join(param.opts)}"
+        for name, command in cli.commands.items()
+        for param in command.params
+        if isinstance(param, click.Option) and not param.help
+    ]
+    assert missing == []
+
+
+def test_activation_checkpointing_is_the_name_and_checkpointing_still_works(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for flag in ("--activation-checkpointing", "--checkpointing"):
+        code, err = run(["search", "--model", "gpt2", flag, "sometimes"], capsys)
+        assert code == 2 and "sometimes not in on, off" in err
