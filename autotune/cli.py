@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 
 from autotune.cli_types import OBJECTIVE, ListType, search_options, study_options
-from autotune.core.enums import Objective, Precision, Task, values
+from autotune.core.enums import DeviceKind, Objective, Precision, Task, values
 from autotune.core.errors import AutotuneError, Terminated, raise_terminated
 from autotune.core.paths import DEFAULT_STUDIES, study_folder
 from autotune.core.units import format_size
@@ -102,6 +102,12 @@ def estimate(**options: Any) -> None:
     is_flag=True,
     help="Replace --output even if autotune did not write it (never a database).",
 )
+@click.option(
+    "--for-device",
+    type=click.Choice(values(DeviceKind)),
+    help="With --merge-into or --format cli: the device your run trains on, when it is not "
+    "the one the study was tuned on (device-specific fields such as use_cpu follow it).",
+)
 @OBJECTIVE
 def export(
     study_name: str,
@@ -110,6 +116,7 @@ def export(
     fmt: str,
     merge_into: Path | None,
     force: bool,
+    for_device: str | None,
     objective: str,
 ) -> None:
     """Write the best config of a stored study as TrainingArguments JSON."""
@@ -122,12 +129,22 @@ def export(
         raise click.UsageError("give --output (a new file) or --merge-into (your file), not both")
     url = commands.resolve_storage(storage, DEFAULT_STUDIES)
     goal = Objective(objective)
-    if fmt == "cli":
-        click.echo(commands.flags_command(study_name=study_name, storage=url, objective=goal))
-    elif merge_into is not None:
-        changed = commands.merge_command(
-            study_name=study_name, storage=url, objective=goal, merge_into=merge_into
+    target = DeviceKind(for_device) if for_device else None
+    if for_device and fmt != "cli" and merge_into is None:
+        raise click.UsageError(
+            "--for-device goes with --merge-into or --format cli; the JSON export is what "
+            "was measured, on the device it was measured on"
         )
+    if fmt == "cli":
+        flags, notes = commands.flags_command(
+            study_name=study_name, storage=url, objective=goal, for_device=target
+        )
+        click.echo(flags)
+    elif merge_into is not None:
+        changed, notes = commands.merge_command(
+            study_name=study_name, storage=url, objective=goal, merge_into=merge_into,
+            for_device=target,
+        )  # fmt: skip
         diff = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()) or "nothing"
         click.echo(f"updated {merge_into}: {diff}")
     else:
@@ -140,6 +157,9 @@ def export(
             force=force,
         )
         click.echo(f"wrote {path}")
+        notes = []
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
 
 
 @cli.command()

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from autotune.core.enums import Objective
+from autotune.core.enums import DeviceKind, Objective
 from autotune.core.errors import ExportError, NoFitError, StudyError, UsageError
 from autotune.core.files import write_atomic
 from autotune.core.paths import (
@@ -185,41 +185,69 @@ def export_command(
     return output
 
 
+def hand_off(
+    spec: SearchSpec, record: TrialRecord, target: DeviceKind | None
+) -> tuple[dict[str, Any], list[str]]:
+    """The tuned fields for a run on `target` (default: the device the study was tuned
+    on), and notes on what is device-specific: `use_cpu` must not reach a GPU script
+    unannounced, nor a CPU study's figures pass for a GPU's."""
+    from autotune.hf.training_args import tuned_arguments
+
+    tuned_on = spec.device.kind
+    target = target or tuned_on
+    tuned = tuned_arguments(record.candidate, device_kind=target,
+                            checkpointing_field=spec.checkpointing_field)  # fmt: skip
+    notes = []
+    if target != tuned_on:
+        notes.append(
+            f"tuned on {tuned_on} ({spec.device.name}): the speed and memory figures are "
+            f"that device's, not {target}'s; tune on the {target} to know"
+        )
+    elif tuned.get("use_cpu"):
+        notes.append("tuned on the CPU, so use_cpu true is set: for a GPU run pass "
+                     "--for-device cuda (and tune on the GPU for its figures)")  # fmt: skip
+    return tuned, notes
+
+
 def merge_command(
-    *, study_name: str, storage: str, objective: Objective, merge_into: Path
-) -> dict[str, tuple[Any, Any]]:
-    """Replace only the tuned fields in the user's arguments file; returns what changed."""
-    from autotune.hf.training_args import (
-        merge,
-        read_arguments_file,
-        study_arguments,
-        training_fields,
-        validate,
-    )
+    *,
+    study_name: str,
+    storage: str,
+    objective: Objective,
+    merge_into: Path,
+    for_device: DeviceKind | None = None,
+) -> tuple[dict[str, tuple[Any, Any]], list[str]]:
+    """Replace only the tuned fields in the user's arguments file; returns what changed
+    and the notes on device-specific fields."""
+    from autotune.hf.training_args import merge, read_arguments_file, training_fields, validate
 
     best, spec, _ = best_of_study(study_name=study_name, storage=storage, objective=objective)
     user = read_arguments_file(merge_into, option="--merge-into")
-    tuned = study_arguments(spec, best.candidate)
+    tuned, notes = hand_off(spec, best, for_device)
     merged = merge(user, tuned)
     known = training_fields()
-    validate(
-        {k: v for k, v in merged.items() if k in known},
-        error=ExportError,
-        where=f"--merge-into {merge_into}",
-    )
+    # Precision flags are checked against this machine's hardware by TrainingArguments:
+    # for another device than the one tuned on, check the rest.
+    device_bound = {"fp16", "bf16", "tf32", "use_cpu"} if for_device else set()
+    fields = {k: v for k, v in merged.items() if k in known and k not in device_bound}
+    validate(fields, error=ExportError, where=f"--merge-into {merge_into}")
     try:
         write_atomic(merge_into, json.dumps(merged, indent=2) + "\n")
     except OSError as exc:
         raise ExportError(f"cannot write {merge_into}: {exc.strerror or exc}") from None
-    return {k: (user.get(k), v) for k, v in tuned.items() if user.get(k) != v}
+    changed = {k: (user.get(k), v) for k, v in tuned.items() if user.get(k) != v}
+    return changed, notes
 
 
-def flags_command(*, study_name: str, storage: str, objective: Objective) -> str:
-    """The tuned fields as command-line flags for HfArgumentParser scripts."""
-    from autotune.hf.training_args import cli_flags, study_arguments
+def flags_command(
+    *, study_name: str, storage: str, objective: Objective, for_device: DeviceKind | None = None
+) -> tuple[str, list[str]]:
+    """The tuned fields as command-line flags for HfArgumentParser scripts, and notes."""
+    from autotune.hf.training_args import cli_flags
 
     best, spec, _ = best_of_study(study_name=study_name, storage=storage, objective=objective)
-    return cli_flags(study_arguments(spec, best.candidate))
+    tuned, notes = hand_off(spec, best, for_device)
+    return cli_flags(tuned), notes
 
 
 def show_command(*, study_name: str, storage: str, objective: Objective) -> Any:

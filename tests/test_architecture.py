@@ -83,8 +83,8 @@ def test_review_commands_import_neither_torch_nor_transformers(
 ) -> None:
     """`show` and `export` on a stored study start fast: they must not import torch."""
     (tmp_path / "studies").mkdir()
-    for name in ("autotune.db", "mt5-small.best.json"):
-        (tmp_path / "studies" / name).write_bytes((ROOT / "studies" / name).read_bytes())
+    db = ROOT / "examples" / "demo" / "autotune.db"
+    (tmp_path / "studies" / "autotune.db").write_bytes(db.read_bytes())
     code = (
         "import sys\n"
         "from autotune.cli import main\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -228,3 +229,42 @@ def test_activation_checkpointing_is_the_name_and_checkpointing_still_works(
     for flag in ("--activation-checkpointing", "--checkpointing"):
         code, err = run(["search", "--model", "gpt2", flag, "sometimes"], capsys)
         assert code == 2 and "sometimes not in on, off" in err
+
+
+@pytest.fixture
+def demo(in_tmp: Path) -> list[str]:
+    """The recorded example study (tuned on the CPU), copied: --study and --storage."""
+    from conftest import ROOT
+
+    (in_tmp / "demo.db").write_bytes((ROOT / "examples" / "demo" / "autotune.db").read_bytes())
+    return ["--study", "mt5-small", "--storage", f"sqlite:///{in_tmp / 'demo.db'}"]
+
+
+def test_a_cpu_study_says_so_and_use_cpu_never_reaches_a_gpu_run_unannounced(
+    demo: list[str], capsys: pytest.CaptureFixture[str], in_tmp: Path
+) -> None:
+    main(["export", *demo, "--format", "cli"])
+    out, err = capsys.readouterr()
+    assert "--use_cpu True" in out and "use_cpu true is set" in err and "--for-device cuda" in err
+    main(["export", *demo, "--format", "cli", "--for-device", "cuda"])
+    out, err = capsys.readouterr()
+    assert "use_cpu" not in out and "--tf32 False" in out and "figures are that device's" in err
+    (in_tmp / "mine.json").write_text('{"learning_rate": 0.001, "use_cpu": false}')
+    main(["export", *demo, "--merge-into", "mine.json", "--for-device", "cuda"])
+    merged = json.loads((in_tmp / "mine.json").read_text())
+    assert merged["use_cpu"] is False and merged["learning_rate"] == 0.001
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--format", "cli", "--output", "x.json"], "--format cli prints flags"),
+        (["--output", "x.json", "--merge-into", "y.json"], "not both"),
+        (["--for-device", "cuda"], "--for-device goes with --merge-into or --format cli"),
+    ],
+)
+def test_export_refuses_options_that_would_be_ignored(
+    demo: list[str], extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = run(["export", *demo, *extra], capsys)
+    assert code == 2 and message in err
