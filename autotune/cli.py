@@ -34,9 +34,15 @@ def search(**options: Any) -> None:
     # the trial is failed and re-queued (other commands keep the default: just exit).
     signal.signal(signal.SIGTERM, raise_terminated)
     options["objective"] = Objective(options["objective"])
-    outcome = search_command(studies_dir=DEFAULT_STUDIES, **options)
-    console = Console(highlight=False, soft_wrap=True)
+    fmt = options.pop("fmt")
+    outcome = search_command(studies_dir=DEFAULT_STUDIES, log_to_stderr=fmt == "json", **options)
     best = outcome.best
+    if fmt == "json":
+        from autotune.views.summary import outcome_json
+
+        click.echo(outcome_json(outcome))
+        return
+    console = Console(highlight=False, soft_wrap=True)
     console.print(
         f"best: trial {best.number}: {best.candidate.describe()}: "
         f"{best.result.samples_per_s:.2f} samples/s, peak "
@@ -71,12 +77,24 @@ def search(**options: Any) -> None:
     help="Comma-separated, from fp32, tf32, fp16, bf16 [default: all the device supports].",
 )
 @click.option("--optimizers", type=ListType(), help="TrainingArguments optim names.")
-def estimate(**options: Any) -> None:
+@click.option(
+    "--format",
+    "fmt",
+    default="table",
+    show_default=True,
+    type=click.Choice(["table", "json"]),
+    help="table for people, json for scripts.",
+)
+def estimate(fmt: str, **options: Any) -> None:
     """Memory estimate per precision/optimizer/checkpointing, without running anything."""
     from autotune.commands import estimate_command
-    from autotune.views.estimate_table import print_estimate
+    from autotune.views.estimate_table import estimate_json, print_estimate
 
-    print_estimate(estimate_command(**options))
+    estimate = estimate_command(**options)
+    if fmt == "json":
+        click.echo(estimate_json(estimate))
+    else:
+        print_estimate(estimate)
 
 
 @cli.command()

@@ -239,6 +239,14 @@ SEARCH_OPTIONS = [
     OBJECTIVE,
     click.option("--quiet", is_flag=True, help="Plain log lines instead of the live table."),
     click.option(
+        "--format",
+        "fmt",
+        default="table",
+        show_default=True,
+        type=click.Choice(["table", "json"]),
+        help="json: the result as JSON on stdout, the progress lines on stderr.",
+    ),
+    click.option(
         "--force",
         is_flag=True,
         help="Replace --output even if autotune did not write it (never a database).",

@@ -69,6 +69,7 @@ def search_command(  # long: one keyword per `search` option, then a few calls
     target_column: str | None = None,
     tokenizer: str | None = None,
     force: bool = False,
+    log_to_stderr: bool = False,
     **spec_options: Any,
 ) -> SearchOutcome:  # the search's options, one keyword each (cli.search passes them)
     """Search, record every trial in the study, export the best config to `output`."""
@@ -110,12 +111,14 @@ def search_command(  # long: one keyword per `search` option, then a few calls
     return _search_and_export(
         store=store, folder=folder, limits=limits, deadline=deadline, explore=not slots,
         live=not quiet and not slots, output=output, objective=objective, force=force,
+        log_to_stderr=log_to_stderr,
     )  # fmt: skip
 
 
 def _search_and_export(
     *, store: StudyStore, folder: Path, limits: SearchLimits, deadline: Deadline,
     explore: bool, live: bool, output: Path, objective: Objective, force: bool,
+    log_to_stderr: bool = False,
 ) -> SearchOutcome:  # fmt: skip
     """The parent's part: explore (unless workers did), confirm, select, export."""
     from rich.console import Console
@@ -125,7 +128,8 @@ def _search_and_export(
     from autotune.views.progress import Progress
 
     spec, name = store.spec, store.name
-    progress = Progress(Console(highlight=False, soft_wrap=True), live=live, deadline=deadline)
+    console = Console(highlight=False, soft_wrap=True, stderr=log_to_stderr)
+    progress = Progress(console, live=live, deadline=deadline)
     try:
         report = run_search(store=store, study_dir=folder, limits=limits,
                             deadline=deadline, observer=progress, explore=explore)  # fmt: skip

@@ -268,3 +268,15 @@ def test_export_refuses_options_that_would_be_ignored(
 ) -> None:
     code, err = run(["export", *demo, *extra], capsys)
     assert code == 2 and message in err
+
+
+def test_estimate_as_json_for_scripts(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["estimate", "--model", "gpt2", "--device", "cpu", "--precisions", "fp32,bf16",
+          "--optimizers", "adamw_torch,adafactor", "--format", "json"])  # fmt: skip
+    data = json.loads(capsys.readouterr().out)
+    assert data["parameters"] == 124_439_808 and len(data["rows"]) == 2 * 2 * 2
+    row = data["rows"][0]
+    assert row["total_bytes"] == sum(
+        row[k] for k in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes",
+                         "activations_bytes")
+    )  # fmt: skip

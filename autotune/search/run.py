@@ -50,7 +50,9 @@ class SearchLimits:
 
 
 class Observer(Protocol):
-    def on_search_start(self, spec: SearchSpec, study_name: str, limits: SearchLimits) -> None: ...
+    def on_search_start(
+        self, spec: SearchSpec, study_name: str, limits: SearchLimits, done: int
+    ) -> None: ...
     def on_trial_start(self, number: int, candidate: Candidate) -> None: ...
     def on_trial_end(self, number: int, candidate: Candidate, result: TrialResult) -> None: ...
     def on_confirm(self, number: int, candidate: Candidate, result: TrialResult) -> None: ...
@@ -305,7 +307,8 @@ def run_search(
     """Explore (until --max-trials, the time budget's search share, or an exhausted
     space) and confirm the finalists (until the whole time budget); no export."""
     started = time.monotonic()
-    observer.on_search_start(store.spec, store.name, limits)
+    done = sum(r.result.outcome != Outcome.SKIPPED for r in store.records())
+    observer.on_search_start(store.spec, store.name, limits, done)
     launcher = Launcher(
         store.spec.device.kind,
         study_dir / "forkserver.log" if limits.fork_server else None,

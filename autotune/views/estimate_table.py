@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from rich.console import Console
 from rich.table import Table
 
@@ -47,3 +49,24 @@ def print_estimate(estimate: Estimate) -> None:
             format_size(b.total),
         )
     Console(width=160).print(table)
+
+
+def estimate_json(estimate: Estimate) -> str:
+    e = estimate
+    rows = [
+        {
+            "precision": str(r.candidate.precision),
+            "optim": r.candidate.optim,
+            "activation_checkpointing": r.candidate.activation_checkpointing,
+            "weights_bytes": r.breakdown.weights,
+            "gradients_bytes": r.breakdown.gradients,
+            "optimizer_state_bytes": r.breakdown.optimizer_state,
+            "activations_bytes": r.breakdown.activations,
+            "total_bytes": r.breakdown.total,
+        }
+        for r in e.rows
+    ]
+    head = {"model": e.model, "task": e.task, "parameters": e.parameters, "batch": e.batch,
+            "seq_len": e.seq_len, "target_len": e.target_len,
+            "process_bytes": e.process_bytes}  # fmt: skip
+    return json.dumps({**head, "rows": rows}, indent=2)

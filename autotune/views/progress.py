@@ -51,6 +51,23 @@ def trial_line(
     return f"trial {number:>3} {result.outcome.value:<8} {candidate.describe()}{figures}{reason}"
 
 
+LONG_SEARCH_S = 30 * 60
+
+
+def time_left(
+    walls: list[float], done: int, limits: SearchLimits, deadline_left: float | None
+) -> float | None:
+    """Seconds the search likely still takes: the mean probe's wall time for each probe
+    --max-trials still allows, plus the confirmations (two runs per finalist, longer),
+    never past the time budget. None before the first probe."""
+    if not walls:
+        return None
+    mean = sum(walls) / len(walls)
+    confirm = 2 * limits.confirm_top * mean * 1.5
+    predicted = mean * max(0, limits.max_trials - done) + confirm
+    return predicted if deadline_left is None else min(predicted, deadline_left)
+
+
 class Progress:
     """Observer of a search. `live=False` (or no terminal) prints one line per trial."""
 
@@ -64,8 +81,14 @@ class Progress:
         self.live: Live | None = None
         self.budget = 0
         self.kind: str = DeviceKind.CPU
+        self.limits = SearchLimits()
+        self.done = 0  # probes in the study (earlier runs included)
+        self.walls: list[float] = []
 
-    def on_search_start(self, spec: SearchSpec, study_name: str, limits: SearchLimits) -> None:
+    def on_search_start(
+        self, spec: SearchSpec, study_name: str, limits: SearchLimits, done: int = 0
+    ) -> None:
+        self.limits, self.done = limits, done
         self.started = time.monotonic()
         self.budget = spec.fit_limit_bytes
         self.kind = spec.device.kind
@@ -80,14 +103,39 @@ class Progress:
         self.running = (number, candidate)
         self._refresh()
         if not self.live:
-            self.console.print(f"trial {number:>3} running  {candidate.describe()}", soft_wrap=True)
+            self.console.print(
+                f"trial {number:>3} running  {candidate.describe()}  ({self._count()})",
+                soft_wrap=True,
+            )
 
     def on_trial_end(self, number: int, candidate: Candidate, result: TrialResult) -> None:
         self.running = None
         self.rows.append((number, candidate, result))
+        if result.outcome != Outcome.SKIPPED:
+            self.done += 1
+            self.walls.append(result.phases_s.get("wall", 0.0))
+            if len(self.walls) == 1:
+                self._warn_if_long()
         self._refresh()
         if not self.live:
             self.console.print(trial_line(number, candidate, result, self.kind), soft_wrap=True)
+
+    def _count(self) -> str:
+        left = time_left(self.walls, self.done, self.limits, self._deadline_left())
+        eta = f", about {format_duration(left)} left" if left is not None else ""
+        return f"probe {self.done + 1} of {self.limits.max_trials}{eta}"
+
+    def _deadline_left(self) -> float | None:
+        return self.deadline.left() if self.deadline else None
+
+    def _warn_if_long(self) -> None:
+        left = time_left(self.walls, self.done, self.limits, self._deadline_left())
+        if left is not None and left > LONG_SEARCH_S:
+            self.console.print(
+                f"note: at {format_duration(self.walls[0])} a probe, this search will take "
+                f"about {format_duration(left)} more; --time-budget, a smaller --max-trials, "
+                "--confirm-top 0 or fewer --precisions/--optimizers shorten it"
+            )
 
     def on_confirm(self, number: int, candidate: Candidate, result: TrialResult) -> None:
         line = trial_line(number, candidate, result, self.kind).replace("trial", "confirm", 1)
@@ -123,7 +171,7 @@ class Progress:
             ),
             default=None,
         )
-        title = f"elapsed {format_duration(elapsed)}{left}" + (
+        title = f"{self._count()}; elapsed {format_duration(elapsed)}{left}" + (
             f"; best {best:.2f} samples/s" if best else ""
         )
         table = Table(title=title)

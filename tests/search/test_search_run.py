@@ -194,3 +194,21 @@ def test_a_ddp_search_exports_what_torchrun_needs(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "studies" / "tiny.best.summary.json").read_text())
     assert summary["launch"] == "torchrun --nproc-per-node 2 your_script.py ARGS.json"
     assert summary["best"]["runs"] == 1 and summary["nproc_per_node"] == 2
+
+
+@pytest.mark.slow
+def test_search_as_json_puts_the_result_on_stdout_and_the_progress_on_stderr(
+    tmp_path: Path,
+) -> None:
+    write_model(tmp_path / "tiny", TINY_GPT2)
+    done = autotune(
+        tmp_path, "search", "--model", "./tiny", "--device", "cpu", "--global-batch-size", "8",
+        "--seq-len", "32", "--precisions", "fp32", "--optimizers", "adamw_torch",
+        "--checkpointing", "off", "--max-trials", "1", "--warmup-steps", "1",
+        "--measure-steps", "2", "--confirm-top", "0", "--format", "json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["best"]["per_device_train_batch_size"] == 8 and result["study"] == "tiny"
+    assert result["output"] == "studies/tiny.best.json" and result["probes_this_run"] == 1
+    assert "probe 1 of 1" in done.stderr and "trial   0 ok" in done.stderr
