@@ -45,14 +45,17 @@ def test_show_json_for_scripts(searched_study: Study) -> None:
     assert {t["outcome"] for t in trials} <= outcomes
 
 
-def test_report_writes_html_with_both_charts(searched_study: Study) -> None:
+def test_report_writes_html_with_its_charts_and_the_hand_off(searched_study: Study) -> None:
     work, _, _ = searched_study
     done = autotune(work, "report", "--study", "tiny", "--output-dir", "out")
     assert done.returncode == 0, done.stderr
     page = (work / "out" / "tiny.report.html").read_text()
-    assert page.count("data:image/png;base64,") == 2
+    assert page.count("data:image/png;base64,") == 3
     assert "Selected: trial" in page and "plain default" in page
-    for name in ("tiny.tradeoff.png", "tiny.by-batch.png"):
+    assert "autotune export --study tiny --merge-into your_args.json" in page
+    assert "--per_device_train_batch_size 8" in page  # the flags of the winner
+    assert ("selected" in page and "% slower" in page) or "tie:" in page  # every row's note
+    for name in ("tiny.ranked.png", "tiny.tradeoff.png", "tiny.by-batch.png"):
         png = (work / "out" / name).read_bytes()
         assert png.startswith(b"\x89PNG") and len(png) > 10_000
 

@@ -1,0 +1,120 @@
+"""What a study means, computed (no drawing, no HTML): the winner, the reference it is
+compared with, the configs that tie with it, what changed, and what the search cost.
+
+The report draws and prints these; the tests check them directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from autotune.core.enums import Outcome, Precision
+from autotune.core.spec import SearchSpec
+from autotune.core.trial import TrialRecord
+from autotune.search.selection import fitting, noise_band, select_best
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    field: str
+    reference: object
+    chosen: object
+    alters_arithmetic: bool  # precision and optimizer change the numbers training computes
+
+
+@dataclasses.dataclass(frozen=True)
+class Insight:
+    best: TrialRecord | None
+    reference: TrialRecord | None  # the plain default, when it was measured
+    ties: tuple[int, ...]  # trials within the winner's noise band (the winner included)
+    band: float  # that band, relative
+    changes: tuple[Change, ...]
+    probes: int  # runs launched, confirmations included
+    probe_seconds: float  # their wall time, summed
+
+
+def pareto_front(records: Sequence[TrialRecord], fit_limit_bytes: int) -> list[TrialRecord]:
+    """Fitting trials no other fitting trial beats on both throughput and memory."""
+    pool = fitting(records, fit_limit_bytes)
+
+    def beaten(r: TrialRecord) -> bool:
+        sps, peak = r.result.samples_per_s or 0, r.result.peak_memory_bytes or 0
+        return any(
+            (o.result.samples_per_s or 0) >= sps
+            and (o.result.peak_memory_bytes or 0) <= peak
+            and ((o.result.samples_per_s or 0) > sps or (o.result.peak_memory_bytes or 0) < peak)
+            for o in pool
+            if o is not r
+        )
+
+    return sorted((r for r in pool if not beaten(r)), key=lambda r: r.result.peak_memory_bytes or 0)
+
+
+def plain_default(records: Sequence[TrialRecord], spec: SearchSpec) -> TrialRecord | None:
+    """The measured plain default: fp32, adamw_torch, no checkpointing, smallest regular batch."""
+    batch = spec.space.micro_batches[0]
+    for r in records:
+        c = r.candidate
+        plain = (c.precision, c.optim, c.activation_checkpointing, c.per_device_train_batch_size)
+        if (
+            plain == (Precision.FP32, "adamw_torch", False, batch)
+            and r.result.outcome == Outcome.OK
+        ):
+            return r
+    return None
+
+
+def changes(best: TrialRecord, reference: TrialRecord) -> list[Change]:
+    """What the winner changes against the reference, split by whether it alters the
+    arithmetic of training (precision, optimizer) or only speed and memory."""
+    b, r = best.candidate, reference.candidate
+    keeps = ("per_device_train_batch_size", "gradient_accumulation_steps",
+             "activation_checkpointing", "train_sampling_strategy")  # fmt: skip
+    found = [Change(f, getattr(r, f), getattr(b, f), False) for f in keeps]
+    found += [
+        Change(f, str(getattr(r, f)), str(getattr(b, f)), True) for f in ("precision", "optim")
+    ]
+    return [c for c in found if c.reference != c.chosen]
+
+
+def insight(records: Sequence[TrialRecord], spec: SearchSpec) -> Insight:
+    best = select_best(records, fit_limit_bytes=spec.fit_limit_bytes)
+    reference = plain_default(records, spec)
+    band = noise_band(best) if best else 0.0
+    top = (best.result.samples_per_s or 0.0) if best else 0.0
+    ties = tuple(
+        r.number
+        for r in fitting(records, spec.fit_limit_bytes)
+        if best is not None and (r.result.samples_per_s or 0.0) >= top * (1 - band)
+    )
+    measured = [r for r in records if r.result.outcome != Outcome.SKIPPED]
+    return Insight(
+        best=best,
+        reference=reference,
+        ties=ties,
+        band=band,
+        changes=tuple(changes(best, reference)) if best and reference else (),
+        probes=sum(r.runs for r in measured),
+        probe_seconds=sum(_seconds(r) * r.runs for r in measured),
+    )
+
+
+def _seconds(record: TrialRecord) -> float:
+    """A run's wall time (the child's own total where the parent's was not recorded)."""
+    phases = record.result.phases_s
+    return float(phases.get("wall") or phases.get("total") or 0.0)
+
+
+def note(record: TrialRecord, found: Insight) -> str:
+    """A few words on a fitting trial's standing: selected, a tie, or how much slower."""
+    if found.best is None or record.result.outcome != Outcome.OK:
+        return ""
+    runs = f"; confirmed ({record.runs} runs)" if record.runs > 1 else ""
+    if record.number == found.best.number:
+        return "selected" + runs
+    if record.number in found.ties:
+        return f"tie: within ±{100 * found.band:.0f}% noise of the winner" + runs
+    top = found.best.result.samples_per_s or 1.0
+    slower = 1 - (record.result.samples_per_s or 0.0) / top
+    return f"{100 * slower:.0f}% slower" + runs
