@@ -10,7 +10,13 @@ from typing import Any
 import click
 from rich.console import Console
 
-from autotune.cli_types import OBJECTIVE, ListType, search_options, study_options
+from autotune.cli_types import (
+    OBJECTIVE,
+    GroupedCommand,
+    ListType,
+    search_options,
+    study_options,
+)
 from autotune.core.enums import DeviceKind, Objective, Precision, Task, values
 from autotune.core.errors import AutotuneError, Terminated, raise_terminated
 from autotune.core.paths import DEFAULT_STUDIES, study_folder
@@ -24,7 +30,7 @@ def cli(debug: bool) -> None:
     """Find the fastest TrainingArguments that fit in memory, by measuring them."""
 
 
-@cli.command()
+@cli.command(cls=GroupedCommand)
 @search_options
 def search(**options: Any) -> None:
     """Search configs for a model and export the fastest that fits."""
@@ -57,7 +63,7 @@ def search(**options: Any) -> None:
     "--task",
     default="auto",
     type=click.Choice(["auto", *values(Task)]),
-    help="What the model is trained for [default: from its config's architectures].",
+    help="What the model is trained for (auto: from its config's architectures).",
 )
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--seq-len", type=click.IntRange(1), help="[default: min(512, model limit)]")

@@ -88,7 +88,7 @@ SEARCH_OPTIONS = [
         default="auto",
         show_default=True,
         type=click.Choice(["auto", *values(Task)]),
-        help="What the model is trained for [default: from its config's architectures].",
+        help="What the model is trained for (auto: from its config's architectures).",
     ),
     click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N."),
     click.option(
@@ -258,3 +258,38 @@ def search_options(command: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(SEARCH_OPTIONS):
         command = option(command)
     return command
+
+
+SEARCH_GROUPS = {
+    "What to tune for": ("memory_budget", "headroom", "objective", "global_batch_size",
+                         "seq_len", "target_len", "base_args"),
+    "The model and data": ("model", "task", "device", "dataset", "dataset_split",
+                           "text_column", "target_column", "tokenizer"),
+    "The search": ("precisions", "optimizers", "checkpointing", "max_trials", "time_budget",
+                   "trial_timeout", "sampler", "seed", "confirm_top", "confirm_steps",
+                   "fork_server", "warmup_steps", "measure_steps"),
+    "Storage and workers": ("study_name", "storage", "parallel", "devices", "nproc_per_node"),
+    "Output": ("output", "quiet", "fmt", "force", "help"),
+}  # fmt: skip
+
+
+class GroupedCommand(click.Command):
+    """A command whose --help lists its options under headings (SEARCH_GROUPS)."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        help_option = self.get_help_option(ctx)
+        records = {
+            "help" if p is help_option else p.name: p.get_help_record(ctx)
+            for p in self.get_params(ctx)
+        }
+        placed: set[str | None] = set()
+        for title, names in SEARCH_GROUPS.items():
+            rows = [r for n in names if (r := records.get(n)) is not None]
+            placed.update(names)
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+        rest = [r for n, r in records.items() if n not in placed and r is not None]
+        if rest:
+            with formatter.section("Other options"):
+                formatter.write_dl(rest)

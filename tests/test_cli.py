@@ -280,3 +280,20 @@ def test_estimate_as_json_for_scripts(capsys: pytest.CaptureFixture[str]) -> Non
         row[k] for k in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes",
                          "activations_bytes")
     )  # fmt: skip
+
+
+def test_search_help_groups_its_options(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["search", "--help"])
+    out = capsys.readouterr().out
+    headings = ["What to tune for:", "The model and data:", "The search:",
+                "Storage and workers:", "Output:"]  # fmt: skip
+    positions = [out.index(h) for h in headings]
+    assert positions == sorted(positions) and "Other options:" not in out
+    assert out.index("--memory-budget") < out.index("The model and data:")
+
+
+def test_debug_works_after_the_command_too(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(Exception, match="not found"):  # the traceback's exception, raised
+        main(["search", "--model", "nobody/no-such-model", "--debug"])
+    code, err = run(["search", "--model", "nobody/no-such-model"], capsys)
+    assert code == 2 and "Traceback" not in err
