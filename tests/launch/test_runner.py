@@ -207,3 +207,30 @@ def test_a_ddp_probe_killed_mid_run_leaves_no_process(tmp_path: Path) -> None:
     while _processes_mentioning("ddp-killed") and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _processes_mentioning("ddp-killed") == []
+
+
+@pytest.mark.slow
+def test_a_forked_probe_reports_the_peak_a_fresh_process_would(
+    tmp_path: Path, tiny_gpt2: Path
+) -> None:
+    """fork leaves the libraries' pages out of the child's resident set until touched; the
+    probe adds them back, so a config's peak does not depend on how it was launched."""
+    from autotune.hf.models import resolve_model
+    from autotune.launch.forkserver import ForkServer
+
+    model = resolve_model(str(tiny_gpt2))
+
+    def config(name: str) -> TrialConfig:
+        return TrialConfig(number=0, trial_dir=str(tmp_path / name), model=model,
+                           candidate=CANDIDATE, device="cpu", seq_len=64, target_len=8,
+                           memory_limit_bytes=None, warmup_steps=1, measure_steps=2)  # fmt: skip
+
+    fresh = run_trial(config("fresh"), timeout_s=300)
+    server = ForkServer(tmp_path / "forkserver.log", data_limit=None)
+    try:
+        forked = run_trial(config("forked"), timeout_s=300, server=server)
+    finally:
+        server.close()
+    assert fresh.peak_memory_bytes and forked.peak_memory_bytes
+    gap = abs(forked.peak_memory_bytes - fresh.peak_memory_bytes) / fresh.peak_memory_bytes
+    assert gap < 0.08, (fresh.peak_memory_bytes, forked.peak_memory_bytes)

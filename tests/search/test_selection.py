@@ -52,3 +52,22 @@ def test_unstable_and_failed_configs_are_never_selected() -> None:
 def test_ranked_puts_ok_first_by_throughput() -> None:
     records = [rec(0, cand(8), Outcome.OOM), rec(1, cand(16), sps=5.0), rec(2, cand(32), sps=9.0)]
     assert [r.number for r in ranked(records)] == [2, 1, 0]
+
+
+def test_a_config_fits_within_the_budget_less_the_headroom_not_the_budget() -> None:
+    """SPEC: an 8 GiB budget, 5% headroom. A peak between 7.6 and 8 GiB does not fit."""
+    from helpers import SPEC
+
+    from autotune.core.trial import TrialResult
+    from autotune.search.selection import verdict
+
+    def peak(gib: float) -> TrialResult:
+        return TrialResult(Outcome.OK, samples_per_s=10.0, peak_memory_bytes=int(gib * GIB))
+
+    assert SPEC.fit_limit_bytes == int(0.95 * SPEC.memory_budget_bytes)
+    inside, over = verdict(peak(7.5), SPEC, implied=False), verdict(peak(7.8), SPEC, implied=False)
+    assert inside.constraint_gib is not None and inside.constraint_gib <= 0
+    assert over.constraint_gib is not None and over.constraint_gib > 0
+    between = rec(0, cand(16), sps=20.0, peak_gib=7.8)
+    assert select_best([between, rec(1, cand(8), sps=5.0, peak_gib=7.5)],
+                       fit_limit_bytes=SPEC.fit_limit_bytes).number == 1  # fmt: skip

@@ -1,0 +1,55 @@
+"""Why a search stops proposing: --max-trials, the time budget, an exhausted space.
+
+The time budget is checked with a fake clock: no sleeping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from helpers import SPEC, cand, rec
+
+from autotune.search.deadline import Deadline
+from autotune.search.run import SearchLimits, SearchRun
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run(limits: SearchLimits) -> SearchRun:
+    store: Any = type("FakeStore", (), {"spec": SPEC})()
+    return SearchRun(store=store, study_dir=Path("unused"), limits=limits, observer=None,  # type: ignore[arg-type]
+                     launcher=None)  # type: ignore[arg-type]  # fmt: skip
+
+
+def never_over(candidate: object) -> None:
+    return None
+
+
+def test_the_time_budget_stops_new_probes_at_its_search_share() -> None:
+    clock = Clock()
+    budget = Deadline.after(100.0, clock)
+    explore = budget.share(0.8)  # the rest is for confirming the finalists
+    search = run(SearchLimits(max_trials=50, confirm_top=3))
+    recs = [rec(0, cand(8))]
+    clock.now += 79
+    assert search._stop_reason(recs, {}, explore, never_over) == ""
+    clock.now += 2
+    assert search._stop_reason(recs, {}, explore, never_over).startswith("time budget spent")
+    assert not budget.passed() and budget.left() == 19.0  # confirmation still has its time
+
+
+def test_max_trials_counts_probes_running_elsewhere_but_not_skips() -> None:
+    from autotune.core.enums import Outcome
+
+    search = run(SearchLimits(max_trials=3))
+    recs = [rec(0, cand(8)), rec(1, cand(16), Outcome.SKIPPED)]
+    no_deadline = Deadline.after(None)
+    assert search._stop_reason(recs, {cand(32): 5}, no_deadline, never_over) == ""
+    busy = {cand(32): 5, cand(64): 6}
+    assert search._stop_reason(recs, busy, no_deadline, never_over) == "reached --max-trials 3"
