@@ -12,6 +12,7 @@ from rich.console import Console
 
 from autotune.cli_types import (
     OBJECTIVE,
+    TABLE_OR_JSON,
     GroupedCommand,
     ListType,
     search_options,
@@ -83,14 +84,7 @@ def search(**options: Any) -> None:
     help="Comma-separated, from fp32, tf32, fp16, bf16 [default: all the device supports].",
 )
 @click.option("--optimizers", type=ListType(), help="TrainingArguments optim names.")
-@click.option(
-    "--format",
-    "fmt",
-    default="table",
-    show_default=True,
-    type=click.Choice(["table", "json"]),
-    help="table for people, json for scripts.",
-)
+@TABLE_OR_JSON
 def estimate(fmt: str, **options: Any) -> None:
     """Memory estimate per precision/optimizer/checkpointing, without running anything."""
     from autotune.commands import estimate_command
@@ -188,14 +182,7 @@ def export(
 
 @cli.command()
 @study_options
-@click.option(
-    "--format",
-    "fmt",
-    default="table",
-    show_default=True,
-    type=click.Choice(["table", "json"]),
-    help="table for people, json for scripts.",
-)
+@TABLE_OR_JSON
 @OBJECTIVE
 def show(study_name: str, storage: str | None, fmt: str, objective: str) -> None:
     """Every trial of a study, best first, and why each non-ok trial failed."""
@@ -280,14 +267,7 @@ def dashboard(
 
 @cli.command()
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option(
-    "--format",
-    "fmt",
-    default="table",
-    show_default=True,
-    type=click.Choice(["table", "json"]),
-    help="table for people, json for scripts.",
-)
+@TABLE_OR_JSON
 def doctor(device: str, fmt: str) -> None:
     """Check, on this machine, what the search relies on (a few minutes); exit 1 if any fails."""
     from autotune import commands

@@ -80,8 +80,19 @@ OBJECTIVE = click.option(
     help="throughput: the fastest config that fits; efficiency: samples/s per GiB.",
 )
 
+
+def table_or_json(
+    help_text: str = "table for people, json for scripts.",
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--format table|json, as every command that prints results has it."""
+    return click.option("--format", "fmt", default="table", show_default=True,
+                        type=click.Choice(["table", "json"]), help=help_text)  # fmt: skip
+
+
+TABLE_OR_JSON = table_or_json()
+
 # The `search` command's options, in the order `--help` lists them.
-SEARCH_OPTIONS = [
+SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option("--model", required=True, help="Local directory, hub id, or bundled preset."),
     click.option(
         "--task",
@@ -238,14 +249,7 @@ SEARCH_OPTIONS = [
     ),
     OBJECTIVE,
     click.option("--quiet", is_flag=True, help="Plain log lines instead of the live table."),
-    click.option(
-        "--format",
-        "fmt",
-        default="table",
-        show_default=True,
-        type=click.Choice(["table", "json"]),
-        help="json: the result as JSON on stdout, the progress lines on stderr.",
-    ),
+    table_or_json("json: the result as JSON on stdout, the progress lines on stderr."),
     click.option(
         "--force",
         is_flag=True,

@@ -200,32 +200,15 @@ class Doctor:
         )
 
     def precisions(self) -> list[Check]:
-        found = []
-        for precision in supported_precisions(self.device):
-            r = self.probe(self.plain(8, precision), limit=None)
-            found.append(
-                Check(
-                    f"precision {precision} trains a step",
-                    r.outcome == Outcome.OK,
-                    _figures(r),
-                    r.reason,
-                )
-            )
-        return found
+        return [self.one_step(f"precision {p}", self.plain(8, p))
+                for p in supported_precisions(self.device)]  # fmt: skip
 
     def optimizers(self, names: tuple[str, ...]) -> list[Check]:
-        found = []
-        for optim in names:
-            r = self.probe(self.plain(8, "fp32", optim), limit=None)
-            found.append(
-                Check(
-                    f"optimizer {optim} trains a step",
-                    r.outcome == Outcome.OK,
-                    _figures(r),
-                    r.reason,
-                )
-            )
-        return found
+        return [self.one_step(f"optimizer {o}", self.plain(8, "fp32", o)) for o in names]
+
+    def one_step(self, what: str, candidate: Candidate) -> Check:
+        r = self.probe(candidate, limit=None)
+        return Check(f"{what} trains a step", r.outcome == Outcome.OK, _figures(r), r.reason)
 
     def matmul_peaks(self) -> list[Check]:
         from autotune.probe.device import measure_peak_flops
