@@ -142,3 +142,26 @@ def test_classification_labels_must_be_class_ids_in_a_column_that_exists(
     source = _tokenized(tmp_path, rows)
     with pytest.raises(UsageError, match=message):
         prepare(**options(tmp_path, source=source, task="classification", target_column=column))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet", ".json", ".jsonl"])
+def test_local_files_of_each_format_load(tmp_path: Path, suffix: str) -> None:
+    import datasets
+
+    table = datasets.Dataset.from_dict({"text": ["a b", "c d e"], "label": [0, 1]})
+    path = tmp_path / f"d{suffix}"
+    {".csv": table.to_csv, ".parquet": table.to_parquet, ".json": table.to_json,
+     ".jsonl": table.to_json}[suffix](str(path))  # fmt: skip
+    loaded = load_source(str(path), split="train")
+    assert list(loaded["text"]) == ["a b", "c d e"] and list(loaded["label"]) == [0, 1]
+
+
+def test_a_missing_split_names_the_splits_there_are(tmp_path: Path) -> None:
+    import datasets
+
+    folder = tmp_path / "dd"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["x"]})}).save_to_disk(
+        str(folder)
+    )
+    with pytest.raises(UsageError, match="has no split 'test'; it has train"):
+        load_source(str(folder), split="test")

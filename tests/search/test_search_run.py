@@ -212,3 +212,36 @@ def test_search_as_json_puts_the_result_on_stdout_and_the_progress_on_stderr(
     assert result["best"]["per_device_train_batch_size"] == 8 and result["study"] == "tiny"
     assert result["output"] == "studies/tiny.best.json" and result["probes_this_run"] == 1
     assert "probe 1 of 1" in done.stderr and "trial   0 ok" in done.stderr
+
+
+@pytest.mark.slow
+def test_the_search_options_reach_the_probes_and_the_export(tmp_path: Path) -> None:
+    write_model(tmp_path / "tiny", TINY_GPT2)
+    done = autotune(
+        tmp_path, "search", "--model", "./tiny", "--device", "cpu", "--task", "causal-lm",
+        "--global-batch-size", "8", "--seq-len", "32", "--precisions", "fp32",
+        "--optimizers", "adamw_torch,adafactor", "--checkpointing", "off", "--max-trials", "2",
+        "--warmup-steps", "1", "--measure-steps", "2", "--confirm-top", "1",
+        "--confirm-steps", "3", "--no-fork-server", "--objective", "efficiency",
+        "--sampler", "random", "--seed", "3", "--headroom", "0.2", "--quiet",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((tmp_path / "studies" / "tiny.best.summary.json").read_text())
+    assert summary["objective"] == "efficiency" and summary["task"] == "causal-lm"
+    assert summary["fit_limit_bytes"] == int(summary["memory_budget_bytes"] * 0.8)
+    assert summary["best"]["runs"] == 2 and summary["best"]["measured_steps"] == 2 + 3
+    assert not (tmp_path / "studies" / "tiny" / "forkserver.log").exists()  # fresh processes
+
+
+@pytest.mark.slow
+def test_a_probe_past_the_trial_timeout_is_killed_and_the_search_goes_on(tmp_path: Path) -> None:
+    write_model(tmp_path / "tiny", TINY_GPT2)
+    done = autotune(
+        tmp_path, "search", "--model", "./tiny", "--device", "cpu", "--global-batch-size", "8",
+        "--seq-len", "32", "--precisions", "fp32", "--optimizers", "adamw_torch,adafactor",
+        "--checkpointing", "off", "--max-trials", "2", "--trial-timeout", "1s",
+        "--measure-steps", "100000", "--confirm-top", "0", "--quiet",
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.count("timeout") >= 2  # both probes, each killed after 1 s
+    assert "no config fits" in done.stderr and "2 timeout" in done.stderr

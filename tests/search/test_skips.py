@@ -42,3 +42,30 @@ def test_open_candidates_shrink_as_the_study_learns() -> None:
     # fp32/no-ckpt: 8 measured, 16-64 implied OOM, 1-4 now open.
     assert cand(16) not in left and cand(8) not in left and cand(4) in left
     assert len(left) == everything - 4 + 3
+
+
+def test_a_config_the_estimate_puts_far_over_the_budget_is_skipped_as_infeasible() -> None:
+    """SPEC's model given 2e9 parameters: fp32 AdamW needs 16 bytes each (32 GB) against
+    an 8 GiB budget, far over before any activation; a 1e8 model is not skipped."""
+    import dataclasses
+
+    from helpers import SPEC
+
+    from autotune.search.run import far_over_budget
+
+    huge = dataclasses.replace(SPEC, parameters=2_000_000_000)
+    over = far_over_budget(huge, [])
+    assert over(cand(8)) is not None and "far over the 8.0 GiB budget" in str(over(cand(8)))
+    skip = skip_reason(cand(8), [], SPACE, over)
+    assert skip is not None and skip.implies_oom and skip.reason.startswith("skipped: estimate")
+    small = far_over_budget(dataclasses.replace(SPEC, parameters=100_000_000), [])
+    assert small(cand(64)) is None
+    assert far_over_budget(SPEC, [])(cand(8)) is None  # no parameter count: no verdict
+
+
+def test_a_config_another_worker_is_probing_is_not_proposed_again() -> None:
+    busy = {cand(16): 7}
+    skip = skip_reason(cand(16), [], SPACE, in_flight=busy)
+    assert skip is not None and not skip.implies_oom and skip.reason == "trial 7 is probing it"
+    assert cand(16) not in open_candidates(SPACE, [], in_flight=busy)
+    assert cand(16) in open_candidates(SPACE, [])
