@@ -16,6 +16,7 @@ from autotune.core.errors import StudyError, UsageError
 
 HEARTBEAT_ENV = "AUTOTUNE_HEARTBEAT_S"
 STORAGE_ENV = "AUTOTUNE_STORAGE"  # a storage URL kept out of `ps` and shell history
+_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")  # user:PASSWORD@ in a URL
 
 
 def heartbeat_s() -> int:
@@ -45,7 +46,7 @@ def mask(url: str) -> str:
     try:
         return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
     except Exception:  # not a URL sqlalchemy can parse: mask user:password@ by hand
-        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+        return _PASSWORD.sub(r"\1***@", url)
 
 
 def open_storage(url: str) -> RDBStorage:
@@ -86,4 +87,4 @@ def first_line(exc: BaseException) -> str:
     """An exception's first line, with any storage password masked."""
     text = str(exc).strip().splitlines()
     line = text[0][:200] if text else type(exc).__name__
-    return re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", line)
+    return _PASSWORD.sub(r"\1***@", line)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import TINY_GPT2
 from torch.utils.flop_counter import FlopCounterMode
 
 from autotune.hf.models import PRESET_DIR
@@ -23,21 +24,7 @@ from autotune.probe.flops import flops_per_sample
 TINY = {"vocab_size": 512, "max_position_embeddings": 256}
 # name: (task, config, source length, target length)
 CASES: dict[str, tuple[str, dict[str, Any], int, int]] = {
-    "gpt2": (
-        "causal-lm",
-        {
-            "model_type": "gpt2",
-            "n_embd": 64,
-            "n_layer": 2,
-            "n_head": 4,
-            "n_positions": 256,
-            "vocab_size": 512,
-            "bos_token_id": 0,
-            "eos_token_id": 0,
-        },
-        128,
-        0,
-    ),
+    "gpt2": ("causal-lm", TINY_GPT2, 128, 0),
     # untied output embeddings, rotary positions
     "gpt-neox": (
         "causal-lm",

@@ -54,7 +54,7 @@ def test_report_writes_html_with_its_charts_and_the_hand_off(searched_study: Stu
     assert "Selected: trial" in page and "plain default" in page
     assert "autotune export --study tiny --merge-into your_args.json" in page
     assert "--per_device_train_batch_size 8" in page  # the flags of the winner
-    assert ("selected" in page and "% slower" in page) or "tie:" in page  # every row's note
+    assert "selected" in page and ("% slower" in page or "tie:" in page)  # every row's note
     for name in ("tiny.ranked.png", "tiny.tradeoff.png", "tiny.by-batch.png"):
         png = (work / "out" / name).read_bytes()
         assert png.startswith(b"\x89PNG") and len(png) > 10_000
