@@ -29,7 +29,7 @@ from autotune.search.deadline import Deadline
 from autotune.search.estimate import FAR_OVER, make_predictor
 from autotune.search.selection import fitting, ranked, verdict
 from autotune.search.skips import open_candidates, skip_reason
-from autotune.store.store import StudyStore
+from autotune.store.store import StudyStore, TrialLost
 
 Verdictor = Callable[[Candidate], str | None]
 
@@ -138,13 +138,17 @@ class SearchRun:
             else:  # steer the next ask to a config still open
                 self._steer(trial.number, recs, over, busy)
             return
-        rival = self.store.claim(trial, candidate, self.limits.max_trials)
+        config = self.trial_config(trial.number, candidate, str(trial.number))
+        try:
+            rival = self.store.claim(trial, candidate, self.limits.max_trials, config.trial_dir)
+        except TrialLost:  # another worker failed it and re-queued its config: ask again
+            return
         if rival is not None:  # another worker got there first: let it run, pick again
             result = TrialResult(Outcome.SKIPPED, reason=rival)
             self.store.tell(trial, result, verdict(result, self.spec, implied=False))
             time.sleep(random.uniform(0.0, 0.5))  # two yielding workers do not retry in step
             return
-        self._probe(trial, candidate)
+        self._probe(trial, candidate, config)
 
     def _steer(
         self, number: int, recs: list[TrialRecord], over: Verdictor, busy: dict[Candidate, int]
@@ -153,9 +157,7 @@ class SearchRun:
         if remaining:
             self.store.enqueue(random.Random(self.spec.seed * 7919 + number).choice(remaining))
 
-    def _probe(self, trial: optuna.Trial, candidate: Candidate) -> None:
-        config = self.trial_config(trial.number, candidate, str(trial.number))
-        self.store.record_folder(trial, config.trial_dir)
+    def _probe(self, trial: optuna.Trial, candidate: Candidate, config: TrialConfig) -> None:
         self.observer.on_trial_start(trial.number, candidate)
         try:
             with self.store.heartbeat(trial):

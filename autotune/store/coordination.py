@@ -42,10 +42,12 @@ def pid_namespace() -> str:
 
 
 def worker_identity() -> dict[str, object]:
+    """This worker's attributes, in the order they are written: each is its own commit,
+    so the whole identity goes first and a reader never judges a half-written one."""
     return {
+        Attr.WORKER: f"{HOST}|{pid_namespace()}|{os.getpid()}|{WORKER_ID}",
         Attr.HOST: HOST,
         Attr.PID: os.getpid(),
-        Attr.WORKER: f"{HOST}|{pid_namespace()}|{os.getpid()}|{WORKER_ID}",
     }
 
 
@@ -104,11 +106,11 @@ def dead_here(trial: FrozenTrial) -> bool:
         host, namespace, pid = (
             str(trial.user_attrs.get(Attr.HOST)),
             "",
-            str(trial.user_attrs.get(Attr.PID)),
+            str(trial.user_attrs.get(Attr.PID, "")),
         )
-    if host != HOST or (namespace and namespace != pid_namespace()):
-        return False
-    return not (pid.isdigit() and _alive(int(pid)))
+    if host != HOST or (namespace and namespace != pid_namespace()) or not pid.isdigit():
+        return False  # elsewhere, or no pid to look for: heartbeats decide
+    return not _alive(int(pid))
 
 
 @contextlib.contextmanager

@@ -74,7 +74,10 @@ def open_storage(url: str) -> RDBStorage:
             ) from None
         except sqlalchemy.exc.SQLAlchemyError as exc:
             # Two workers creating the tables of a new storage at once: one loses the race.
-            racing = "already exists" in str(exc) or "duplicate key" in str(exc)
+            racing = any(
+                sign in str(exc)
+                for sign in ("already exists", "duplicate key", "UNIQUE constraint failed")
+            )
             if not racing or attempt == 2:
                 raise StudyError(f"cannot open storage {mask(url)!r}: {first_line(exc)}") from None
             time.sleep(0.5 + attempt)

@@ -182,19 +182,20 @@ class StudyStore:
         return trial, candidate_of(self.spec.space, trial.params)
 
     @transient_retry
-    def claim(self, trial: optuna.Trial, candidate: Candidate, max_trials: int) -> str | None:
-        """Claim the config for this trial; the reason to yield when another worker holds it
-        (or the study already has `max_trials` probes), else None."""
-        for key, value in coordination.worker_identity().items():
-            trial.set_user_attr(key, value)
-        trial.set_user_attr(Attr.CLAIM, coordination.claim_key(candidate))
-        compat.record_heartbeat(self.storage, self._id(trial.number))
+    def claim(
+        self, trial: optuna.Trial, candidate: Candidate, max_trials: int, folder: str
+    ) -> str | None:
+        """Claim the config for this trial and name its folder; the reason to yield when
+        another worker holds the config (or the study already has `max_trials` probes),
+        else None. TrialLost when another worker failed the trial meanwhile."""
+        with _lost_if_finished(trial):
+            for key, value in coordination.worker_identity().items():
+                trial.set_user_attr(key, value)
+            trial.set_user_attr(Attr.CLAIM, coordination.claim_key(candidate))
+            trial.set_user_attr(Attr.TRIAL_DIR, folder)
+            compat.record_heartbeat(self.storage, self._id(trial.number))
         trials = self.study.get_trials(deepcopy=False)
         return coordination.rival(trials, trial.number, candidate, max_trials)
-
-    @transient_retry
-    def record_folder(self, trial: optuna.Trial, folder: str) -> None:
-        trial.set_user_attr(Attr.TRIAL_DIR, folder)
 
     @contextlib.contextmanager
     def heartbeat(self, trial: optuna.Trial) -> Iterator[None]:
@@ -297,6 +298,21 @@ class StudyStore:
 
     def _id(self, number: int) -> int:
         return compat.trial_id(self.storage, self.study, number)
+
+
+class TrialLost(Exception):
+    """The trial was finished by another worker (which judged it abandoned and re-queued
+    its config): this worker drops it and asks again."""
+
+
+@contextlib.contextmanager
+def _lost_if_finished(trial: optuna.Trial) -> Iterator[None]:
+    try:
+        yield
+    except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as exc:
+        if not _already_finished(exc):
+            raise
+        raise TrialLost(f"trial {trial.number} was taken over by another worker") from None
 
 
 def _already_finished(exc: BaseException) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers import SPEC, cand, rec
 
 from autotune.search.deadline import Deadline
@@ -53,3 +54,31 @@ def test_max_trials_counts_probes_running_elsewhere_but_not_skips() -> None:
     assert search._stop_reason(recs, {cand(32): 5}, no_deadline, never_over) == ""
     busy = {cand(32): 5, cand(64): 6}
     assert search._stop_reason(recs, busy, no_deadline, never_over) == "reached --max-trials 3"
+
+
+def test_a_trial_taken_over_between_ask_and_claim_is_dropped_unprobed(tmp_path: Path) -> None:
+    """Another worker failed the trial (judging it abandoned) and re-queued its config:
+    this worker neither probes it nor stops, and the config stays in the queue."""
+    from optuna.trial import TrialState
+
+    from autotune.store.samplers import make_sampler
+    from autotune.store.store import StudyStore
+
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    store = StudyStore.open(url=url, name="lost", spec=SPEC, sampler=make_sampler("tpe", 0))
+    store.enqueue(cand(8))
+    asked = store.ask()
+
+    def ask_then_lose() -> Any:
+        store.study.tell(asked[0].number, state=TrialState.FAIL)  # as a rival's recovery does
+        store.enqueue(cand(8))
+        return asked
+
+    store.ask = ask_then_lose  # type: ignore[method-assign]
+    launcher: Any = type("NoLaunch", (), {"run": lambda *a, **k: pytest.fail("probed")})()
+    search = SearchRun(store=store, study_dir=tmp_path, limits=SearchLimits(), observer=None,  # type: ignore[arg-type]
+                       launcher=launcher)  # fmt: skip
+    search._step([], {}, never_over)
+    assert search.probes == 0
+    waiting = store.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert len(waiting) == 1

@@ -6,6 +6,9 @@ Claims and heartbeats run against SQLite and against a real PostgreSQL server.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,7 +24,10 @@ from autotune.store.identity import same_search
 from autotune.store.keys import Attr
 from autotune.store.params import candidate_params
 from autotune.store.samplers import make_sampler
-from autotune.store.store import StudyStore
+from autotune.store.store import StudyStore, TrialLost
+
+TESTS = Path(__file__).resolve().parents[1]
+ROOT = TESTS.parent
 
 
 def test_a_study_made_before_a_new_setting_existed_still_resumes() -> None:
@@ -55,13 +61,13 @@ def test_two_workers_claiming_one_config_never_both_run_it(storage: str) -> None
     (ta, ca), (tb, cb) = a.ask(), b.ask()
     assert ca == cb == config
     # Both claim before either looks: both yield; neither runs it.
-    assert a.claim(ta, config, 10) is None  # a looked before b claimed
-    assert b.claim(tb, config, 10) == f"trial {ta.number} is probing the same config"
+    assert a.claim(ta, config, 10, "trials/x") is None  # a looked before b claimed
+    assert b.claim(tb, config, 10, "trials/x") == f"trial {ta.number} is probing the same config"
     b.tell(tb, TrialResult(Outcome.SKIPPED, reason="yield"), Verdict(None, None, pruned=True))
     late, _ = b.ask()
-    assert b.claim(late, config, 10) == f"trial {ta.number} is probing the same config"
+    assert b.claim(late, config, 10, "trials/x") == f"trial {ta.number} is probing the same config"
     other, _ = b.ask()
-    assert b.claim(other, cand(32), 2) == "other workers reached --max-trials 2"
+    assert b.claim(other, cand(32), 2, "trials/x") == "other workers reached --max-trials 2"
 
 
 def test_claim_rule_when_two_workers_claim_before_either_reads() -> None:
@@ -92,7 +98,7 @@ def test_a_worker_that_stops_sending_heartbeats_loses_its_trial(
     store = worker(storage, f"beats-{uuid.uuid4().hex[:8]}")
     store.enqueue(cand(8))
     trial, config = store.ask()
-    assert store.claim(trial, config, 10) is None
+    assert store.claim(trial, config, 10, "trials/x") is None
     trial.set_user_attr(Attr.WORKER, "another-machine|ns|1|x")  # only its heartbeat counts
     with store.heartbeat(trial):
         time.sleep(4.5)
@@ -111,7 +117,7 @@ def test_a_dead_search_on_this_host_loses_its_trial_at_once(storage: str) -> Non
     store = worker(storage, f"dead-{uuid.uuid4().hex[:8]}")
     store.enqueue(cand(8))
     trial, config = store.ask()
-    store.claim(trial, config, 10)
+    store.claim(trial, config, 10, "trials/x")
     ns = coordination.pid_namespace()
     trial.set_user_attr(Attr.WORKER, f"{coordination.HOST}|{ns}|999999999|gone")
     assert store.recover_stale() == [trial.number]
@@ -125,6 +131,73 @@ def test_a_live_worker_in_another_pid_namespace_keeps_its_trial(storage: str) ->
     store = worker(storage, f"ns-{uuid.uuid4().hex[:8]}")
     store.enqueue(cand(8))
     trial, config = store.ask()
-    store.claim(trial, config, 10)
+    store.claim(trial, config, 10, "trials/x")
     trial.set_user_attr(Attr.WORKER, f"{coordination.HOST}|pid:[1]|999999999|other")
     assert store.recover_stale() == []
+
+
+def test_a_claim_seen_half_written_is_not_taken_for_a_dead_worker(storage: str) -> None:
+    """Each attribute is its own commit: another worker can read the trial between them.
+    A trial whose host is written but not yet its pid belongs to a live worker."""
+    store = worker(storage, f"half-{uuid.uuid4().hex[:8]}")
+    store.enqueue(cand(8))
+    trial, _ = store.ask()
+    trial.set_user_attr(Attr.HOST, coordination.HOST)
+    assert worker(storage, store.name).recover_stale() == []
+    assert next(iter(coordination.worker_identity())) == Attr.WORKER  # the whole id goes first
+
+
+def test_a_worker_whose_trial_was_taken_over_drops_it(storage: str) -> None:
+    store = worker(storage, f"lost-{uuid.uuid4().hex[:8]}")
+    store.enqueue(cand(8))
+    trial, config = store.ask()
+    worker(storage, store.name).study.tell(trial.number, state=TrialState.FAIL)  # elsewhere
+    with pytest.raises(TrialLost, match=f"trial {trial.number} was taken over"):
+        store.claim(trial, config, 10, "trials/x")
+
+
+CONTEND = """
+import sys, time
+from helpers import SPEC, cand
+from autotune.core.enums import Outcome
+from autotune.core.trial import TrialResult, Verdict
+from autotune.store.samplers import make_sampler
+from autotune.store.store import StudyStore, TrialLost
+url, name, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+store = StudyStore.open(url=url, name=name, spec=SPEC, sampler=make_sampler("random", 0))
+while time.time() < start:
+    time.sleep(0.005)
+for _ in range(60):
+    assert store.recover_stale() == [], "a live worker's trial was recovered"
+    trial, config = store.ask()
+    print(trial.number, flush=True)
+    store.enqueue(cand(8))
+    store.claim(trial, config, 10_000, "trials/x")  # TrialLost fails the test
+    store.tell(trial, TrialResult(Outcome.SKIPPED, reason="x"), Verdict(None, None, pruned=True))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_asking_one_sqlite_study_never_share_or_lose_a_trial(
+    tmp_path: Path,
+) -> None:
+    """Two workers hammering one SQLite file: each asked trial is one worker's alone, and
+    no worker takes another's live trial for a dead one (seen on CI: a half-written
+    claim read as a dead worker's)."""
+    url, name = f"sqlite:///{tmp_path / 'studies.db'}", "contend"
+    worker(url, name).enqueue(cand(8))  # the storage and study exist before both start
+    script = tmp_path / "contend.py"
+    script.write_text(CONTEND)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
+    start = str(time.time() + 8)  # both are imported and open by then
+    runs = [
+        subprocess.Popen([sys.executable, str(script), url, name, start], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]  # fmt: skip
+    outputs = [run.communicate(timeout=300) for run in runs]
+    for run, (_, err) in zip(runs, outputs, strict=True):
+        assert run.returncode == 0, err
+    asked = [out.split() for out, _ in outputs]
+    assert len(asked[0]) == len(asked[1]) == 60
+    assert not set(asked[0]) & set(asked[1])
