@@ -55,6 +55,10 @@ def search(**options: Any) -> None:
         f"{best.result.samples_per_s:.2f} samples/s, peak "
         f"{format_size(best.result.peak_memory_bytes or 0)}"
     )
+    from autotune.views.summary import change_lines
+
+    for line in change_lines(outcome.parity):
+        console.print(line)
     console.print(f"wrote {outcome.output}")
 
 

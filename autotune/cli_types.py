@@ -199,6 +199,21 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         help="Measured steps of a confirmation run [default: 2 x --measure-steps].",
     ),
     click.option(
+        "--parity",
+        type=click.Choice(["on", "off"]),
+        default="on",
+        show_default=True,
+        help="Train each finalist whose precision or optimizer differs from your recipe "
+        "beside it and never export one that learns differently (off: skip, and say so).",
+    ),
+    click.option(
+        "--parity-steps",
+        default=30,
+        show_default=True,
+        type=click.IntRange(4),
+        help="Optimizer steps of each parity run (more: a stricter check, a longer search).",
+    ),
+    click.option(
         "--fork-server/--no-fork-server",
         default=True,
         show_default=True,
@@ -271,7 +286,7 @@ SEARCH_GROUPS = {
                            "text_column", "target_column", "tokenizer"),
     "The search": ("precisions", "optimizers", "checkpointing", "max_trials", "time_budget",
                    "trial_timeout", "sampler", "seed", "confirm_top", "confirm_steps",
-                   "fork_server", "warmup_steps", "measure_steps"),
+                   "parity", "parity_steps", "fork_server", "warmup_steps", "measure_steps"),
     "Storage and workers": ("study_name", "storage", "parallel", "devices", "nproc_per_node"),
     "Output": ("output", "quiet", "fmt", "force", "help"),
 }  # fmt: skip

@@ -35,6 +35,7 @@ class SearchOutcome:
     probes_this_run: int
     elapsed_s: float
     stop_reason: str
+    parity: dict[str, Any]  # views.export.parity_summary: what changed, and its verdict
 
 
 def resolve_storage(storage: str | None, studies_dir: Path) -> str:
@@ -59,6 +60,8 @@ def search_command(  # long: one keyword per `search` option, then a few calls
     quiet: bool,
     confirm_top: int,
     confirm_steps: int | None,
+    parity: str = "on",
+    parity_steps: int = 30,
     fork_server: bool,
     parallel: int = 1,
     devices: tuple[str, ...] | None = None,
@@ -100,6 +103,7 @@ def search_command(  # long: one keyword per `search` option, then a few calls
         trial_timeout_s=trial_timeout,
         confirm_top=confirm_top,
         confirm_steps=confirm_steps or 2 * spec.measure_steps,
+        parity_steps=parity_steps if parity == "on" else 0,
         fork_server=fork_server,
     )
     deadline = Deadline.after(time_budget)
@@ -123,8 +127,9 @@ def _search_and_export(
     """The parent's part: explore (unless workers did), confirm, select, export."""
     from rich.console import Console
 
+    from autotune.search.parity import reference_for
     from autotune.search.run import nothing_fits, run_search
-    from autotune.views.export import export_selected
+    from autotune.views.export import export_selected, parity_summary
     from autotune.views.progress import Progress
 
     spec, name = store.spec, store.name
@@ -133,16 +138,18 @@ def _search_and_export(
     try:
         report = run_search(store=store, study_dir=folder, limits=limits,
                             deadline=deadline, observer=progress, explore=explore)  # fmt: skip
+        parity = store.parity()
         best = export_selected(records=list(report.records), spec=spec, study_name=name,
                                output=output, objective=objective, validate=True,
-                               force=force)  # fmt: skip
+                               force=force, parity=parity)  # fmt: skip
         progress.on_search_end(report)
     finally:
         progress.close()
     if best is None:
         raise nothing_fits(list(report.records), spec)
+    changed = parity_summary(best, reference_for(spec, report.records, parity), parity)
     return SearchOutcome(name, best, output, report.probes_this_run, report.elapsed_s,
-                         report.stop_reason)  # fmt: skip
+                         report.stop_reason, changed)  # fmt: skip
 
 
 def _ensure_sqlite_folder(url: str) -> None:
@@ -183,6 +190,7 @@ def export_command(
         objective=objective,
         validate=False,
         force=force,
+        parity=store.parity(),
     )
     if best is None:
         raise NoFitError(f"study {study_name!r} has no trial that ran ok within the budget")
@@ -256,10 +264,17 @@ def flags_command(
 
 def show_command(*, study_name: str, storage: str, objective: Objective) -> Any:
     """The study's rows, best first (views.show prints them)."""
+    from autotune.search.parity import reference_for
+    from autotune.views.export import parity_summary
     from autotune.views.show import StudyView, trial_rows
 
     store = StudyStore.load(url=storage, name=study_name)
-    return StudyView(study_name, store.spec, trial_rows(store.records(), store.spec, objective))
+    records, state = store.records(), store.parity()
+    best = select_best(records, fit_limit_bytes=store.spec.fit_limit_bytes, objective=objective)
+    changed = None
+    if best is not None:
+        changed = parity_summary(best, reference_for(store.spec, records, state), state)
+    return StudyView(study_name, store.spec, trial_rows(records, store.spec, objective), changed)
 
 
 def report_command(*, study_name: str, storage: str, output_dir: Path) -> list[Path]:
@@ -269,9 +284,10 @@ def report_command(*, study_name: str, storage: str, output_dir: Path) -> list[P
     store = StudyStore.load(url=storage, name=study_name)
     recs = store.records()
     rows = trial_rows(recs, store.spec, Objective.THROUGHPUT)
-    return write_report(
-        records=recs, rows=rows, spec=store.spec, study_name=study_name, output_dir=output_dir
-    )
+    state = store.parity()
+    recipe = state.reference if state else None
+    return write_report(records=recs, rows=rows, spec=store.spec, study_name=study_name,
+                        output_dir=output_dir, recipe=recipe)  # fmt: skip
 
 
 def dashboard_command(*, study_name: str, storage: str, host: str, port: int) -> None:

@@ -27,6 +27,9 @@ class SearchSpec:
     measure_steps: int = 5
     seed: int = 0
     base_arguments: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The user's own precision, optimizer, checkpointing and batch split (--base-args):
+    # the reference for parity; not part of the identity (probes replace these fields)
+    recipe_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     parameters: int = 0  # counted on the meta device; 0 when unknown
     nproc_per_node: int = 1  # DDP processes per probe (torchrun); the space is per process
     data: DataSpec | None = None  # the user's dataset (--dataset), tokenized once

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.core.enums import DeviceKind, Outcome, Precision, Task
+
+if TYPE_CHECKING:
+    from autotune.core.parity import Parity
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +92,9 @@ class TrialConfig:
     visible_devices: str = ""
     # >0: measure until the window lasts this long (fast devices), not a fixed step count
     min_measure_s: float = 0.0
+    # >0: a parity run (core/parity.py): train this many steps on learnable data and
+    # record the held-out loss curve; no timing
+    parity_steps: int = 0
 
     @property
     def device_kind(self) -> DeviceKind:
@@ -150,6 +156,8 @@ class TrialResult:
     # The memory the probe process held before training (CPU: data segment and resident
     # set after the imports; CUDA: the context and how it was measured).
     baseline: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # A parity run: the held-out loss at each evaluated step, (step, loss)
+    curve: tuple[tuple[int, float], ...] = ()
 
     def to_json(self) -> str:
         raw = dataclasses.asdict(self)
@@ -164,6 +172,7 @@ class TrialResult:
             raise ValueError("result is not a JSON object")
         raw["outcome"] = Outcome(raw["outcome"])
         raw["step_times_s"] = tuple(float(t) for t in raw.get("step_times_s", ()))
+        raw["curve"] = tuple((int(s), float(v)) for s, v in raw.get("curve", ()))
         return cls(**raw)
 
     @property
@@ -185,6 +194,7 @@ class TrialRecord:
     candidate: Candidate
     result: TrialResult  # pooled over the confirmation runs, when there are any
     runs: int = 1
+    parity: Parity | None = None  # its training parity with the user's recipe, when judged
 
 
 @dataclasses.dataclass(frozen=True)

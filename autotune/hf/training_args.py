@@ -146,6 +146,9 @@ class BaseArguments:
     seq_len: int | None
     target_len: int | None
     carried: dict[str, Any]  # their other TrainingArguments fields, run in every probe
+    # Their own values of the fields the search tunes (precision, optimizer, checkpointing,
+    # batch split): the recipe that parity runs compare the finalists with
+    recipe: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def training_fields() -> set[str]:
@@ -193,6 +196,7 @@ def base_arguments(raw: dict[str, Any], *, where: str = "--base-args") -> BaseAr
         seq_len=next((_positive_int(raw, k, where) for k in SEQ_KEYS if k in raw), None),
         target_len=next((_positive_int(raw, k, where) for k in TARGET_KEYS if k in raw), None),
         carried=carried,
+        recipe={k: v for k, v in raw.items() if k in TUNED or k in CHECKPOINTING_FIELDS},
     )
 
 

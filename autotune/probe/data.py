@@ -89,3 +89,58 @@ class RealBatches:
             batch["labels"] = torch.tensor([x + [-100] * (width - len(x)) for x in ids])
         self.fed.append((real, fed))
         return batch
+
+
+class LearnableDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """Synthetic data a model learns within tens of steps, for parity runs.
+
+    Sequences over a small alphabet follow a fixed random successor table (each token's
+    successor with probability 3/4, else any letter): the loss falls from ln(vocab)
+    towards the table's entropy. Seq2seq targets are the source's successors, labels
+    for classification the first token's letter modulo the classes. `offset` selects
+    a disjoint range of samples (the held-out batches)."""
+
+    ALPHABET = 64
+    FOLLOW = 0.75
+
+    def __init__(self, *, task: str, length: int, seq_len: int, target_len: int,
+                 vocab_size: int, num_labels: int = 2, seed: int = 0,
+                 offset: int = 0) -> None:  # fmt: skip
+        self.task, self.length, self.offset, self.seed = task, length, offset, seed
+        self.seq_len, self.target_len, self.num_labels = seq_len, target_len, num_labels
+        size = min(self.ALPHABET, vocab_size)
+        first = min(100, vocab_size - size)  # clear of the usual special ids
+        self.letters = torch.arange(first, first + size)
+        table = torch.Generator().manual_seed(seed * 7919 + 17)
+        self.successor = torch.randperm(size, generator=table)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def _walk(self, generator: torch.Generator, length: int) -> torch.Tensor:
+        size = len(self.letters)
+        letters = torch.empty(length, dtype=torch.long)
+        letters[0] = torch.randint(0, size, (), generator=generator)
+        follow = torch.rand(length, generator=generator) < self.FOLLOW
+        noise = torch.randint(0, size, (length,), generator=generator)
+        for i in range(1, length):
+            letters[i] = self.successor[letters[i - 1]] if follow[i] else noise[i]
+        return letters
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if not 0 <= index < self.length:
+            raise IndexError(index)
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.offset + index)
+        letters = self._walk(generator, self.seq_len)
+        ids = self.letters[letters]
+        item = {"input_ids": ids, "attention_mask": torch.ones(self.seq_len, dtype=torch.long)}
+        if self.task == Task.SEQ2SEQ:
+            source = letters[: self.target_len]
+            if len(source) < self.target_len:
+                source = torch.cat([source, self._walk(generator, self.target_len - len(source))])
+            item["labels"] = self.letters[self.successor[source]]
+        elif self.task == Task.CLASSIFICATION:
+            item["labels"] = letters[0] % self.num_labels
+        else:
+            item["labels"] = ids.clone()
+        return item

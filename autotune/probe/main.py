@@ -79,6 +79,13 @@ def _train(config: TrialConfig, index: int, phases: dict[str, float]) -> TrialRe
     model = build_model(config.model)
     phases["build"] = time.perf_counter() - tick
     recipe = _recipe(config)
+    if config.parity_steps:
+        from autotune.probe.parity import parity_run
+
+        tick = time.perf_counter()
+        result = parity_run(config, model, recipe)
+        phases["train"] = time.perf_counter() - tick
+        return result.replace(baseline=baseline)
     result = _worst_case(config, model, recipe, phases).replace(baseline=baseline)
     per_sample = flops_per_sample(model, config.model.task, config.seq_len, config.target_len)
     if config.data_path and result.outcome == Outcome.OK:

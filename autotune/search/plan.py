@@ -111,7 +111,7 @@ def build_spec(
         model=model_spec, device=device_info, space=space, seq_len=seq_len,
         target_len=target_len, memory_budget_bytes=budget, headroom=o.headroom,
         warmup_steps=o.warmup_steps, measure_steps=o.measure_steps, seed=o.seed,
-        base_arguments=base.carried, parameters=parameters,
+        base_arguments=base.carried, recipe_settings=base.recipe, parameters=parameters,
         nproc_per_node=layout.nproc_per_node, data=data,
         checkpointing_field=checkpointing_field(),
     )  # fmt: skip

@@ -19,6 +19,7 @@ import optuna
 
 from autotune.core.enums import Outcome
 from autotune.core.errors import AutotuneError, NoFitError
+from autotune.core.parity import Parity
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialConfig, TrialRecord, TrialResult
 from autotune.core.units import format_size
@@ -27,6 +28,7 @@ from autotune.launch.runner import Launcher
 from autotune.probe import device
 from autotune.search.deadline import Deadline
 from autotune.search.estimate import FAR_OVER, make_predictor
+from autotune.search.parity import ParityCheck
 from autotune.search.selection import fitting, ranked, verdict
 from autotune.search.skips import open_candidates, skip_reason
 from autotune.store.store import StudyStore, TrialLost
@@ -47,6 +49,7 @@ class SearchLimits:
     # recorded with each result, so figures measured side by side are told apart.
     concurrent: int = 1
     poll_s: float = 2.0  # how often a worker waiting on other workers' trials looks again
+    parity_steps: int = 0  # >0: parity runs of this many steps settle the finalists
 
 
 class Observer(Protocol):
@@ -56,6 +59,8 @@ class Observer(Protocol):
     def on_trial_start(self, number: int, candidate: Candidate) -> None: ...
     def on_trial_end(self, number: int, candidate: Candidate, result: TrialResult) -> None: ...
     def on_confirm(self, number: int, candidate: Candidate, result: TrialResult) -> None: ...
+    def on_parity_start(self, label: str, candidate: Candidate) -> None: ...
+    def on_parity(self, candidate: Candidate, parity: Parity) -> None: ...
 
 
 class SearchRun:
@@ -184,7 +189,8 @@ class SearchRun:
         for _ in range(2 * self.limits.confirm_top):
             if deadline.passed():
                 break
-            finalists = ranked(fitting(self.store.records(), self.spec.fit_limit_bytes))
+            fits = fitting(self.store.records(), self.spec.fit_limit_bytes)
+            finalists = ranked([r for r in fits if not (r.parity and r.parity.blocks_export)])
             todo = [r for r in finalists[: self.limits.confirm_top] if r.runs < 2]
             if not todo:
                 break
@@ -327,7 +333,9 @@ def run_search(
         if explore:
             share = limits.search_share if limits.confirm_top and confirm else 1.0
             stop = run.explore(deadline.share(share), wait_for_others=confirm)
-        if confirm:
+        if confirm:  # parity first: only configs that may be exported are confirmed
+            if limits.parity_steps:
+                ParityCheck(run, limits.parity_steps, limits.confirm_top).settle()
             run.confirm(deadline)
     finally:
         launcher.close()

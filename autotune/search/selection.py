@@ -48,8 +48,9 @@ def select_best(
     fit_limit_bytes: int,
     objective: Objective = Objective.THROUGHPUT,
 ) -> TrialRecord | None:
-    """The record to export, or None when nothing fits."""
-    pool = fitting(records, fit_limit_bytes)
+    """The record to export, or None when nothing fits (or learns like the recipe)."""
+    pool = [r for r in fitting(records, fit_limit_bytes)
+            if not (r.parity and r.parity.blocks_export)]  # fmt: skip
     if not pool:
         return None
     if objective == Objective.EFFICIENCY:

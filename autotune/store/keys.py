@@ -34,6 +34,7 @@ class StudyAttr(enum.StrEnum):
     SPEC = "autotune_spec"
     IDENTITY = "autotune_identity"
     DESCRIPTION = "description"
+    PARITY = "autotune_parity"  # core.parity.ParityState: the reference, runs, verdicts
 
 
 CONSTRAINT_NAME = "peak_over_limit_gib"

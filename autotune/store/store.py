@@ -22,6 +22,7 @@ from optuna_dashboard import save_note
 
 from autotune.core.enums import Outcome
 from autotune.core.errors import StudyError
+from autotune.core.parity import ParityState
 from autotune.core.spec import SearchSpec
 from autotune.core.stats import combine, pooled
 from autotune.core.trial import Candidate, TrialRecord, TrialResult, Verdict
@@ -133,21 +134,34 @@ class StudyStore:
                 confirmations.setdefault(int(trial.user_attrs[Attr.CONFIRMS]), []).append(
                     TrialResult.from_json(trial.user_attrs[Attr.RESULT])
                 )
+        state = self.parity()
         found = []
         for trial in finished:
             if Attr.CONFIRMS in trial.user_attrs:
                 continue
             extra = confirmations.get(trial.number, [])
             first = TrialResult.from_json(trial.user_attrs[Attr.RESULT])
+            candidate = candidate_of(self.spec.space, trial.params)
             found.append(
                 TrialRecord(
                     trial.number,
-                    candidate_of(self.spec.space, trial.params),
+                    candidate,
                     combine(first, extra),
                     len(pooled(first, extra)),
+                    state.verdict(candidate) if state else None,
                 )
             )
         return found
+
+    @transient_retry
+    def parity(self) -> ParityState | None:
+        """The study's parity runs and verdicts (None before any parity run)."""
+        raw = self.study.user_attrs.get(StudyAttr.PARITY)
+        return ParityState.from_json(raw) if raw else None
+
+    @transient_retry
+    def save_parity(self, state: ParityState) -> None:
+        self.study.set_user_attr(StudyAttr.PARITY, state.to_json())
 
     @transient_retry
     def in_flight(self, exclude: int = -1) -> dict[Candidate, int]:

@@ -8,15 +8,18 @@ sidecar `<name>.summary.json`.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from autotune.core.enums import Objective, Task
 from autotune.core.errors import ExportError
 from autotune.core.files import write_atomic
+from autotune.core.parity import ParityState, changes
 from autotune.core.spec import SearchSpec
-from autotune.core.trial import TrialRecord
+from autotune.core.trial import Candidate, TrialRecord
 from autotune.hf.training_args import TUNED, merge, recipe
+from autotune.search.parity import reference_for
 from autotune.search.selection import fitting, ranked, select_best
 
 
@@ -65,6 +68,8 @@ def export_best(
     objective: Objective,
     validate: bool,
     force: bool = False,
+    parity: ParityState | None = None,
+    all_records: Sequence[TrialRecord] = (),
 ) -> Path:
     """Write the arguments JSON and its sidecar atomically; returns the arguments path.
 
@@ -82,6 +87,7 @@ def export_best(
         fields = {k: v for k, v in exported.items() if k in known}
         check(fields, error=ExportError, where="the best config on this machine")
     summary = {**_summary(record, spec, study_name, runners_up, objective),
+               "parity": parity_summary(record, reference_for(spec, all_records, parity), parity),
                "arguments": arguments}  # fmt: skip
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -104,6 +110,7 @@ def export_selected(
     objective: Objective,
     validate: bool,
     force: bool = False,
+    parity: ParityState | None = None,
 ) -> TrialRecord | None:
     """Select the best of a study's records and export it; None when nothing fits."""
     best = select_best(records, fit_limit_bytes=spec.fit_limit_bytes, objective=objective)
@@ -119,8 +126,31 @@ def export_selected(
         objective=objective,
         validate=validate,
         force=force,
+        parity=parity,
+        all_records=records,
     )
     return best
+
+
+def parity_summary(
+    record: TrialRecord, reference: Candidate, state: ParityState | None
+) -> dict[str, Any]:
+    """What the exported config changes against the user's recipe, split into what keeps
+    the arithmetic of training and what alters it, with the parity verdict on the latter."""
+    found = changes(reference, record.candidate)
+    parity = record.parity
+    return {
+        "reference": reference.describe(),
+        "keeps_arithmetic": [c.describe() for c in found if c.keeps_arithmetic],
+        "alters_arithmetic": [c.describe() for c in found if not c.keeps_arithmetic],
+        "status": str(parity.status) if parity else "unchecked",
+        "verdict": parity.figures() if parity else NOT_CHECKED,
+        "tolerance": state.tolerance.describe() if state and state.tolerance else None,
+        "steps": state.steps if state else None,
+    }
+
+
+NOT_CHECKED = "training parity not checked (searched with --parity off)"
 
 
 def _figures(record: TrialRecord) -> dict[str, Any]:

@@ -10,17 +10,11 @@ import dataclasses
 from collections.abc import Sequence
 
 from autotune.core.enums import Outcome, Precision
+from autotune.core.parity import Change, changes
 from autotune.core.spec import SearchSpec
-from autotune.core.trial import TrialRecord
+from autotune.core.trial import Candidate, TrialRecord
+from autotune.search.parity import reference_candidate
 from autotune.search.selection import fitting, noise_band, select_best
-
-
-@dataclasses.dataclass(frozen=True)
-class Change:
-    field: str
-    reference: object
-    chosen: object
-    alters_arithmetic: bool  # precision and optimizer change the numbers training computes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +23,7 @@ class Insight:
     reference: TrialRecord | None  # the plain default, when it was measured
     ties: tuple[int, ...]  # trials within the winner's noise band (the winner included)
     band: float  # that band, relative
-    changes: tuple[Change, ...]
+    changes: tuple[Change, ...]  # against the user's recipe (the parity reference)
     probes: int  # runs launched, confirmations included
     probe_seconds: float  # their wall time, summed
 
@@ -65,22 +59,13 @@ def plain_default(records: Sequence[TrialRecord], spec: SearchSpec) -> TrialReco
     return None
 
 
-def changes(best: TrialRecord, reference: TrialRecord) -> list[Change]:
-    """What the winner changes against the reference, split by whether it alters the
-    arithmetic of training (precision, optimizer) or only speed and memory."""
-    b, r = best.candidate, reference.candidate
-    keeps = ("per_device_train_batch_size", "gradient_accumulation_steps",
-             "activation_checkpointing", "train_sampling_strategy")  # fmt: skip
-    found = [Change(f, getattr(r, f), getattr(b, f), False) for f in keeps]
-    found += [
-        Change(f, str(getattr(r, f)), str(getattr(b, f)), True) for f in ("precision", "optim")
-    ]
-    return [c for c in found if c.reference != c.chosen]
-
-
-def insight(records: Sequence[TrialRecord], spec: SearchSpec) -> Insight:
+def insight(
+    records: Sequence[TrialRecord], spec: SearchSpec, recipe: Candidate | None = None
+) -> Insight:
+    """`recipe`: the reference the study's parity runs used (default: the one they would)."""
     best = select_best(records, fit_limit_bytes=spec.fit_limit_bytes)
     reference = plain_default(records, spec)
+    recipe = recipe or reference_candidate(spec, records)
     band = noise_band(best) if best else 0.0
     top = (best.result.samples_per_s or 0.0) if best else 0.0
     ties = tuple(
@@ -94,7 +79,7 @@ def insight(records: Sequence[TrialRecord], spec: SearchSpec) -> Insight:
         reference=reference,
         ties=ties,
         band=band,
-        changes=tuple(changes(best, reference)) if best and reference else (),
+        changes=tuple(changes(recipe, best.candidate)) if best else (),
         probes=sum(r.runs for r in measured),
         probe_seconds=sum(_seconds(r) * r.runs for r in measured),
     )

@@ -9,6 +9,7 @@ from rich.live import Live
 from rich.table import Table
 
 from autotune.core.enums import DeviceKind, Outcome
+from autotune.core.parity import Parity
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialResult
 from autotune.core.units import format_duration, format_size
@@ -140,6 +141,14 @@ class Progress:
     def on_confirm(self, number: int, candidate: Candidate, result: TrialResult) -> None:
         line = trial_line(number, candidate, result, self.kind).replace("trial", "confirm", 1)
         self.console.print(line, soft_wrap=True)
+
+    def on_parity_start(self, label: str, candidate: Candidate) -> None:
+        self.console.print(f"parity  {label:<10} {candidate.describe()}  (training run)",
+                           soft_wrap=True)  # fmt: skip
+
+    def on_parity(self, candidate: Candidate, parity: Parity) -> None:
+        self.console.print(f"parity  {candidate.precision} {candidate.optim}: {parity.figures()}",
+                           soft_wrap=True)  # fmt: skip
 
     def close(self) -> None:
         """Stop the live display (also when the search ends by an exception)."""

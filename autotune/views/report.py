@@ -15,7 +15,7 @@ from pathlib import Path
 
 from autotune.core.files import write_atomic
 from autotune.core.spec import SearchSpec
-from autotune.core.trial import TrialRecord
+from autotune.core.trial import Candidate, TrialRecord
 from autotune.core.units import format_duration, format_size
 from autotune.hf.training_args import cli_flags, study_arguments
 from autotune.views.charts import plot_by_batch, plot_ranked, plot_tradeoff
@@ -35,10 +35,11 @@ def write_report(
     spec: SearchSpec,
     study_name: str,
     output_dir: Path,
+    recipe: Candidate | None = None,
 ) -> list[Path]:
     """Write <study>.report.html and its three PNGs; returns their paths."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    found = insight(records, spec)
+    found = insight(records, spec, recipe)
     ranked = output_dir / f"{study_name}.ranked.png"
     tradeoff = output_dir / f"{study_name}.tradeoff.png"
     by_batch = output_dir / f"{study_name}.by-batch.png"
@@ -46,7 +47,8 @@ def write_report(
     plot_tradeoff(records, spec, tradeoff)
     plot_by_batch(records, by_batch)
     page = output_dir / f"{study_name}.report.html"
-    write_atomic(page, _html(records, rows, spec, study_name, [ranked, tradeoff, by_batch]))
+    images = [ranked, tradeoff, by_batch]
+    write_atomic(page, _html(records, rows, spec, study_name, images, recipe))
     return [page, ranked, tradeoff, by_batch]
 
 
@@ -88,19 +90,20 @@ def _hand_off(found: Insight, spec: SearchSpec, study_name: str) -> str:
 
 
 def _changes(found: Insight) -> str:
-    if found.best is None or found.reference is None:
+    if found.best is None:
         return ""
     if not found.changes:
-        return "<h2>What changed</h2><p>Nothing: the plain default is the winner.</p>"
-    kinds = {True: ("alter", "alters the arithmetic of training"),
-             False: ("keep", "speed and memory only")}  # fmt: skip
+        return "<h2>What changed</h2><p>Nothing: your recipe is the winner.</p>"
+    parity = found.best.parity
+    checked = parity.figures() if parity else "training parity not checked (--parity off)"
+    kinds = {False: ("alter", f"alters the arithmetic of training; {checked}"),
+             True: ("keep", "speed and memory only")}  # fmt: skip
     items = "".join(
-        f"<li class='{kinds[c.alters_arithmetic][0]}'>{html.escape(c.field)}: "
-        f"{html.escape(str(c.reference))} &rarr; {html.escape(str(c.chosen))} "
-        f"({kinds[c.alters_arithmetic][1]})</li>"
+        f"<li class='{kinds[c.keeps_arithmetic][0]}'>{html.escape(c.describe())} "
+        f"({html.escape(kinds[c.keeps_arithmetic][1])})</li>"
         for c in found.changes
     )
-    return f"<h2>What changed against the plain default</h2><ul>{items}</ul>"
+    return f"<h2>What changed against your recipe</h2><ul>{items}</ul>"
 
 
 def _image(path: Path) -> str:
@@ -110,7 +113,8 @@ def _image(path: Path) -> str:
 
 def _table(records: Sequence[TrialRecord], rows: Sequence[TrialRow], found: Insight) -> str:
     by_number = {r.number: r for r in records}
-    header = ("trial", "config", "outcome", "samples/s", "peak GiB", "budget", "spread", "note")
+    header = ("trial", "config", "outcome", "samples/s", "peak GiB", "budget", "spread",
+              "parity", "note")  # fmt: skip
     body = []
     for row in rows:
         record = by_number.get(row.trial)
@@ -120,7 +124,8 @@ def _table(records: Sequence[TrialRecord], rows: Sequence[TrialRow], found: Insi
             "" if row.samples_per_s is None else f"{row.samples_per_s:.2f}",
             "" if row.peak_memory_gib is None else f"{row.peak_memory_gib:.2f}",
             "" if row.budget_used_pct is None else f"{row.budget_used_pct:.0f}%",
-            "" if row.step_time_spread_pct is None else f"±{row.step_time_spread_pct:.0f}%", why,
+            "" if row.step_time_spread_pct is None else f"±{row.step_time_spread_pct:.0f}%",
+            row.parity if row.outcome == "ok" else "", why,
         )  # fmt: skip
         body.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in header)
@@ -143,8 +148,9 @@ def _html(
     spec: SearchSpec,
     study_name: str,
     images: list[Path],
+    recipe: Candidate | None = None,
 ) -> str:
-    found = insight(records, spec)
+    found = insight(records, spec, recipe)
     name = html.escape(study_name)
     first, *rest = images
     return f"""<!doctype html>

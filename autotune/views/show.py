@@ -38,11 +38,16 @@ class TrialRow:
     # are the pad share of the timed real batches and the worst case's samples/s.
     padding_pct: float | None = None
     worst_case_samples_per_s: float | None = None
+    # Training parity with the user's recipe: same-arithmetic, ok, diverged or unchecked
+    parity: str = "unchecked"
+    parity_figures: str = ""
 
 
 def explain(record: TrialRecord, spec: SearchSpec) -> str:
     """Why a trial is not a candidate, in a few words ('' for a clean ok)."""
     r = record.result
+    if record.parity and record.parity.blocks_export:
+        return record.parity.figures()
     if r.outcome == Outcome.OOM:
         at = f" at {format_size(r.peak_memory_bytes)}" if r.peak_memory_bytes else ""
         return f"OOM{at} of {format_size(spec.fit_limit_bytes)}"
@@ -81,6 +86,8 @@ def trial_rows(
                     100 * r.padding_fraction if r.padding_fraction is not None else None, 1
                 ),
                 worst_case_samples_per_s=_round(r.worst_case_samples_per_s, 3),
+                parity=str(record.parity.status) if record.parity else "unchecked",
+                parity_figures=record.parity.figures() if record.parity else "",
             )
         )
     # The selected trial first, then the rest as ranked.
@@ -121,7 +128,7 @@ def render_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) ->
     real = spec.data is not None
     columns = ["trial", "config", "outcome", "samples/s", "real tokens/s" if real else "tokens/s"]
     columns += ["pad", "worst-case samples/s"] if real else []
-    columns += ["peak", "budget", "spread", "MFU", "why"]
+    columns += ["peak", "budget", "spread", "MFU", "parity", "why"]
     for column in columns:
         table.add_column(column, justify="right" if "/s" in column else "left")
     for row in rows:
@@ -142,6 +149,7 @@ def render_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) ->
             f"{row.budget_used_pct:.0f}%" if row.budget_used_pct is not None else "",
             f"±{row.step_time_spread_pct:.0f}%" if row.step_time_spread_pct is not None else "",
             f"{row.mfu_pct:.1f}%" if row.mfu_pct is not None else "",
+            "" if row.outcome != "ok" else row.parity,
             row.why,
         ]
         table.add_row(*cells)
@@ -153,7 +161,10 @@ def print_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) -> 
     for line in data_lines(spec):
         console.print(line)
     console.print(render_table(rows, spec, study_name))
-    console.print("* the config export writes")
+    console.print(
+        "* the config export writes; parity: whether it learns like your recipe "
+        "(same-arithmetic: only the batch split, checkpointing or a fused kernel differ)"
+    )
     if spec.data is not None:
         console.print(
             "samples/s and real tokens/s: real batches of your data, padded per micro-batch; "
@@ -176,10 +187,17 @@ class StudyView:
     study_name: str
     spec: SearchSpec
     rows: list[TrialRow]
+    parity: dict[str, Any] | None = None  # the selected config against the user's recipe
 
 
 def print_view(view: StudyView, fmt: str) -> None:
     if fmt == "json":
-        print(rows_json(view.rows, view.spec, view.study_name))
-    else:
-        print_table(view.rows, view.spec, view.study_name)
+        raw = json.loads(rows_json(view.rows, view.spec, view.study_name))
+        print(json.dumps({**raw, "parity": view.parity}, indent=2))
+        return
+    print_table(view.rows, view.spec, view.study_name)
+    if view.parity is not None:
+        from autotune.views.summary import change_lines
+
+        for line in change_lines(view.parity):
+            print(line)

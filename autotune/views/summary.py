@@ -38,6 +38,23 @@ def outcome_json(outcome: SearchOutcome) -> str:
             "probes_this_run": outcome.probes_this_run,
             "elapsed_s": round(outcome.elapsed_s, 1),
             "stop_reason": outcome.stop_reason,
+            "parity": outcome.parity,
         },
         indent=2,
     )
+
+
+def change_lines(parity: dict[str, object]) -> list[str]:
+    """The exported config against the user's recipe, for the end of a search."""
+    lines = [f"against your recipe ({parity['reference']}):"]
+    kept = parity["keeps_arithmetic"]
+    altered = parity["alters_arithmetic"]
+    assert isinstance(kept, list) and isinstance(altered, list)
+    if not kept and not altered:
+        return [*lines, "  nothing changed"]
+    if kept:
+        lines.append(f"  keeps the arithmetic: {'; '.join(kept)}")
+    if altered:
+        lines.append(f"  alters the arithmetic: {'; '.join(altered)}")
+        lines.append(f"  training parity: {parity['verdict']}")
+    return lines

@@ -7,7 +7,7 @@ from helpers import SPEC, cand, rec
 from autotune.views.insight import insight, note
 
 
-def test_the_winner_its_ties_and_what_it_changes_against_the_plain_default() -> None:
+def test_the_winner_its_ties_and_what_it_changes_against_the_recipe() -> None:
     records = [
         rec(0, cand(8), sps=10.0, peak_gib=1.0),  # the plain default: fp32, batch 8
         rec(1, cand(16, "bf16"), sps=20.0, peak_gib=2.0, spread=0.1),
@@ -18,11 +18,11 @@ def test_the_winner_its_ties_and_what_it_changes_against_the_plain_default() -> 
     assert found.best is not None and found.best.number == 2  # the tie with less memory
     assert found.reference is not None and found.reference.number == 0
     assert set(found.ties) == {1, 2}
-    altered = {c.field for c in found.changes if c.alters_arithmetic}
-    kept = {c.field for c in found.changes if not c.alters_arithmetic}
-    assert altered == {"precision"}
-    assert kept == {"per_device_train_batch_size", "gradient_accumulation_steps",
-                    "activation_checkpointing"}  # fmt: skip
+    altered = {c.describe() for c in found.changes if not c.keeps_arithmetic}
+    kept = {c.describe() for c in found.changes if c.keeps_arithmetic}
+    assert altered == {"precision fp32 -> bf16"}
+    # The recipe (no --base-args): fp32 adamw_torch at the largest micro-batch that fits.
+    assert kept == {"checkpointing off -> on"}
     assert note(records[2], found) == "selected"
     assert note(records[1], found).startswith("tie: within")
     assert note(records[3], found) == "40% slower"

@@ -51,7 +51,10 @@ def test_report_writes_html_with_its_charts_and_the_hand_off(searched_study: Stu
     assert done.returncode == 0, done.stderr
     page = (work / "out" / "tiny.report.html").read_text()
     assert page.count("data:image/png;base64,") == 3
-    assert "Selected: trial" in page and "plain default" in page
+    assert "Selected: trial" in page
+    # What the winner changes against the user's recipe (here the plain default), by kind.
+    assert "What changed against your recipe" in page or "your recipe is the winner" in page
+    assert "<th>parity</th>" in page
     assert "autotune export --study tiny --merge-into your_args.json" in page
     assert "--per_device_train_batch_size 8" in page  # the flags of the winner
     assert "selected" in page and ("% slower" in page or "tie:" in page)  # every row's note

@@ -1,0 +1,324 @@
+"""Training parity: does a faster config still learn like the user's recipe?
+
+The search keeps the global batch, but two of the things it varies change the training
+itself: precision and optimizer. A parity run trains K optimizer steps from the same
+initial weights on the same batches and records the loss on fixed held-out batches
+(the same samples, forward in fp32, whatever the batch split: a figure that does not
+scale with accumulation). A finalist's curve is compared with the reference's (the
+user's recipe) over the last part of the run, against a tolerance calibrated from what
+rounding alone does: the reference run again with another batch split.
+
+Pure: no torch, no transformers; the child records curves, this module judges them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from autotune.core.enums import Precision
+from autotune.core.trial import Candidate, TrialResult
+
+# Optimizers that compute the same update (a fused kernel sums in another order): one
+# arithmetic for parity. Every other optimizer is its own.
+SAME_UPDATE = {"adamw_torch_fused": "adamw_torch"}
+FLOOR = 0.05  # never tighter than 5% of the reference's progress (see benchmarks/RESULTS.md)
+ROUNDING_FACTOR = 4.0  # a change may move the loss 4x what a split change does
+MIN_PROGRESS = 0.05  # the reference must lower its loss by 5% for a verdict
+TAIL = 0.25  # the last quarter of the curve is compared
+MAX_SKIPPED = 0.10  # fp16 steps skipped by the loss scaler beyond this: a collapsing scale
+KEEPS = "keeps the arithmetic"
+ALTERS = "alters the arithmetic"
+
+
+class Status(enum.StrEnum):
+    SAME = "same-arithmetic"  # differs from the reference only in what keeps the arithmetic
+    OK = "ok"  # measured: learns like the reference
+    DIVERGED = "diverged"  # measured: does not (NaN, collapsing scale, or off the curve)
+    UNCHECKED = "unchecked"  # not measured (--parity off, or no verdict possible)
+
+
+@dataclasses.dataclass(frozen=True)
+class Arithmetic:
+    """What decides a config's training arithmetic: its precision and optimizer update."""
+
+    precision: Precision
+    optimizer: str
+
+    @classmethod
+    def of(cls, candidate: Candidate) -> Arithmetic:
+        return cls(candidate.precision, SAME_UPDATE.get(candidate.optim, candidate.optim))
+
+    @property
+    def key(self) -> str:
+        return f"{self.precision}|{self.optimizer}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One setting that differs from the reference."""
+
+    field: str
+    reference: str
+    config: str
+    keeps_arithmetic: bool
+
+    def describe(self) -> str:
+        return f"{self.field} {self.reference} -> {self.config}"
+
+
+def changes(reference: Candidate, candidate: Candidate) -> list[Change]:
+    """What differs from the reference, each marked as keeping or altering the arithmetic.
+
+    The batch split, checkpointing, the sampling order and a fused kernel change how the
+    same sums are computed; precision and the optimizer's update change the sums."""
+    found = []
+    split = f"{candidate.per_device_train_batch_size}x{candidate.gradient_accumulation_steps}"
+    ref_split = f"{reference.per_device_train_batch_size}x{reference.gradient_accumulation_steps}"
+    if split != ref_split:
+        found.append(Change("batch split", ref_split, split, True))
+    if candidate.activation_checkpointing != reference.activation_checkpointing:
+        on = {True: "on", False: "off"}
+        found.append(
+            Change(
+                "checkpointing",
+                on[reference.activation_checkpointing],
+                on[candidate.activation_checkpointing],
+                True,
+            )
+        )
+    if candidate.train_sampling_strategy != reference.train_sampling_strategy:
+        found.append(Change("sampling", reference.train_sampling_strategy,
+                            candidate.train_sampling_strategy, True))  # fmt: skip
+    if candidate.precision != reference.precision:
+        found.append(Change("precision", reference.precision, candidate.precision, False))
+    if candidate.optim != reference.optim:
+        same = Arithmetic.of(candidate).optimizer == Arithmetic.of(reference).optimizer
+        found.append(Change("optimizer", reference.optim, candidate.optim, same))
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class Curve:
+    """The held-out loss at steps 0..K of one parity run, and how the run ended."""
+
+    points: tuple[tuple[int, float], ...]
+    skipped_steps: int = 0
+    steps: int = 0  # optimizer steps asked for
+    error: str = ""  # the run did not finish (an OOM, a crash): no curve to judge
+
+    @classmethod
+    def of(cls, result: TrialResult, steps: int) -> Curve:
+        error = "" if result.curve else (result.reason or str(result.outcome))
+        return cls(tuple(result.curve), result.skipped_steps, steps, error)
+
+    @property
+    def start(self) -> float:
+        return self.points[0][1]
+
+    @property
+    def finite(self) -> bool:
+        return all(math.isfinite(loss) for _, loss in self.points)
+
+    @property
+    def end(self) -> float:
+        """The mean loss over the last quarter of the run (at least two points)."""
+        tail = max(2, math.ceil(len(self.points) * TAIL))
+        losses = [loss for _, loss in self.points[-tail:]]
+        return sum(losses) / len(losses)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"points": [list(p) for p in self.points], "skipped_steps": self.skipped_steps,
+                "steps": self.steps, "error": self.error}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Curve:
+        points = tuple((int(s), float(v)) for s, v in raw["points"])
+        return cls(points, int(raw["skipped_steps"]), int(raw["steps"]), str(raw["error"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """How far a finalist's end loss may sit from the reference's, as a fraction of the
+    reference's progress (start - end), and what it rests on."""
+
+    fraction: float
+    rounding_gap: float | None  # the reference against itself under another batch split
+
+    def describe(self) -> str:
+        if self.rounding_gap is None:
+            return f"{self.fraction:.1%} of the reference's progress (floor; no split twin)"
+        return (
+            f"{self.fraction:.1%} of the reference's progress (max of the {FLOOR:.0%} floor "
+            f"and {ROUNDING_FACTOR:g}x the split twin's {self.rounding_gap:.2%})"
+        )
+
+
+def tolerance(reference: Curve, twin: Curve | None) -> Tolerance:
+    if twin is None or twin.error or not twin.finite or not reference.points:
+        return Tolerance(FLOOR, None)
+    gap = abs(_gap(reference, twin))
+    return Tolerance(max(FLOOR, ROUNDING_FACTOR * gap), gap)
+
+
+@dataclasses.dataclass(frozen=True)
+class Parity:
+    """A config's parity verdict, with the figures it rests on."""
+
+    status: Status
+    reason: str = ""
+    final_loss: float | None = None
+    reference_final_loss: float | None = None
+    start_loss: float | None = None
+    gap: float | None = None  # (end - reference end) / reference progress; + is worse
+    tolerance: float | None = None
+    steps: int = 0
+
+    @property
+    def ratio(self) -> float | None:
+        """The end loss over the reference's."""
+        if self.final_loss is None or not self.reference_final_loss:
+            return None
+        return self.final_loss / self.reference_final_loss
+
+    @property
+    def blocks_export(self) -> bool:
+        return self.status == Status.DIVERGED
+
+    def figures(self) -> str:
+        """One line: the verdict and its figures."""
+        if self.status == Status.SAME:
+            return "same arithmetic as the reference"
+        if self.final_loss is None or self.reference_final_loss is None:
+            return f"{self.status}: {self.reason}"
+        gap = f", {self.gap:+.1%} of its progress" if self.gap is not None else ""
+        tol = f" (tolerance {self.tolerance:.1%})" if self.tolerance is not None else ""
+        return (
+            f"{self.status}: loss {_num(self.final_loss)} vs reference "
+            f"{_num(self.reference_final_loss)} after {self.steps} steps{gap}{tol}"
+            + (f"; {self.reason}" if self.reason else "")
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Parity:
+        raw = json.loads(text)
+        raw["status"] = Status(raw["status"])
+        return cls(**raw)
+
+
+def judge(reference: Curve, run: Curve, tol: Tolerance) -> Parity:
+    """The verdict on one finalist's run against the reference's."""
+    steps = run.steps
+    if reference.error or not reference.points:
+        return Parity(Status.UNCHECKED, f"the reference run failed ({reference.error})",
+                      steps=steps)  # fmt: skip
+    if not reference.finite:
+        return Parity(Status.UNCHECKED, "the reference's own loss is not finite", steps=steps)
+    progress = reference.start - reference.end
+    if progress < MIN_PROGRESS * abs(reference.start):
+        return Parity(
+            Status.UNCHECKED,
+            f"the reference's loss fell only {progress:.3g} from {reference.start:.4g} in "
+            f"{reference.steps} steps; raise --parity-steps",
+            steps=steps,
+        )
+    if run.error or not run.points:
+        return Parity(Status.DIVERGED, f"its parity run did not finish: {run.error}",
+                      steps=steps)  # fmt: skip
+
+    def verdict(status: Status, reason: str, gap: float | None = None) -> Parity:
+        return Parity(status, reason, final_loss=run.end, reference_final_loss=reference.end,
+                      start_loss=reference.start, gap=gap, tolerance=tol.fraction,
+                      steps=steps)  # fmt: skip
+
+    if not run.finite:
+        at = next(s for s, loss in run.points if not math.isfinite(loss))
+        return verdict(Status.DIVERGED, f"the loss became NaN/inf by step {at}")
+    if run.skipped_steps > MAX_SKIPPED * max(1, steps):
+        return verdict(Status.DIVERGED, f"the fp16 loss scale collapsed "
+                       f"({run.skipped_steps} of {steps} steps skipped)")  # fmt: skip
+    gap = _gap(reference, run)
+    if abs(gap) <= tol.fraction:
+        return verdict(Status.OK, "", gap)
+    if gap > 0:
+        return verdict(Status.DIVERGED, "learns slower than the reference", gap)
+    return verdict(Status.DIVERGED, "learns faster than the reference: a different "
+                   "training, not the same one faster", gap)  # fmt: skip
+
+
+def _gap(reference: Curve, run: Curve) -> float:
+    """How much of the reference's progress the run gave back (+) or exceeded (-)."""
+    progress = reference.start - reference.end
+    if progress <= 0:
+        return math.inf
+    return (run.end - reference.end) / progress
+
+
+def _num(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def same_arithmetic() -> Parity:
+    return Parity(Status.SAME)
+
+
+def unchecked(reason: str) -> Parity:
+    return Parity(Status.UNCHECKED, reason)
+
+
+def altered(changed: Sequence[Change]) -> list[Change]:
+    return [c for c in changed if not c.keeps_arithmetic]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParityState:
+    """What a study holds about parity: the reference, the runs and the verdicts."""
+
+    reference: Candidate
+    steps: int
+    learning_rate: float
+    curves: dict[str, Curve] = dataclasses.field(default_factory=dict)  # "reference", "twin", keys
+    verdicts: dict[str, Parity] = dataclasses.field(default_factory=dict)  # by arithmetic key
+    tolerance: Tolerance | None = None
+
+    def verdict(self, candidate: Candidate) -> Parity | None:
+        """The candidate's verdict; None when its arithmetic was not checked."""
+        if Arithmetic.of(candidate) == Arithmetic.of(self.reference):
+            return same_arithmetic()
+        return self.verdicts.get(Arithmetic.of(candidate).key)
+
+    def same_setup(self, reference: Candidate, steps: int, learning_rate: float) -> bool:
+        return (Arithmetic.of(reference), steps, learning_rate) == (
+            Arithmetic.of(self.reference), self.steps, self.learning_rate)  # fmt: skip
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "reference": dataclasses.asdict(self.reference), "steps": self.steps,
+            "learning_rate": self.learning_rate,
+            "curves": {k: c.to_dict() for k, c in self.curves.items()},
+            "verdicts": {k: json.loads(v.to_json()) for k, v in self.verdicts.items()},
+            "tolerance": dataclasses.asdict(self.tolerance) if self.tolerance else None,
+        }, sort_keys=True)  # fmt: skip
+
+    @classmethod
+    def from_json(cls, text: str) -> ParityState:
+        raw = json.loads(text)
+        verdicts = {}
+        for key, value in raw["verdicts"].items():
+            value["status"] = Status(value["status"])
+            verdicts[key] = Parity(**value)
+        return cls(
+            reference=Candidate(**raw["reference"]),
+            steps=int(raw["steps"]),
+            learning_rate=float(raw["learning_rate"]),
+            curves={k: Curve.from_dict(c) for k, c in raw["curves"].items()},
+            verdicts=verdicts,
+            tolerance=Tolerance(**raw["tolerance"]) if raw["tolerance"] else None,
+        )

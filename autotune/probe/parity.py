@@ -1,0 +1,132 @@
+"""A parity run in the child: K optimizer steps of the candidate's training on learnable
+data (or the user's, in a fixed order), with the loss on fixed held-out batches recorded
+along the way (core/parity.py judges the curves).
+
+The held-out loss is computed the same way in every run, whatever the batch split,
+precision or optimizer: the same samples, in eval mode, forward in fp32 outside any
+autocast, in micro-batches of a fixed size. The training loss the Trainer logs is not
+used: it scales with the accumulation steps.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from autotune.core.enums import Outcome
+from autotune.core.trial import TrialConfig, TrialResult
+from autotune.probe.timing import StepTimer
+
+EVAL_BATCH = 8  # held-out micro-batch size, the same in every run
+EVAL_SAMPLES = 32
+POINTS = 12  # held-out evaluations along a run (plus step 0)
+
+
+class HeldOutLoss(TrainerCallback):
+    """Evaluates the held-out batches at step 0 and every `every` steps; stops the run
+    once the loss is not finite (nothing after a NaN can recover)."""
+
+    def __init__(self, batches: list[dict[str, torch.Tensor]], every: int, last: int) -> None:
+        self.batches = batches
+        self.every = every
+        self.last = last
+        self.points: list[tuple[int, float]] = []
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.points.append((0, self.evaluate(kwargs["model"], args.device)))
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        step = state.global_step
+        if step % self.every and step != self.last:
+            return
+        loss = self.evaluate(kwargs["model"], args.device)
+        self.points.append((step, loss))
+        if not math.isfinite(loss):
+            control.should_training_stop = True
+
+    @torch.no_grad()
+    def evaluate(self, model: Any, device: torch.device) -> float:
+        training = model.training
+        model.eval()
+        total = 0.0
+        try:
+            with torch.autocast(device_type=device.type, enabled=False):
+                for batch in self.batches:
+                    out = model(**{k: v.to(device) for k, v in batch.items()})
+                    total += float(out.loss.float())
+        finally:
+            model.train(training)
+        return total / len(self.batches)
+
+
+def parity_run(config: TrialConfig, model: Any, recipe: dict[str, Any]) -> TrialResult:
+    steps = config.parity_steps
+    train, held_out, collator = _data(config, steps)
+    eval_batches = [
+        collator([held_out[i] for i in range(start, min(start + EVAL_BATCH, len(held_out)))])
+        for start in range(0, len(held_out), EVAL_BATCH)
+    ]
+    curve = HeldOutLoss(eval_batches, every=max(1, steps // POINTS), last=steps)
+    timer = StepTimer(device_kind=config.device_kind, warmup_steps=0)  # loss-scale skips
+    args = TrainingArguments(**{**recipe, **_arguments(config, steps)})
+    trainer = Trainer(model=model, args=args, train_dataset=train, data_collator=collator,
+                      callbacks=[curve, timer])  # fmt: skip
+    timer.attach(trainer)
+    trainer.train()
+    final = curve.points[-1][1]
+    finite = all(math.isfinite(loss) for _, loss in curve.points)
+    return TrialResult(
+        outcome=Outcome.OK if finite else Outcome.UNSTABLE,
+        reason="" if finite else "the held-out loss became NaN/inf",
+        final_loss=final,
+        loss_finite=finite,
+        skipped_steps=timer.skipped_in_window + timer.skipped_in_warmup,
+        curve=tuple((s, round(v, 6) if math.isfinite(v) else v) for s, v in curve.points),
+    )
+
+
+def _data(config: TrialConfig, steps: int) -> tuple[Any, Any, Any]:
+    """The training samples (steps x global batch, one fixed order) and the held-out ones."""
+    from torch.utils.data import Subset
+
+    from autotune.probe.data import LearnableDataset, RealBatches
+
+    needed = steps * config.global_batch_size
+    if config.data_path:
+        from datasets import load_from_disk
+
+        data = load_from_disk(config.data_path)
+        if len(data) < needed + EVAL_SAMPLES:  # reuse the data, hold the same samples out
+            held = Subset(data, range(min(EVAL_SAMPLES, len(data))))
+        else:
+            held = Subset(data, range(needed, needed + EVAL_SAMPLES))
+        return data, held, RealBatches(task=config.model.task, pad_token_id=config.pad_token_id)
+
+    def learnable(length: int, offset: int) -> LearnableDataset:
+        return LearnableDataset(
+            task=config.model.task, length=length, seq_len=config.seq_len,
+            target_len=config.target_len, vocab_size=config.model.vocab_size,
+            num_labels=int(config.model.config.get("num_labels", 2)), seed=config.seed,
+            offset=offset,
+        )  # fmt: skip
+
+    return learnable(needed, 0), learnable(EVAL_SAMPLES, 10_000_000), _stack
+
+
+def _stack(features: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {key: torch.stack([f[key] for f in features]) for key in features[0]}
+
+
+def _arguments(config: TrialConfig, steps: int) -> dict[str, Any]:
+    """A probe's bookkeeping fields, no logging, and one batch order for every config."""
+    from autotune.probe.main import _probe_only_arguments
+
+    return {
+        **_probe_only_arguments(config, steps),
+        "logging_strategy": "no",
+        "data_seed": config.seed,
+        "train_sampling_strategy": "random",
+    }

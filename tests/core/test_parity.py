@@ -1,0 +1,105 @@
+"""Training parity verdicts: the figures a user reads and the configs that are refused."""
+
+from __future__ import annotations
+
+import math
+
+from helpers import SPEC, cand, rec
+
+from autotune.core.enums import Outcome
+from autotune.core.parity import (
+    FLOOR,
+    Curve,
+    Parity,
+    ParityState,
+    Status,
+    changes,
+    judge,
+    tolerance,
+)
+from autotune.core.trial import TrialResult
+from autotune.search.selection import select_best
+
+
+def curve(*losses: float, skipped: int = 0) -> Curve:
+    return Curve(tuple((3 * i, v) for i, v in enumerate(losses)), skipped, 3 * (len(losses) - 1))
+
+
+REFERENCE = curve(6.0, 5.5, 5.2, 5.0, 4.9, 4.8, 4.75, 4.7)  # progress: 6.0 - 4.725
+
+
+def test_a_split_twin_sets_the_tolerance_above_the_floor_only_when_rounding_is_large() -> None:
+    quiet = curve(6.0, 5.5, 5.2, 5.0, 4.9, 4.8, 4.751, 4.701)
+    assert tolerance(REFERENCE, quiet).fraction == FLOOR
+    loud = curve(6.0, 5.5, 5.2, 5.0, 4.9, 4.8, 4.8, 4.75)  # 0.05 of 1.275 progress: 3.9%
+    tol = tolerance(REFERENCE, loud)
+    assert math.isclose(tol.fraction, 4 * 0.05 / 1.275, rel_tol=1e-6)
+    assert "split twin's 3.92%" in tol.describe()
+    assert tolerance(REFERENCE, None).rounding_gap is None
+
+
+def test_a_slower_learner_is_diverged_with_its_figures() -> None:
+    sgd = curve(6.0, 5.99, 5.98, 5.97, 5.96, 5.95, 5.94, 5.93)
+    verdict = judge(REFERENCE, sgd, tolerance(REFERENCE, None))
+    assert verdict.status == Status.DIVERGED and verdict.blocks_export
+    assert verdict.figures() == (
+        "diverged: loss 5.935 vs reference 4.725 after 21 steps, +94.9% of its progress "
+        "(tolerance 5.0%); learns slower than the reference"
+    )
+    assert math.isclose(verdict.ratio or 0, 5.935 / 4.725)
+
+
+def test_a_curve_within_the_tolerance_passes_and_one_faster_beyond_it_does_not() -> None:
+    tol = tolerance(REFERENCE, None)
+    close = curve(6.0, 5.5, 5.2, 5.0, 4.9, 4.8, 4.76, 4.72)  # 2.7% of the progress
+    assert judge(REFERENCE, close, tol).status == Status.OK
+    faster = curve(6.0, 5.2, 4.8, 4.5, 4.3, 4.2, 4.1, 4.0)
+    verdict = judge(REFERENCE, faster, tol)
+    assert verdict.status == Status.DIVERGED and "learns faster" in verdict.reason
+
+
+def test_nan_and_a_collapsing_loss_scale_are_diverged() -> None:
+    tol = tolerance(REFERENCE, None)
+    nan = curve(6.0, 5.5, 5.2, math.nan)
+    verdict = judge(REFERENCE, nan, tol)
+    assert (
+        verdict.status == Status.DIVERGED and verdict.reason == "the loss became NaN/inf by step 9"
+    )
+    skipping = curve(6.0, 5.5, 5.2, 5.0, 4.9, 4.8, 4.75, 4.7, skipped=5)
+    assert "loss scale collapsed (5 of 21 steps skipped)" in judge(REFERENCE, skipping, tol).reason
+
+
+def test_no_verdict_when_the_reference_itself_does_not_learn_or_fails() -> None:
+    flat = curve(6.0, 5.99, 5.99, 5.98)
+    verdict = judge(flat, curve(6.0, 5.0, 4.0, 3.0), tolerance(flat, None))
+    assert verdict.status == Status.UNCHECKED and "raise --parity-steps" in verdict.reason
+    failed = Curve.of(TrialResult(Outcome.OOM, reason="out of memory"), 30)
+    assert judge(failed, REFERENCE, tolerance(failed, None)).status == Status.UNCHECKED
+    assert judge(REFERENCE, failed, tolerance(REFERENCE, None)).status == Status.DIVERGED
+
+
+def test_changes_split_into_what_keeps_and_what_alters_the_arithmetic() -> None:
+    reference = cand(16)
+    fused = reference.__class__(8, 8, "bf16", True, "adamw_torch_fused")
+    found = {c.describe(): c.keeps_arithmetic for c in changes(reference, fused)}
+    assert found == {
+        "batch split 16x4 -> 8x8": True,
+        "checkpointing off -> on": True,
+        "precision fp32 -> bf16": False,
+        "optimizer adamw_torch -> adamw_torch_fused": True,  # the same update, fused
+    }
+
+
+def test_a_diverged_config_is_never_selected_and_the_state_survives_the_study() -> None:
+    state = ParityState(cand(16), 30, 1e-3, {"reference": REFERENCE},
+                        {"bf16|adamw_torch": Parity(Status.DIVERGED, "learns slower")})  # fmt: skip
+    state = ParityState.from_json(state.to_json())
+    fast = rec(1, cand(16, "bf16"), sps=30.0)
+    plain = rec(2, cand(8), sps=10.0)
+    records = [r.__class__(r.number, r.candidate, r.result, 1, state.verdict(r.candidate))
+               for r in (fast, plain)]  # fmt: skip
+    assert records[0].parity is not None and records[0].parity.status == Status.DIVERGED
+    assert records[1].parity is not None and records[1].parity.status == Status.SAME
+    best = select_best(records, fit_limit_bytes=SPEC.fit_limit_bytes)
+    assert best is not None and best.number == 2
+    assert state.curves["reference"] == REFERENCE
