@@ -104,6 +104,7 @@ def search_command(  # long: one keyword per `search` option, then a few calls
         confirm_top=confirm_top,
         confirm_steps=confirm_steps or 2 * spec.measure_steps,
         parity_steps=parity_steps if parity == "on" else 0,
+        objective=objective,
         fork_server=fork_server,
     )
     deadline = Deadline.after(time_budget)
@@ -138,16 +139,19 @@ def _search_and_export(
     try:
         report = run_search(store=store, study_dir=folder, limits=limits,
                             deadline=deadline, observer=progress, explore=explore)  # fmt: skip
-        parity = store.parity()
-        best = export_selected(records=list(report.records), spec=spec, study_name=name,
-                               output=output, objective=objective, validate=True,
-                               force=force, parity=parity)  # fmt: skip
+        parity = store.parity() if limits.parity_steps else None
+        records = list(report.records)
+        if parity is None:  # --parity off: verdicts of earlier runs do not apply either
+            records = [dataclasses.replace(r, parity=None) for r in records]
+        best = export_selected(records=records, spec=spec, study_name=name, output=output,
+                               objective=objective, validate=True, force=force,
+                               parity=parity)  # fmt: skip
         progress.on_search_end(report)
     finally:
         progress.close()
     if best is None:
-        raise nothing_fits(list(report.records), spec)
-    changed = parity_summary(best, reference_for(spec, report.records, parity), parity)
+        raise nothing_fits(records, spec)
+    changed = parity_summary(best, reference_for(spec, records, parity), parity)
     return SearchOutcome(name, best, output, report.probes_this_run, report.elapsed_s,
                          report.stop_reason, changed)  # fmt: skip
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import tempfile
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks._common import autotune, machine, save
+from benchmarks._common import ROOT, autotune, machine, save
 
 TINY = {
     "tiny-gpt2": {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 64,
@@ -32,85 +33,122 @@ TINY = {
 }  # fmt: skip
 
 
-def search(model: str, work: Path, max_trials: int, steps: int) -> dict[str, Any]:
+SMALL_SEARCH = [
+    "--device", "cpu", "--global-batch-size", "16", "--seq-len", "64", "--target-len", "16",
+    "--precisions", "fp32,bf16", "--checkpointing", "off",
+    "--optimizers", "adamw_torch,adamw_torch_fused,adafactor,sgd",
+    "--warmup-steps", "1", "--measure-steps", "3", "--confirm-top", "3",
+]  # fmt: skip
+
+
+def readme_main_job() -> list[str]:
+    """The README's main job, flags as written there (its --study is replaced)."""
+    line = next(
+        line for line in (ROOT / "README.md").read_text().splitlines() if "autotune search" in line
+    )
+    words = shlex.split(line.split("autotune search", 1)[1])
+    if "--study" in words:
+        at = words.index("--study")
+        del words[at : at + 2]
+    return words
+
+
+def search(
+    model: str, work: Path, flags: list[str], max_trials: int | None, steps: int
+) -> dict[str, Any]:
     name = model
     if model in TINY:
         (work / model).mkdir(parents=True, exist_ok=True)
         (work / model / "config.json").write_text(json.dumps(TINY[model]))
         name = f"./{model}"
+    flags = [*flags, "--parity-steps", str(steps), "--quiet"]
+    if max_trials is not None:
+        flags += ["--max-trials", str(max_trials)]
+    if "--model" in flags:
+        flags[flags.index("--model") + 1] = name
+    else:
+        flags = ["--model", name, *flags]
     started = time.monotonic()
-    done = autotune(
-        work, "search", "--model", name, "--study", "parity", "--device", "cpu",
-        "--global-batch-size", "16", "--seq-len", "64", "--target-len", "16",
-        "--precisions", "fp32,bf16", "--checkpointing", "off",
-        "--optimizers", "adamw_torch,adamw_torch_fused,adafactor,sgd",
-        "--max-trials", str(max_trials), "--warmup-steps", "1", "--measure-steps", "3",
-        "--confirm-top", "3", "--parity-steps", str(steps), "--quiet",
-    )  # fmt: skip
+    done = autotune(work, "search", "--study", "parity", *flags)
     elapsed = time.monotonic() - started
     if done.returncode != 0:
         raise SystemExit(f"search on {model} failed:\n{done.stdout}\n{done.stderr}")
     import optuna
 
     study = optuna.load_study(study_name="parity", storage=f"sqlite:///{work}/studies/autotune.db")
-    state = json.loads(study.user_attrs["autotune_parity"])
+    raw = study.user_attrs.get("autotune_parity")
     summary = json.loads((work / "studies" / "parity.best.summary.json").read_text())
-    parity_lines = [line for line in done.stdout.splitlines() if line.startswith("parity")]
-    return {"model": model, "search_s": round(elapsed, 1), "state": state,
-            "exported": summary["best"]["config"], "lines": parity_lines}  # fmt: skip
+    return {"model": model, "command": "autotune search " + shlex.join(flags),
+            "search_s": round(elapsed, 1), "state": json.loads(raw) if raw else None,
+            "exported": summary["best"]["config"], "parity": summary["parity"],
+            "output": done.stdout.splitlines()}  # fmt: skip
 
 
 def table(runs: list[dict[str, Any]], steps: int) -> str:
+    from autotune.core.parity import Curve
+
     info = machine()
     out = [
         f"\n## Training parity of a search's finalists ({info['date']})\n",
         f"{info['machine']}; {info['versions']}. One `autotune search` per model, "
-        f"`--parity-steps {steps}`, global batch 16, 64 tokens (`benchmarks/parity.py`).\n",
-        "| model | finalist arithmetic | end loss | ratio to reference | gap (share of the "
-        "reference's progress) | verdict |",
+        f"`--parity-steps {steps}` (`benchmarks/parity.py`; commands below). End loss: the "
+        "mean held-out loss over the last quarter of the run; gap: (end - reference end) "
+        "as a share of the reference's progress.\n",
+        "| model | run | end loss | ratio to reference | gap | verdict |",
         "|---|---|---|---|---|---|",
     ]
     for run in runs:
         state = run["state"]
-        curves = state["curves"]
-        ref = curves["reference"]["points"]
-        out.append(f"| {run['model']} | reference ({state['reference']['precision']} "
-                   f"{state['reference']['optim']}) | {ref[-1][1]:.4g} | 1 | 0 | reference |")  # fmt: skip
+        if state is None:
+            out.append(f"| {run['model']} | every finalist had the recipe's arithmetic | "
+                       "| | | same-arithmetic |")  # fmt: skip
+            continue
+        ref = Curve.from_dict(state["curves"]["reference"])
+        recipe = f"{state['reference']['precision']} {state['reference']['optim']}"
+        out.append(f"| {run['model']} | reference: {recipe} | {ref.end:.4g} | 1 | 0 | |")
+        if "twin" in state["curves"]:
+            twin = Curve.from_dict(state["curves"]["twin"])
+            gap = (twin.end - ref.end) / (ref.start - ref.end)
+            out.append(f"| {run['model']} | split twin: {recipe}, another batch split | "
+                       f"{twin.end:.4g} | {twin.end / ref.end:.4f} | {gap:+.2%} | "
+                       "(calibration) |")  # fmt: skip
         for key, verdict in sorted(state["verdicts"].items()):
-            ratio = (verdict["final_loss"] / verdict["reference_final_loss"]
-                     if verdict.get("final_loss") and verdict.get("reference_final_loss")
-                     else None)  # fmt: skip
-            gap = verdict.get("gap")
-            out.append(
-                f"| {run['model']} | {key.replace('|', ' ')} | "
-                f"{verdict['final_loss']:.4g} | {ratio:.3f} | "
-                f"{gap:+.1%} | {verdict['status']} |"
-                if ratio is not None and gap is not None
-                else f"| {run['model']} | {key.replace('|', ' ')} | | | | "
-                f"{verdict['status']}: {verdict['reason']} |"
-            )
+            name = key.replace("|", " ")
+            if verdict.get("final_loss") is None or verdict.get("gap") is None:
+                out.append(f"| {run['model']} | {name} | | | | {verdict['status']}: "
+                           f"{verdict['reason']} |")  # fmt: skip
+                continue
+            ratio = verdict["final_loss"] / verdict["reference_final_loss"]
+            out.append(f"| {run['model']} | {name} | {verdict['final_loss']:.4g} | "
+                       f"{ratio:.3f} | {verdict['gap']:+.1%} | {verdict['status']} |")  # fmt: skip
     out.append("")
     for run in runs:
-        tol = run["state"]["tolerance"]
-        rests = ("the 5% floor" if tol["rounding_gap"] is None
-                 else f"max(5% floor, 4 x the split twin's gap {tol['rounding_gap']:.2%})")  # fmt: skip
-        out.append(f"- {run['model']}: tolerance {tol['fraction']:.1%} of the reference's "
-                   f"progress ({rests}); exported {run['exported']}; search with parity "
-                   f"runs {run['search_s']:.0f} s.")  # fmt: skip
+        tol = (run["state"] or {}).get("tolerance")
+        rests = "no parity run" if tol is None else (
+            f"tolerance {tol['fraction']:.1%} of the reference's progress = "
+            + ("the 5% floor (no twin)" if tol["rounding_gap"] is None else
+               f"max(5% floor, 4 x the twin's {tol['rounding_gap']:.2%})"))  # fmt: skip
+        out.append(f"- {run['model']}: {rests}; exported {run['exported']} "
+                   f"({run['parity']['status']}); the whole search took {run['search_s']:.0f} s: "
+                   f"`{run['command']}`")  # fmt: skip
     return "\n".join(out) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", action="append", required=True)
-    parser.add_argument("--max-trials", type=int, default=8)
+    parser.add_argument("--readme", action="store_true",
+                        help="search with the README main job's flags (timed as such)")  # fmt: skip
+    parser.add_argument("--max-trials", type=int, help="[default: 8; --readme: the README's]")
     parser.add_argument("--parity-steps", type=int, default=30)
     parser.add_argument("--append", action="store_true", help="add to RESULTS.md")
     options = parser.parse_args()
+    flags = readme_main_job() if options.readme else SMALL_SEARCH
+    trials = options.max_trials if options.max_trials or options.readme else 8
     runs = []
     for model in options.model:
         with tempfile.TemporaryDirectory() as tmp:
-            runs.append(search(model, Path(tmp), options.max_trials, options.parity_steps))
+            runs.append(search(model, Path(tmp), flags, trials, options.parity_steps))
     figures = {**machine(), "runs": runs}
     save("parity", figures, table(runs, options.parity_steps), options.append)
 

@@ -87,7 +87,7 @@ def test_model_dir_without_config(capsys: pytest.CaptureFixture[str], in_tmp: Pa
 def test_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     from autotune.core.errors import ModelNotFoundError
 
-    with pytest.raises(ModelNotFoundError):
+    with pytest.raises(ModelNotFoundError, match="nobody/no-such-model"):
         main(["--debug", "search", "--model", "nobody/no-such-model"])
 
 

@@ -30,7 +30,10 @@ FLOOR = 0.05  # never tighter than 5% of the reference's progress (see benchmark
 ROUNDING_FACTOR = 4.0  # a change may move the loss 4x what a split change does
 MIN_PROGRESS = 0.05  # the reference must lower its loss by 5% for a verdict
 TAIL = 0.25  # the last quarter of the curve is compared
-MAX_SKIPPED = 0.10  # fp16 steps skipped by the loss scaler beyond this: a collapsing scale
+MAX_TOLERANCE = 0.25  # a noisy twin never widens it past a quarter of the progress
+# fp16 steps skipped by the loss scaler (its initial calibration included) beyond this
+# share of the run: a collapsing scale
+MAX_SKIPPED = 0.25
 KEEPS = "keeps the arithmetic"
 ALTERS = "alters the arithmetic"
 
@@ -154,7 +157,8 @@ class Tolerance:
             return f"{self.fraction:.1%} of the reference's progress (floor; no split twin)"
         return (
             f"{self.fraction:.1%} of the reference's progress (max of the {FLOOR:.0%} floor "
-            f"and {ROUNDING_FACTOR:g}x the split twin's {self.rounding_gap:.2%})"
+            f"and {ROUNDING_FACTOR:g}x the split twin's {self.rounding_gap:.2%}, at most "
+            f"{MAX_TOLERANCE:.0%})"
         )
 
 
@@ -162,7 +166,7 @@ def tolerance(reference: Curve, twin: Curve | None) -> Tolerance:
     if twin is None or twin.error or not twin.finite or not reference.points:
         return Tolerance(FLOOR, None)
     gap = abs(_gap(reference, twin))
-    return Tolerance(max(FLOOR, ROUNDING_FACTOR * gap), gap)
+    return Tolerance(min(MAX_TOLERANCE, max(FLOOR, ROUNDING_FACTOR * gap)), gap)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,36 +218,41 @@ class Parity:
 
 
 def judge(reference: Curve, run: Curve, tol: Tolerance) -> Parity:
-    """The verdict on one finalist's run against the reference's."""
+    """The verdict on one finalist's run against the reference's.
+
+    A NaN/inf loss or a collapsing loss scale is diverged whatever the reference did; a
+    run that did not finish (an OOM, a crash, a timeout) or a reference that cannot
+    serve gives no verdict (unchecked: retried when the search is rerun)."""
     steps = run.steps
-    if reference.error or not reference.points:
-        return Parity(Status.UNCHECKED, f"the reference run failed ({reference.error})",
-                      steps=steps)  # fmt: skip
-    if not reference.finite:
-        return Parity(Status.UNCHECKED, "the reference's own loss is not finite", steps=steps)
-    progress = reference.start - reference.end
-    if progress < MIN_PROGRESS * abs(reference.start):
-        return Parity(
-            Status.UNCHECKED,
-            f"the reference's loss fell only {progress:.3g} from {reference.start:.4g} in "
-            f"{reference.steps} steps; raise --parity-steps",
-            steps=steps,
-        )
-    if run.error or not run.points:
-        return Parity(Status.DIVERGED, f"its parity run did not finish: {run.error}",
-                      steps=steps)  # fmt: skip
+    ref_end = reference.end if reference.points and reference.finite else None
+    start = reference.start if reference.points else None
 
     def verdict(status: Status, reason: str, gap: float | None = None) -> Parity:
-        return Parity(status, reason, final_loss=run.end, reference_final_loss=reference.end,
-                      start_loss=reference.start, gap=gap, tolerance=tol.fraction,
+        end = run.end if run.points else None
+        return Parity(status, reason, final_loss=end, reference_final_loss=ref_end,
+                      start_loss=start, gap=gap, tolerance=tol.fraction,
                       steps=steps)  # fmt: skip
 
+    if run.error or not run.points:
+        return Parity(Status.UNCHECKED, f"its parity run did not finish ({run.error})",
+                      steps=steps)  # fmt: skip
     if not run.finite:
         at = next(s for s, loss in run.points if not math.isfinite(loss))
         return verdict(Status.DIVERGED, f"the loss became NaN/inf by step {at}")
     if run.skipped_steps > MAX_SKIPPED * max(1, steps):
         return verdict(Status.DIVERGED, f"the fp16 loss scale collapsed "
                        f"({run.skipped_steps} of {steps} steps skipped)")  # fmt: skip
+    if reference.error or not reference.points:
+        return verdict(Status.UNCHECKED, f"the reference run did not finish ({reference.error})")
+    if not reference.finite:
+        return verdict(Status.UNCHECKED, "the reference's own loss is not finite")
+    progress = reference.start - reference.end
+    if progress < MIN_PROGRESS * abs(reference.start):
+        return verdict(
+            Status.UNCHECKED,
+            f"the reference's loss fell only {progress:.3g} from {reference.start:.4g} in "
+            f"{reference.steps} steps; raise --parity-steps",
+        )
     gap = _gap(reference, run)
     if abs(gap) <= tol.fraction:
         return verdict(Status.OK, "", gap)
@@ -281,9 +290,10 @@ def altered(changed: Sequence[Change]) -> list[Change]:
 class ParityState:
     """What a study holds about parity: the reference, the runs and the verdicts."""
 
-    reference: Candidate
+    reference: Candidate  # per process, as the study's candidates are
     steps: int
     learning_rate: float
+    seed: int = 0
     curves: dict[str, Curve] = dataclasses.field(default_factory=dict)  # "reference", "twin", keys
     verdicts: dict[str, Parity] = dataclasses.field(default_factory=dict)  # by arithmetic key
     tolerance: Tolerance | None = None
@@ -294,14 +304,26 @@ class ParityState:
             return same_arithmetic()
         return self.verdicts.get(Arithmetic.of(candidate).key)
 
-    def same_setup(self, reference: Candidate, steps: int, learning_rate: float) -> bool:
-        return (Arithmetic.of(reference), steps, learning_rate) == (
-            Arithmetic.of(self.reference), self.steps, self.learning_rate)  # fmt: skip
+    def same_setup(self, other: ParityState) -> bool:
+        """Whether runs made under `other`'s settings can be compared with these."""
+        return (Arithmetic.of(other.reference), other.steps, other.learning_rate,
+                other.seed) == (Arithmetic.of(self.reference), self.steps,
+                                self.learning_rate, self.seed)  # fmt: skip
+
+    def retrying(self) -> ParityState:
+        """This state less what did not finish (unchecked verdicts, failed reference or
+        twin runs): a rerun of the search tries them again."""
+        curves = {k: c for k, c in self.curves.items()
+                  if not (k in ("reference", "twin") and c.error)}  # fmt: skip
+        if "reference" not in curves:
+            curves.pop("twin", None)
+        verdicts = {k: v for k, v in self.verdicts.items() if v.status != Status.UNCHECKED}
+        return dataclasses.replace(self, curves=curves, verdicts=verdicts)
 
     def to_json(self) -> str:
         return json.dumps({
             "reference": dataclasses.asdict(self.reference), "steps": self.steps,
-            "learning_rate": self.learning_rate,
+            "learning_rate": self.learning_rate, "seed": self.seed,
             "curves": {k: c.to_dict() for k, c in self.curves.items()},
             "verdicts": {k: json.loads(v.to_json()) for k, v in self.verdicts.items()},
             "tolerance": dataclasses.asdict(self.tolerance) if self.tolerance else None,
@@ -318,6 +340,7 @@ class ParityState:
             reference=Candidate(**raw["reference"]),
             steps=int(raw["steps"]),
             learning_rate=float(raw["learning_rate"]),
+            seed=int(raw.get("seed", 0)),
             curves={k: Curve.from_dict(c) for k, c in raw["curves"].items()},
             verdicts=verdicts,
             tolerance=Tolerance(**raw["tolerance"]) if raw["tolerance"] else None,

@@ -97,7 +97,8 @@ class LearnableDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     Sequences over a small alphabet follow a fixed random successor table (each token's
     successor with probability 3/4, else any letter): the loss falls from ln(vocab)
     towards the table's entropy. Seq2seq targets are the source's successors, labels
-    for classification the first token's letter modulo the classes. `offset` selects
+    for classification the first token's letter modulo the classes, for a masked LM
+    each position's successor (a copy would be learnt at once). `offset` selects
     a disjoint range of samples (the held-out batches)."""
 
     ALPHABET = 64
@@ -141,6 +142,8 @@ class LearnableDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
             item["labels"] = self.letters[self.successor[source]]
         elif self.task == Task.CLASSIFICATION:
             item["labels"] = letters[0] % self.num_labels
+        elif self.task == Task.MASKED_LM:  # each position's successor: not a plain copy
+            item["labels"] = self.letters[self.successor[letters]]
         else:
             item["labels"] = ids.clone()
         return item

@@ -10,7 +10,9 @@ used: it scales with the accumulation steps.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -20,8 +22,7 @@ from autotune.core.enums import Outcome
 from autotune.core.trial import TrialConfig, TrialResult
 from autotune.probe.timing import StepTimer
 
-EVAL_BATCH = 8  # held-out micro-batch size, the same in every run
-EVAL_SAMPLES = 32
+EVAL_SAMPLES = 16  # held out, evaluated one at a time (the least memory; every run alike)
 POINTS = 12  # held-out evaluations along a run (plus step 0)
 
 
@@ -49,26 +50,43 @@ class HeldOutLoss(TrainerCallback):
 
     @torch.no_grad()
     def evaluate(self, model: Any, device: torch.device) -> float:
+        # Mixed precision: accelerate wraps model.forward in its autocast and keeps the
+        # plain one as _original_forward; an outer autocast(enabled=False) would not
+        # undo the inner one.
+        forward = getattr(model, "_original_forward", None) or model
         training = model.training
         model.eval()
         total = 0.0
         try:
-            with torch.autocast(device_type=device.type, enabled=False):
+            with _full_fp32(device):
                 for batch in self.batches:
-                    out = model(**{k: v.to(device) for k, v in batch.items()})
+                    out = forward(**{k: v.to(device) for k, v in batch.items()})
                     total += float(out.loss.float())
         finally:
             model.train(training)
         return total / len(self.batches)
 
 
+@contextlib.contextmanager
+def _full_fp32(device: torch.device) -> Iterator[None]:
+    """No autocast and, on CUDA, no TF32 matmuls (a tf32 run enables them globally)."""
+    with torch.autocast(device_type=device.type, enabled=False):
+        if device.type != "cuda":
+            yield
+            return
+        matmul = torch.backends.cuda.matmul
+        before = matmul.fp32_precision
+        matmul.fp32_precision = "ieee"
+        try:
+            yield
+        finally:
+            matmul.fp32_precision = before
+
+
 def parity_run(config: TrialConfig, model: Any, recipe: dict[str, Any]) -> TrialResult:
     steps = config.parity_steps
     train, held_out, collator = _data(config, steps)
-    eval_batches = [
-        collator([held_out[i] for i in range(start, min(start + EVAL_BATCH, len(held_out)))])
-        for start in range(0, len(held_out), EVAL_BATCH)
-    ]
+    eval_batches = [collator([held_out[i]]) for i in range(len(held_out))]
     curve = HeldOutLoss(eval_batches, every=max(1, steps // POINTS), last=steps)
     timer = StepTimer(device_kind=config.device_kind, warmup_steps=0)  # loss-scale skips
     args = TrainingArguments(**{**recipe, **_arguments(config, steps)})
@@ -83,7 +101,8 @@ def parity_run(config: TrialConfig, model: Any, recipe: dict[str, Any]) -> Trial
         reason="" if finite else "the held-out loss became NaN/inf",
         final_loss=final,
         loss_finite=finite,
-        skipped_steps=timer.skipped_in_window + timer.skipped_in_warmup,
+        # every step the loss scaler skipped, its initial calibration included
+        skipped_steps=timer.skipped_in_window + timer.skipped_in_warmup + timer.calibration_steps,
         curve=tuple((s, round(v, 6) if math.isfinite(v) else v) for s, v in curve.points),
     )
 
@@ -99,11 +118,14 @@ def _data(config: TrialConfig, steps: int) -> tuple[Any, Any, Any]:
         from datasets import load_from_disk
 
         data = load_from_disk(config.data_path)
-        if len(data) < needed + EVAL_SAMPLES:  # reuse the data, hold the same samples out
-            held = Subset(data, range(min(EVAL_SAMPLES, len(data))))
-        else:
-            held = Subset(data, range(needed, needed + EVAL_SAMPLES))
-        return data, held, RealBatches(task=config.model.task, pad_token_id=config.pad_token_id)
+        count = len(data)
+        if count > 2 * EVAL_SAMPLES:  # the last samples held out, never trained on
+            held = Subset(data, range(count - EVAL_SAMPLES, count))
+            train = data.select(range(min(needed, count - EVAL_SAMPLES)))
+        else:  # too little data to hold any out: the first samples, also trained on
+            held, train = Subset(data, range(min(EVAL_SAMPLES, count))), data
+        collator = RealBatches(task=config.model.task, pad_token_id=config.pad_token_id)
+        return train, held, collator
 
     def learnable(length: int, offset: int) -> LearnableDataset:
         return LearnableDataset(

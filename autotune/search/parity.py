@@ -15,12 +15,12 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from autotune.core.enums import Precision
+from autotune.core.enums import Objective, Outcome, Precision
 from autotune.core.parity import Arithmetic, Curve, ParityState, judge, tolerance
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord, TrialResult
 from autotune.probe import device
-from autotune.search.selection import fitting, ranked
+from autotune.search.selection import fitting, ranked, select_best
 
 if TYPE_CHECKING:
     from autotune.search.run import SearchRun
@@ -30,9 +30,11 @@ DEFAULT_STEPS = 30
 
 
 def reference_candidate(spec: SearchSpec, records: Sequence[TrialRecord]) -> Candidate:
-    """The user's recipe: their precision, optimizer and checkpointing from --base-args,
-    else fp32 `adamw_torch` without checkpointing; their micro-batch, else the largest
-    that ran within the budget with that recipe (any micro-batch fits the arithmetic)."""
+    """The user's recipe: their precision, optimizer, checkpointing and micro-batch from
+    --base-args, else fp32 `adamw_torch` without checkpointing at the largest micro-batch
+    that ran within the budget with that arithmetic. Their micro-batch is replaced (by
+    the largest that fits) only when it was measured out of memory. Per process, as the
+    study's candidates are."""
     settings = spec.recipe_settings
     precision = Precision.FP32
     for flag, value in (("bf16", Precision.BF16), ("fp16", Precision.FP16),
@@ -42,34 +44,44 @@ def reference_candidate(spec: SearchSpec, records: Sequence[TrialRecord]) -> Can
             break
     optim = str(settings.get("optim", "adamw_torch"))
     ckpt = bool(settings.get(spec.checkpointing_field, False))
+    arithmetic = Arithmetic(precision, optim)
+    per_process = spec.space.global_batch_size
     micro = settings.get("per_device_train_batch_size")
-    if not isinstance(micro, int) or spec.global_batch_size % micro:
-        fits = fitting(records, spec.fit_limit_bytes)
-        same = [r for r in fits if Arithmetic.of(r.candidate) == Arithmetic(precision, optim)]
-        pool = same or [r for r in fits if r.candidate.precision == precision] or fits
-        micro = max((r.candidate.per_device_train_batch_size for r in pool),
-                    default=min(spec.space.micro_batches))  # fmt: skip
-        if not pool:  # nothing measured fits: the smallest micro-batch, checkpointed
-            ckpt = ckpt or True in spec.space.checkpointing
-    return _single_process(spec, micro, precision, ckpt, optim)
+    if isinstance(micro, int) and per_process % micro == 0:
+        yours = spec.space.candidate(micro, precision, ckpt, optim)
+        out_of_memory = any(
+            r.candidate == yours and r.result.outcome == Outcome.OOM for r in records
+        )
+        if not out_of_memory:
+            return yours
+    fits = [r.candidate for r in fitting(records, spec.fit_limit_bytes)
+            if Arithmetic.of(r.candidate) == arithmetic]  # fmt: skip
+    if fits:  # the largest micro-batch that fits, without checkpointing where it fits so
+        best = max(fits, key=lambda c: (c.per_device_train_batch_size,
+                                        c.activation_checkpointing == ckpt))  # fmt: skip
+        return spec.space.candidate(best.per_device_train_batch_size, precision,
+                                    best.activation_checkpointing, optim)  # fmt: skip
+    smallest = min(spec.space.micro_batches)
+    return spec.space.candidate(smallest, precision, ckpt or True in spec.space.checkpointing,
+                                optim)  # fmt: skip
 
 
 def twin_of(spec: SearchSpec, reference: Candidate) -> Candidate | None:
     """The reference under another batch split (what rounding alone does), or None."""
     micro = reference.per_device_train_batch_size
     for other in (micro // 2, micro * 2):
-        if other >= 1 and other != micro and spec.global_batch_size % other == 0:
-            accumulation = spec.global_batch_size // other
-            return dataclasses.replace(reference, per_device_train_batch_size=other,
-                                       gradient_accumulation_steps=accumulation)  # fmt: skip
+        if other >= 1 and spec.space.global_batch_size % other == 0:
+            return dataclasses.replace(
+                reference, per_device_train_batch_size=other,
+                gradient_accumulation_steps=spec.space.global_batch_size // other,
+            )  # fmt: skip
     return None
 
 
-def _single_process(
-    spec: SearchSpec, micro: int, precision: Precision, ckpt: bool, optim: str
-) -> Candidate:
-    """Parity runs are one process: the global batch is micro-batch x accumulation."""
-    return Candidate(micro, spec.global_batch_size // micro, precision, ckpt, optim)
+def single_process(spec: SearchSpec, candidate: Candidate) -> Candidate:
+    """A parity run is one process: the global batch is micro-batch x accumulation."""
+    accumulation = spec.global_batch_size // candidate.per_device_train_batch_size
+    return dataclasses.replace(candidate, gradient_accumulation_steps=accumulation)
 
 
 def learning_rate(spec: SearchSpec) -> float:
@@ -81,22 +93,25 @@ class ParityCheck:
     """Runs what the finalists' verdicts need and stores them (`run`: the SearchRun whose
     launcher and folders the runs use)."""
 
-    def __init__(self, run: SearchRun, steps: int, top: int) -> None:
+    def __init__(self, run: SearchRun, steps: int, top: int, objective: Objective) -> None:
         self.run = run
         self.store = run.store
         self.spec = run.spec
         self.steps = steps
         self.top = max(1, top)
+        self.objective = objective
 
-    def settle(self) -> ParityState | None:
-        """Check the finalists' arithmetics until none of the top is left unjudged."""
+    def settle(self) -> ParityState:
+        """Judge the finalists' arithmetics (the top by speed and the one selection would
+        export) until every one of them has a verdict."""
         records = self.store.records()
-        reference = reference_candidate(self.spec, records)
-        rate = learning_rate(self.spec)
-        state = self.store.parity()
-        if state is None or not state.same_setup(reference, self.steps, rate):
-            state = ParityState(reference, self.steps, rate)
-        for _ in range(len(self.spec.space.precisions) * len(self.spec.space.optimizers) + 1):
+        wanted = ParityState(reference_candidate(self.spec, records), self.steps,
+                             learning_rate(self.spec), self.spec.seed)  # fmt: skip
+        stored = self.store.parity()
+        state = stored.retrying() if stored and stored.same_setup(wanted) else wanted
+        self.store.save_parity(state)  # also when no run is needed: the check was on
+        arithmetics = len(self.spec.space.precisions) * len(self.spec.space.optimizers)
+        for _ in range(arithmetics + 1):
             todo = self._unjudged(state, self.store.records())
             if todo is None:
                 break
@@ -105,11 +120,15 @@ class ParityCheck:
         return state
 
     def _unjudged(self, state: ParityState, records: Sequence[TrialRecord]) -> Candidate | None:
-        """The best-ranked finalist whose arithmetic has no verdict yet."""
-        pool = [r for r in fitting(records, self.spec.fit_limit_bytes)
-                if not (r.parity and r.parity.blocks_export)]  # fmt: skip
-        for record in ranked(pool)[: self.top]:
-            if state.verdict(record.candidate) is None:
+        """A finalist whose arithmetic has no verdict yet, best first."""
+        fits = fitting(records, self.spec.fit_limit_bytes)
+        pool = [r for r in fits
+                if not ((v := state.verdict(r.candidate)) and v.blocks_export)]  # fmt: skip
+        judged = [dataclasses.replace(r, parity=state.verdict(r.candidate)) for r in pool]
+        chosen = select_best(judged, fit_limit_bytes=self.spec.fit_limit_bytes,
+                             objective=self.objective)  # fmt: skip
+        for record in [*([chosen] if chosen else []), *ranked(judged)[: self.top]]:
+            if record.parity is None:
                 return record.candidate
         return None
 
@@ -122,30 +141,37 @@ class ParityCheck:
                 curves["twin"] = self._curve("twin", twin)
         tol = tolerance(curves["reference"], curves.get("twin"))
         key = Arithmetic.of(candidate).key
-        single = _single_process(self.spec, candidate.per_device_train_batch_size,
-                                 candidate.precision, candidate.activation_checkpointing,
-                                 candidate.optim)  # fmt: skip
-        curves[key] = self._curve(key.replace("|", "-"), single)
+        curves[key] = self._curve(key.replace("|", "-"), candidate)
         verdict = judge(curves["reference"], curves[key], tol)
         self.run.observer.on_parity(candidate, verdict)
         return dataclasses.replace(state, curves=curves, tolerance=tol,
                                    verdicts={**state.verdicts, key: verdict})  # fmt: skip
 
     def _curve(self, label: str, candidate: Candidate) -> Curve:
-        run = self.run
+        run, spec = self.run, self.spec
+        single = single_process(spec, candidate)
         folder = f"parity-{label}-{time.strftime('%Y%m%d-%H%M%S')}"
-        config = run.trial_config(-1, candidate, folder, concurrent=1)
-        torch_device, visible = device.placement(self.spec.device, 1)
-        args = {**config.training_arguments, "learning_rate": learning_rate(self.spec)}
+        config = run.trial_config(-1, single, folder, concurrent=1)
+        torch_device, visible = device.placement(spec.device, 1)
+        args = {**config.training_arguments, **parity_arguments(spec)}
         config = dataclasses.replace(
             config, parity_steps=self.steps, nproc_per_node=1, device=torch_device,
             visible_devices=visible, training_arguments=args,
         )  # fmt: skip
-        probe_steps = self.spec.warmup_steps + self.spec.measure_steps
-        timeout = run.limits.trial_timeout_s * max(1.0, self.steps / probe_steps)
+        probe_steps = spec.warmup_steps + spec.measure_steps
+        # One process does the work of nproc_per_node, for more steps than a probe.
+        scale = spec.nproc_per_node * max(1.0, self.steps / probe_steps)
         run.observer.on_parity_start(label, candidate)
-        result: TrialResult = run.launcher.run(config, timeout_s=timeout)
+        result: TrialResult = run.launcher.run(config, timeout_s=run.limits.trial_timeout_s * scale)
         return Curve.of(result, self.steps)
+
+
+def parity_arguments(spec: SearchSpec) -> dict[str, object]:
+    """What a parity run changes in the recipe: a learning rate at which the loss falls
+    within K steps (yours when --base-args sets one) held constant, so that a warm-up
+    or schedule meant for thousands of steps does not stall a run of thirty."""
+    return {"learning_rate": learning_rate(spec), "lr_scheduler_type": "constant",
+            "warmup_steps": 0}  # fmt: skip
 
 
 def reference_for(

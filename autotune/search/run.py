@@ -17,7 +17,7 @@ from typing import Protocol
 
 import optuna
 
-from autotune.core.enums import Outcome
+from autotune.core.enums import Objective, Outcome
 from autotune.core.errors import AutotuneError, NoFitError
 from autotune.core.parity import Parity
 from autotune.core.spec import SearchSpec
@@ -50,6 +50,7 @@ class SearchLimits:
     concurrent: int = 1
     poll_s: float = 2.0  # how often a worker waiting on other workers' trials looks again
     parity_steps: int = 0  # >0: parity runs of this many steps settle the finalists
+    objective: Objective = Objective.THROUGHPUT  # what selection (and so parity) ranks by
 
 
 class Observer(Protocol):
@@ -264,6 +265,13 @@ def far_over_budget(spec: SearchSpec, recs: list[TrialRecord]) -> Verdictor:
 
 def nothing_fits(recs: list[TrialRecord], spec: SearchSpec) -> NoFitError:
     """The one-line report when no config fits: the smallest peak seen and what to try."""
+    fits = fitting(recs, spec.fit_limit_bytes)
+    if fits:  # they fit, but none learns like the recipe
+        return NoFitError(
+            f"every config that fits ({len(fits)}) learns differently from your recipe "
+            "(training parity: see `autotune show`); allow your recipe's precision and "
+            "optimizer (--precisions, --optimizers) or pass --parity off to export anyway"
+        )
     peaks = [r.result.peak_memory_bytes for r in recs if r.result.peak_memory_bytes]
     counts: dict[str, int] = {}
     for r in recs:
@@ -334,9 +342,16 @@ def run_search(
             share = limits.search_share if limits.confirm_top and confirm else 1.0
             stop = run.explore(deadline.share(share), wait_for_others=confirm)
         if confirm:  # parity first: only configs that may be exported are confirmed
-            if limits.parity_steps:
-                ParityCheck(run, limits.parity_steps, limits.confirm_top).settle()
+            check = None
+            if limits.parity_steps:  # on top of the time budget: confirmation keeps its share
+                check = ParityCheck(run, limits.parity_steps, limits.confirm_top,
+                                    limits.objective)  # fmt: skip
+                began = deadline.clock()
+                check.settle()
+                deadline = deadline.later(deadline.clock() - began)
             run.confirm(deadline)
+            if check is not None:  # confirmation may have reordered the finalists
+                check.settle()
     finally:
         launcher.close()
     return SearchReport(

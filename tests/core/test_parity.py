@@ -65,8 +65,13 @@ def test_nan_and_a_collapsing_loss_scale_are_diverged() -> None:
     assert (
         verdict.status == Status.DIVERGED and verdict.reason == "the loss became NaN/inf by step 9"
     )
-    skipping = curve(6.0, 5.5, 5.2, 5.0, 4.9, 4.8, 4.75, 4.7, skipped=5)
-    assert "loss scale collapsed (5 of 21 steps skipped)" in judge(REFERENCE, skipping, tol).reason
+    skipping = curve(6.0, 5.5, 5.2, 5.0, 4.9, 4.8, 4.75, 4.7, skipped=6)
+    assert "loss scale collapsed (6 of 21 steps skipped)" in judge(REFERENCE, skipping, tol).reason
+    calibrating = curve(6.0, 5.5, 5.2, 5.0, 4.9, 4.8, 4.75, 4.7, skipped=3)  # a few at the start
+    assert judge(REFERENCE, calibrating, tol).status == Status.OK
+    # A NaN is diverged on its own: not waved through when the reference gives no verdict.
+    flat = curve(6.0, 5.99, 5.99, 5.98)
+    assert judge(flat, nan, tolerance(flat, None)).status == Status.DIVERGED
 
 
 def test_no_verdict_when_the_reference_itself_does_not_learn_or_fails() -> None:
@@ -75,7 +80,15 @@ def test_no_verdict_when_the_reference_itself_does_not_learn_or_fails() -> None:
     assert verdict.status == Status.UNCHECKED and "raise --parity-steps" in verdict.reason
     failed = Curve.of(TrialResult(Outcome.OOM, reason="out of memory"), 30)
     assert judge(failed, REFERENCE, tolerance(failed, None)).status == Status.UNCHECKED
-    assert judge(REFERENCE, failed, tolerance(REFERENCE, None)).status == Status.DIVERGED
+    # A finalist's run that did not finish says nothing about how it learns.
+    verdict = judge(REFERENCE, failed, tolerance(REFERENCE, None))
+    assert verdict.status == Status.UNCHECKED and not verdict.blocks_export
+    assert "did not finish (out of memory)" in verdict.reason
+
+
+def test_a_noisy_twin_never_widens_the_tolerance_past_a_quarter_of_the_progress() -> None:
+    wild = curve(6.0, 5.5, 5.3, 5.2, 5.3, 5.4, 5.5, 5.6)
+    assert tolerance(REFERENCE, wild).fraction == 0.25
 
 
 def test_changes_split_into_what_keeps_and_what_alters_the_arithmetic() -> None:
@@ -91,7 +104,7 @@ def test_changes_split_into_what_keeps_and_what_alters_the_arithmetic() -> None:
 
 
 def test_a_diverged_config_is_never_selected_and_the_state_survives_the_study() -> None:
-    state = ParityState(cand(16), 30, 1e-3, {"reference": REFERENCE},
+    state = ParityState(cand(16), 30, 1e-3, 0, {"reference": REFERENCE},
                         {"bf16|adamw_torch": Parity(Status.DIVERGED, "learns slower")})  # fmt: skip
     state = ParityState.from_json(state.to_json())
     fast = rec(1, cand(16, "bf16"), sps=30.0)
@@ -103,3 +116,15 @@ def test_a_diverged_config_is_never_selected_and_the_state_survives_the_study() 
     best = select_best(records, fit_limit_bytes=SPEC.fit_limit_bytes)
     assert best is not None and best.number == 2
     assert state.curves["reference"] == REFERENCE
+
+
+def test_a_rerun_retries_what_did_not_finish_and_other_settings_start_over() -> None:
+    failed = Curve((), 0, 30, "out of memory")
+    state = ParityState(cand(16), 30, 1e-3, 0, {"reference": failed, "twin": REFERENCE},
+                        {"bf16|adamw_torch": Parity(Status.UNCHECKED, "no reference"),
+                         "fp32|sgd": Parity(Status.DIVERGED, "slower")})  # fmt: skip
+    retry = state.retrying()
+    assert retry.curves == {} and list(retry.verdicts) == ["fp32|sgd"]
+    assert state.same_setup(ParityState(cand(8), 30, 1e-3, 0))  # another split: same arithmetic
+    assert not state.same_setup(ParityState(cand(16), 30, 1e-3, 1))  # another seed
+    assert not state.same_setup(ParityState(cand(16), 20, 1e-3, 0))  # other --parity-steps

@@ -32,9 +32,12 @@ def test_batches_are_multiples_of_8_with_small_fallbacks() -> None:
     assert fallback == (1, 2, 4)
 
 
-@pytest.mark.parametrize("global_batch", [12, 20, 7, 0])
-def test_refuses_a_global_batch_no_allowed_batch_divides(global_batch: int) -> None:
-    with pytest.raises(SpaceError):
+@pytest.mark.parametrize(
+    ("global_batch", "says"),
+    [(12, "e.g. 8 or 16"), (20, "e.g. 16 or 24"), (7, "e.g. 8 or 16"), (0, "must be positive")],
+)
+def test_refuses_a_global_batch_no_allowed_batch_divides(global_batch: int, says: str) -> None:
+    with pytest.raises(SpaceError, match=says):
         batch_choices(global_batch)
 
 
@@ -64,7 +67,9 @@ def test_options_narrow_each_dimension() -> None:
     assert space.precisions == ("fp32", "bf16")
     assert space.optimizers == ("adamw_torch", "adafactor")
     assert space.checkpointing == (False,)
-    assert space.size == 4 * 2 * 1 * 2
+    # "probe n of N" counts this: every regular config, each once
+    regular = list(space.candidates(include_fallback=False))
+    assert space.size == len(regular) == len(set(regular)) == 16
 
 
 def test_unknown_optimizer_is_refused_with_the_available_ones() -> None:

@@ -62,7 +62,7 @@ def test_missing_path() -> None:
 
 def test_task_can_be_forced(tiny_gpt2: Path) -> None:
     assert resolve_model(str(tiny_gpt2), task="classification").task == "classification"
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError, match="--task 'regression' is not one of auto, "):
         resolve_model(str(tiny_gpt2), task="regression")
 
 

@@ -71,7 +71,9 @@ def test_real_out_of_memory_under_rlimit_data(tmp_path: Path, tiny_gpt2: Path) -
     result = run_trial(config, timeout_s=300)
     assert result.outcome == Outcome.OOM
     assert "allocate" in result.error  # the allocator's own error, not a fake
-    assert result.peak_memory_bytes is not None
+    # The peak it reached on its way to the limit is recorded (resident memory, which
+    # can sit a little above the data-segment limit that stopped it).
+    assert 400 * MIB < (result.peak_memory_bytes or 0) < 1200 * MIB
 
 
 def test_nan_loss_is_unstable(tmp_path: Path) -> None:

@@ -43,7 +43,7 @@ def test_tune_on_local_text_then_train_with_the_export(tmp_path: Path) -> None:
 
     summary = json.loads((tmp_path / "studies" / "local-text.best.summary.json").read_text())
     assert summary["data"]["lengths"] == data["lengths"]
-    assert summary["best"]["padding_fraction"] is not None
+    assert 0 < summary["best"]["padding_fraction"] < 1  # lines of varied length: some padding
     table = autotune(tmp_path, "show", "--study", "local-text").stdout
     assert "real tokens/s" in table and "padding waste" in table
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import TINY_GPT2, autotune, write_model
 from helpers import SPEC, cand, rec
 
-from autotune.core.enums import Precision
+from autotune.core.enums import Outcome, Precision
 from autotune.search.parity import reference_candidate, twin_of
 
 ARGS = [
@@ -68,3 +68,9 @@ def test_the_reference_is_the_users_recipe_else_the_plain_default_at_the_largest
     assert recipe.gradient_accumulation_steps == SPEC.global_batch_size // 4
     twin = twin_of(SPEC, plain)
     assert twin is not None and twin.per_device_train_batch_size == 16
+    # Their micro-batch measured out of memory: the largest of their arithmetic that fits.
+    too_big = [*records, rec(3, cand(16), Outcome.OOM)]
+    theirs = SPEC.__class__(**{**SPEC.__dict__, "recipe_settings": {
+        "per_device_train_batch_size": 16}})  # fmt: skip
+    assert reference_candidate(theirs, too_big).per_device_train_batch_size == 32
+    assert reference_candidate(theirs, records).per_device_train_batch_size == 16

@@ -31,7 +31,8 @@ def test_fallback_batches_open_only_once_8_runs_out_of_memory() -> None:
     assert skip is not None and not skip.implies_oom and "fallback" in skip.reason
     records = [rec(1, cand(8), Outcome.OOM, peak_gib=5.0)]
     assert skip_reason(cand(4), records, SPACE) is None
-    assert skip_reason(cand(4, "bf16"), records, SPACE) is not None
+    other_family = skip_reason(cand(4, "bf16"), records, SPACE)  # bf16 at 8 is not known OOM
+    assert other_family is not None and "fallback" in other_family.reason
 
 
 def test_open_candidates_shrink_as_the_study_learns() -> None:

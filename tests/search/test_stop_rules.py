@@ -82,3 +82,13 @@ def test_a_trial_taken_over_between_ask_and_claim_is_dropped_unprobed(tmp_path: 
     assert search.probes == 0
     waiting = store.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     assert len(waiting) == 1
+
+
+def test_time_spent_on_parity_runs_does_not_eat_the_confirmation_share() -> None:
+    clock = Clock()
+    budget = Deadline.after(100.0, clock)
+    clock.now += 85  # exploring stopped at 80; 15 s are left for confirmation
+    clock.now += 40  # parity runs
+    moved = budget.later(40)
+    assert budget.passed() and not moved.passed() and moved.left() == 15.0
+    assert Deadline.after(None, clock).later(40).left() is None

@@ -62,3 +62,47 @@ def test_parallel_search_probes_distinct_configs_and_confirms_alone(tmp_path: Pa
     assert (tmp_path / "studies" / "tiny.best.json").exists()
     # The job files (study folders; no storage URL) are gone once the workers are.
     assert not list((tmp_path / "studies" / "tiny" / "workers").glob("*.json"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_a_worker_killed_mid_search_fails_the_search_loudly_and_a_rerun_finishes(
+    tmp_path: Path,
+) -> None:
+    """The kernel's OOM killer takes a worker: the search says which worker and how it
+    ended, exports nothing, and the rerun recovers the dead worker's trial and finishes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    write_model(tmp_path / "tiny", TINY_GPT2)
+    argv = [*worker_search_args(4), "--parallel", "2", "--parity", "off"]
+    search = subprocess.Popen(
+        [sys.executable, "-m", "autotune", *argv], cwd=tmp_path, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    worker = None
+    deadline = time.monotonic() + 120
+    while worker is None and time.monotonic() < deadline and search.poll() is None:
+        for entry in Path("/proc").iterdir():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"autotune.search.workers" in cmdline and cmdline[-2].endswith(b"1.json"):
+                worker = int(entry.name)
+        time.sleep(0.05)
+    assert worker is not None, "worker 1 never started"
+    time.sleep(3)  # it has opened the study and is probing
+    os.kill(worker, signal.SIGKILL)
+    out, err = search.communicate(timeout=600)
+    assert search.returncode == 1, out + err
+    assert "worker 1 exited with -9" in err and "rerun the command to resume" in err
+    assert not (tmp_path / "studies" / "tiny.best.json").exists()
+    done = autotune(tmp_path, *argv)
+    assert done.returncode == 0, done.stdout + done.stderr
+    storage = f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
+    trials = optuna.load_study(study_name="tiny", storage=storage).get_trials(deepcopy=False)
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    assert (tmp_path / "studies" / "tiny.best.json").exists()

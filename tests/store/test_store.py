@@ -201,3 +201,27 @@ def test_two_processes_asking_one_sqlite_study_never_share_or_lose_a_trial(
     asked = [out.split() for out, _ in outputs]
     assert len(asked[0]) == len(asked[1]) == 60
     assert not set(asked[0]) & set(asked[1])
+
+
+def proposals(tmp_path: Path, sampler: str, seed: int) -> list[str]:
+    """Eight configs a fresh study proposes, each told a result that depends on it alone."""
+    url = f"sqlite:///{tmp_path / f'{sampler}-{seed}-{uuid.uuid4().hex[:6]}.db'}"
+    store = StudyStore.open(url=url, name="s", spec=SPEC, sampler=make_sampler(sampler, seed))
+    seen = []
+    for _ in range(8):  # four past TPE's random start-up
+        trial, config = store.ask()
+        seen.append(config.describe())
+        speed = 100.0 / config.per_device_train_batch_size + len(config.precision)
+        result = TrialResult(Outcome.OK, samples_per_s=speed, peak_memory_bytes=2**30)
+        store.tell(trial, result, Verdict((speed, 1.0), -1.0))
+    return seen
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "nsga2"])
+def test_the_same_seed_proposes_the_same_configs_and_another_seed_does_not(
+    tmp_path: Path, sampler: str
+) -> None:
+    """--seed makes a search repeatable: same results told, same proposals."""
+    first = proposals(tmp_path, sampler, 7)
+    assert proposals(tmp_path, sampler, 7) == first
+    assert proposals(tmp_path, sampler, 8) != first

@@ -41,8 +41,7 @@ def test_show_json_for_scripts(searched_study: Study) -> None:
     assert trials[0]["training_arguments"]["per_device_train_batch_size"] == 8
     ooms = [t for t in trials if t["outcome"] == "oom"]
     assert ooms and all(t["why"].startswith("OOM at") for t in ooms)
-    outcomes = {"ok", "oom", "skipped", "unstable", "error", "timeout"}
-    assert {t["outcome"] for t in trials} <= outcomes
+    assert all(t["why"] for t in trials if t["outcome"] != "ok")  # every other row says why
 
 
 def test_report_writes_html_with_its_charts_and_the_hand_off(searched_study: Study) -> None:
