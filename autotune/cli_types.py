@@ -208,7 +208,7 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     ),
     click.option(
         "--parity-steps",
-        default=30,
+        default=20,
         show_default=True,
         type=click.IntRange(4),
         help="Optimizer steps of each parity run (more: a stricter check, a longer search).",

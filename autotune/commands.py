@@ -61,7 +61,7 @@ def search_command(  # long: one keyword per `search` option, then a few calls
     confirm_top: int,
     confirm_steps: int | None,
     parity: str = "on",
-    parity_steps: int = 30,
+    parity_steps: int = 20,
     fork_server: bool,
     parallel: int = 1,
     devices: tuple[str, ...] | None = None,

@@ -140,7 +140,7 @@ def main() -> None:
     parser.add_argument("--readme", action="store_true",
                         help="search with the README main job's flags (timed as such)")  # fmt: skip
     parser.add_argument("--max-trials", type=int, help="[default: 8; --readme: the README's]")
-    parser.add_argument("--parity-steps", type=int, default=30)
+    parser.add_argument("--parity-steps", type=int, default=20)
     parser.add_argument("--append", action="store_true", help="add to RESULTS.md")
     options = parser.parse_args()
     flags = readme_main_job() if options.readme else SMALL_SEARCH

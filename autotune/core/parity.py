@@ -154,7 +154,8 @@ class Tolerance:
 
     def describe(self) -> str:
         if self.rounding_gap is None:
-            return f"{self.fraction:.1%} of the reference's progress (floor; no split twin)"
+            return (f"{self.fraction:.1%} of the reference's progress (the floor: no verdict "
+                    "so far needed the split twin's calibration)")  # fmt: skip
         return (
             f"{self.fraction:.1%} of the reference's progress (max of the {FLOOR:.0%} floor "
             f"and {ROUNDING_FACTOR:g}x the split twin's {self.rounding_gap:.2%}, at most "
@@ -260,6 +261,14 @@ def judge(reference: Curve, run: Curve, tol: Tolerance) -> Parity:
         return verdict(Status.DIVERGED, "learns slower than the reference", gap)
     return verdict(Status.DIVERGED, "learns faster than the reference: a different "
                    "training, not the same one faster", gap)  # fmt: skip
+
+
+def needs_twin(verdict: Parity) -> bool:
+    """Whether the split twin's calibration could change this verdict (judged against the
+    floor alone): only a gap between the floor and the cap can go either way."""
+    if verdict.gap is None or verdict.status == Status.UNCHECKED:
+        return False
+    return FLOOR < abs(verdict.gap) <= MAX_TOLERANCE
 
 
 def _gap(reference: Curve, run: Curve) -> float:

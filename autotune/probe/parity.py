@@ -18,22 +18,25 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from autotune.core.enums import Outcome
+from autotune.core.enums import Outcome, Task
 from autotune.core.trial import TrialConfig, TrialResult
 from autotune.probe.timing import StepTimer
 
-EVAL_SAMPLES = 16  # held out, evaluated one at a time (the least memory; every run alike)
-POINTS = 12  # held-out evaluations along a run (plus step 0)
+EVAL_SAMPLES = 16  # held out; evaluated in micro-batches no larger than the run's own
+POINTS = 8  # held-out evaluations along a run (plus step 0)
 
 
 class HeldOutLoss(TrainerCallback):
     """Evaluates the held-out batches at step 0 and every `every` steps; stops the run
     once the loss is not finite (nothing after a NaN can recover)."""
 
-    def __init__(self, batches: list[dict[str, torch.Tensor]], every: int, last: int) -> None:
+    def __init__(
+        self, batches: list[dict[str, torch.Tensor]], every: int, last: int, shifted: bool
+    ) -> None:
         self.batches = batches
         self.every = every
         self.last = last
+        self.shifted = shifted  # a causal LM's labels are shifted inside the model
         self.points: list[tuple[int, float]] = []
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -50,21 +53,34 @@ class HeldOutLoss(TrainerCallback):
 
     @torch.no_grad()
     def evaluate(self, model: Any, device: torch.device) -> float:
+        """The mean loss per label token (per sample for classification) over the
+        held-out samples: the same figure however they are split into batches."""
         # Mixed precision: accelerate wraps model.forward in its autocast and keeps the
         # plain one as _original_forward; an outer autocast(enabled=False) would not
         # undo the inner one.
         forward = getattr(model, "_original_forward", None) or model
         training = model.training
         model.eval()
-        total = 0.0
+        total, count = 0.0, 0
         try:
             with _full_fp32(device):
                 for batch in self.batches:
                     out = forward(**{k: v.to(device) for k, v in batch.items()})
-                    total += float(out.loss.float())
+                    weight = _label_count(batch["labels"], self.shifted)
+                    total += float(out.loss.float()) * weight
+                    count += weight
         finally:
             model.train(training)
-        return total / len(self.batches)
+        return total / max(1, count)
+
+
+def _label_count(labels: torch.Tensor, shifted: bool) -> int:
+    """How many targets a batch's mean loss averages over (a causal LM predicts each
+    token from the previous ones: its first label has no loss)."""
+    if labels.dim() == 1:  # classification: one per sample
+        return int(labels.numel())
+    counted = labels[:, 1:] if shifted else labels
+    return int((counted != -100).sum())
 
 
 @contextlib.contextmanager
@@ -86,8 +102,13 @@ def _full_fp32(device: torch.device) -> Iterator[None]:
 def parity_run(config: TrialConfig, model: Any, recipe: dict[str, Any]) -> TrialResult:
     steps = config.parity_steps
     train, held_out, collator = _data(config, steps)
-    eval_batches = [collator([held_out[i]]) for i in range(len(held_out))]
-    curve = HeldOutLoss(eval_batches, every=max(1, steps // POINTS), last=steps)
+    size = min(8, config.candidate.per_device_train_batch_size)  # never above training's
+    eval_batches = [
+        collator([held_out[i] for i in range(start, min(start + size, len(held_out)))])
+        for start in range(0, len(held_out), size)
+    ]
+    curve = HeldOutLoss(eval_batches, every=max(1, steps // POINTS), last=steps,
+                        shifted=config.model.task == Task.CAUSAL_LM)  # fmt: skip
     timer = StepTimer(device_kind=config.device_kind, warmup_steps=0)  # loss-scale skips
     args = TrainingArguments(**{**recipe, **_arguments(config, steps)})
     trainer = Trainer(model=model, args=args, train_dataset=train, data_collator=collator,

@@ -16,7 +16,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from autotune.core.enums import Objective, Outcome, Precision
-from autotune.core.parity import Arithmetic, Curve, ParityState, judge, tolerance
+from autotune.core.parity import (
+    Arithmetic,
+    Curve,
+    ParityState,
+    judge,
+    needs_twin,
+    tolerance,
+)
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord, TrialResult
 from autotune.probe import device
@@ -26,7 +33,6 @@ if TYPE_CHECKING:
     from autotune.search.run import SearchRun
 
 PARITY_LR = 1e-3  # without a learning_rate in --base-args: the loss falls within K steps
-DEFAULT_STEPS = 30
 
 
 def reference_candidate(spec: SearchSpec, records: Sequence[TrialRecord]) -> Candidate:
@@ -133,16 +139,22 @@ class ParityCheck:
         return None
 
     def _judge(self, state: ParityState, candidate: Candidate) -> ParityState:
+        """Run the reference (once) and the candidate's arithmetic; run the twin only when
+        the verdict depends on it: the tolerance is at least the floor and at most the
+        cap, so a gap inside the floor passes and one beyond the cap fails whatever the
+        twin would show."""
         curves = dict(state.curves)
         if "reference" not in curves:
             curves["reference"] = self._curve("reference", state.reference)
-            twin = twin_of(self.spec, state.reference)
-            if twin is not None:
-                curves["twin"] = self._curve("twin", twin)
-        tol = tolerance(curves["reference"], curves.get("twin"))
         key = Arithmetic.of(candidate).key
         curves[key] = self._curve(key.replace("|", "-"), candidate)
+        tol = tolerance(curves["reference"], curves.get("twin"))
         verdict = judge(curves["reference"], curves[key], tol)
+        twin = twin_of(self.spec, state.reference)
+        if "twin" not in curves and twin is not None and needs_twin(verdict):
+            curves["twin"] = self._curve("twin", twin)
+            tol = tolerance(curves["reference"], curves["twin"])
+            verdict = judge(curves["reference"], curves[key], tol)
         self.run.observer.on_parity(candidate, verdict)
         return dataclasses.replace(state, curves=curves, tolerance=tol,
                                    verdicts={**state.verdicts, key: verdict})  # fmt: skip

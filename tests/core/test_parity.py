@@ -15,6 +15,7 @@ from autotune.core.parity import (
     Status,
     changes,
     judge,
+    needs_twin,
     tolerance,
 )
 from autotune.core.trial import TrialResult
@@ -128,3 +129,16 @@ def test_a_rerun_retries_what_did_not_finish_and_other_settings_start_over() -> 
     assert state.same_setup(ParityState(cand(8), 30, 1e-3, 0))  # another split: same arithmetic
     assert not state.same_setup(ParityState(cand(16), 30, 1e-3, 1))  # another seed
     assert not state.same_setup(ParityState(cand(16), 20, 1e-3, 0))  # other --parity-steps
+
+
+def test_the_twin_runs_only_when_it_could_change_the_verdict() -> None:
+    floor = tolerance(REFERENCE, None)
+    inside = judge(REFERENCE, curve(6.0, 5.5, 5.2, 5.0, 4.9, 4.8, 4.76, 4.72), floor)
+    close_call = curve(6.0, 5.5, 5.2, 5.0, 4.9, 4.8, 4.82, 4.8)  # 7.8% of the progress
+    between = judge(REFERENCE, close_call, floor)
+    beyond = judge(REFERENCE, curve(6.0, 5.99, 5.98, 5.97, 5.96, 5.95, 5.94, 5.93), floor)
+    assert not needs_twin(inside) and inside.status == Status.OK
+    assert needs_twin(between) and between.status == Status.DIVERGED  # until calibrated
+    assert not needs_twin(beyond)
+    loud = curve(6.0, 5.5, 5.2, 5.0, 4.9, 4.8, 4.8, 4.75)  # the twin: 3.9% of the progress
+    assert judge(REFERENCE, close_call, tolerance(REFERENCE, loud)).status == Status.OK

@@ -89,3 +89,59 @@ def test_two_workers_share_one_study_and_recover_a_killed_ones_trial(
     folder = study_folder(tmp_path / "studies", name, postgres_url)
     assert folder.name != name and (folder / "trials").is_dir()
     assert (tmp_path / "studies" / f"{folder.name}.best.json").exists()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_trial_whose_worker_on_another_machine_went_silent_is_probed_again(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """A worker on another host claimed a config and stopped sending heartbeats (its
+    machine lost power): a search here cannot see its process, so only the lapsed
+    heartbeat tells; it fails the trial with that reason and measures the config."""
+    from autotune.core.trial import Candidate
+    from autotune.store import compat
+    from autotune.store.coordination import claim_key
+    from autotune.store.storage import open_storage
+
+    write_model(tmp_path / "tiny", TINY_GPT2)
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'studies.db'}"
+    else:
+        url = str(request.getfixturevalue("postgres_url"))
+    name = f"silent-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "AUTOTUNE_HEARTBEAT_S": "1"}
+    argv = [sys.executable, "-m", "autotune", *worker_search_args(1), "--storage", url,
+            "--study", name, "--parity", "off", "--confirm-top", "0"]  # fmt: skip
+    first = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=600, check=False)  # fmt: skip
+    assert first.returncode == 0, first.stdout + first.stderr
+    os.environ["AUTOTUNE_HEARTBEAT_S"] = "1"
+    try:
+        storage = open_storage(url)
+    finally:
+        del os.environ["AUTOTUNE_HEARTBEAT_S"]
+    study = optuna.load_study(study_name=name, storage=storage)
+    measured = probe_trials(study.get_trials(deepcopy=False))[0]
+    others = {"per_device_train_batch_size": 16} if measured.params[
+        "per_device_train_batch_size"] == 8 else {"per_device_train_batch_size": 8}  # fmt: skip
+    params = {**measured.params, **others}
+    study.enqueue_trial(params)
+    silent = study.ask()
+    batch = params["per_device_train_batch_size"]
+    config = Candidate(batch, 16 // batch, params["precision"],
+                       params["activation_checkpointing"], params["optim"])  # fmt: skip
+    for key, value in {"worker": "far-away|pid:[1]|4242|abc", "host": "far-away", "pid": 4242,
+                       "claim": claim_key(config)}.items():  # fmt: skip
+        silent.set_user_attr(key, value)
+    compat.record_heartbeat(storage, compat.trial_id(storage, study, silent.number))
+    time.sleep(4)  # past the grace period: three 1 s heartbeat intervals
+    rerun = subprocess.run([*argv[:-4], "--max-trials", "2", *argv[-4:]], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=600,
+                           check=False)  # fmt: skip
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+    recovered = trials[silent.number]
+    assert recovered.state == TrialState.FAIL
+    assert "stopped sending heartbeats" in recovered.user_attrs["reason"]
+    again = [t for t in probe_trials(trials) if t.params == params]
+    assert again and again[0].user_attrs["outcome"] == "ok"
