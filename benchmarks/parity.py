@@ -85,7 +85,7 @@ def search(
 
 
 def table(runs: list[dict[str, Any]], steps: int) -> str:
-    from autotune.core.parity import Curve
+    from autotune.core.parity import ParityState, judge, tolerance
 
     info = machine()
     out = [
@@ -103,24 +103,23 @@ def table(runs: list[dict[str, Any]], steps: int) -> str:
             out.append(f"| {run['model']} | every finalist had the recipe's arithmetic | "
                        "| | | same-arithmetic |")  # fmt: skip
             continue
-        ref = Curve.from_dict(state["curves"]["reference"])
-        recipe = f"{state['reference']['precision']} {state['reference']['optim']}"
+        parity = ParityState.from_json(json.dumps(state))
+        ref = parity.curves["reference"]
+        recipe = f"{parity.reference.precision} {parity.reference.optim}"
         out.append(f"| {run['model']} | reference: {recipe} | {ref.end:.4g} | 1 | 0 | |")
-        if "twin" in state["curves"]:
-            twin = Curve.from_dict(state["curves"]["twin"])
-            gap = (twin.end - ref.end) / (ref.start - ref.end)
+        if "twin" in parity.curves:  # judged as a finalist would be: the same figures
+            twin = judge(ref, parity.curves["twin"], tolerance(ref, None))
             out.append(f"| {run['model']} | split twin: {recipe}, another batch split | "
-                       f"{twin.end:.4g} | {twin.end / ref.end:.4f} | {gap:+.2%} | "
+                       f"{twin.final_loss:.4g} | {twin.ratio:.4f} | {twin.gap:+.2%} | "
                        "(calibration) |")  # fmt: skip
-        for key, verdict in sorted(state["verdicts"].items()):
+        for key, verdict in sorted(parity.verdicts.items()):
             name = key.replace("|", " ")
-            if verdict.get("final_loss") is None or verdict.get("gap") is None:
-                out.append(f"| {run['model']} | {name} | | | | {verdict['status']}: "
-                           f"{verdict['reason']} |")  # fmt: skip
+            if verdict.ratio is None or verdict.gap is None:
+                out.append(f"| {run['model']} | {name} | | | | {verdict.status}: "
+                           f"{verdict.reason} |")  # fmt: skip
                 continue
-            ratio = verdict["final_loss"] / verdict["reference_final_loss"]
-            out.append(f"| {run['model']} | {name} | {verdict['final_loss']:.4g} | "
-                       f"{ratio:.3f} | {verdict['gap']:+.1%} | {verdict['status']} |")  # fmt: skip
+            out.append(f"| {run['model']} | {name} | {verdict.final_loss:.4g} | "
+                       f"{verdict.ratio:.3f} | {verdict.gap:+.1%} | {verdict.status} |")  # fmt: skip
     out.append("")
     for run in runs:
         tol = (run["state"] or {}).get("tolerance")

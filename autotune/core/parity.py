@@ -17,7 +17,6 @@ import dataclasses
 import enum
 import json
 import math
-from collections.abc import Sequence
 from typing import Any
 
 from autotune.core.enums import Precision
@@ -34,8 +33,6 @@ MAX_TOLERANCE = 0.25  # a noisy twin never widens it past a quarter of the progr
 # fp16 steps skipped by the loss scaler (its initial calibration included) beyond this
 # share of the run: a collapsing scale
 MAX_SKIPPED = 0.25
-KEEPS = "keeps the arithmetic"
-ALTERS = "alters the arithmetic"
 
 
 class Status(enum.StrEnum):
@@ -208,14 +205,9 @@ class Parity:
             + (f"; {self.reason}" if self.reason else "")
         )
 
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
     @classmethod
-    def from_json(cls, text: str) -> Parity:
-        raw = json.loads(text)
-        raw["status"] = Status(raw["status"])
-        return cls(**raw)
+    def from_dict(cls, raw: dict[str, Any]) -> Parity:
+        return cls(**{**raw, "status": Status(raw["status"])})
 
 
 def judge(reference: Curve, run: Curve, tol: Tolerance) -> Parity:
@@ -283,18 +275,6 @@ def _num(value: float) -> str:
     return f"{value:.4g}"
 
 
-def same_arithmetic() -> Parity:
-    return Parity(Status.SAME)
-
-
-def unchecked(reason: str) -> Parity:
-    return Parity(Status.UNCHECKED, reason)
-
-
-def altered(changed: Sequence[Change]) -> list[Change]:
-    return [c for c in changed if not c.keeps_arithmetic]
-
-
 @dataclasses.dataclass(frozen=True)
 class ParityState:
     """What a study holds about parity: the reference, the runs and the verdicts."""
@@ -310,7 +290,7 @@ class ParityState:
     def verdict(self, candidate: Candidate) -> Parity | None:
         """The candidate's verdict; None when its arithmetic was not checked."""
         if Arithmetic.of(candidate) == Arithmetic.of(self.reference):
-            return same_arithmetic()
+            return Parity(Status.SAME)
         return self.verdicts.get(Arithmetic.of(candidate).key)
 
     def same_setup(self, other: ParityState) -> bool:
@@ -334,23 +314,19 @@ class ParityState:
             "reference": dataclasses.asdict(self.reference), "steps": self.steps,
             "learning_rate": self.learning_rate, "seed": self.seed,
             "curves": {k: c.to_dict() for k, c in self.curves.items()},
-            "verdicts": {k: json.loads(v.to_json()) for k, v in self.verdicts.items()},
+            "verdicts": {k: dataclasses.asdict(v) for k, v in self.verdicts.items()},
             "tolerance": dataclasses.asdict(self.tolerance) if self.tolerance else None,
         }, sort_keys=True)  # fmt: skip
 
     @classmethod
     def from_json(cls, text: str) -> ParityState:
         raw = json.loads(text)
-        verdicts = {}
-        for key, value in raw["verdicts"].items():
-            value["status"] = Status(value["status"])
-            verdicts[key] = Parity(**value)
         return cls(
             reference=Candidate(**raw["reference"]),
             steps=int(raw["steps"]),
             learning_rate=float(raw["learning_rate"]),
             seed=int(raw.get("seed", 0)),
             curves={k: Curve.from_dict(c) for k, c in raw["curves"].items()},
-            verdicts=verdicts,
+            verdicts={k: Parity.from_dict(v) for k, v in raw["verdicts"].items()},
             tolerance=Tolerance(**raw["tolerance"]) if raw["tolerance"] else None,
         )
