@@ -29,7 +29,7 @@ from autotune.probe import device
 from autotune.search.deadline import Deadline
 from autotune.search.estimate import FAR_OVER, make_predictor
 from autotune.search.parity import ParityCheck
-from autotune.search.selection import fitting, ranked, verdict
+from autotune.search.selection import fitting, ranked, select_best, verdict
 from autotune.search.skips import open_candidates, skip_reason
 from autotune.store.store import StudyStore, TrialLost
 
@@ -191,7 +191,12 @@ class SearchRun:
             if deadline.passed():
                 break
             fits = fitting(self.store.records(), self.spec.fit_limit_bytes)
-            finalists = ranked([r for r in fits if not (r.parity and r.parity.blocks_export)])
+            pool = [r for r in fits if not (r.parity and r.parity.blocks_export)]
+            # The config selection would export first (--objective efficiency may pick
+            # one the throughput ranking puts lower), then the fastest.
+            chosen = select_best(pool, fit_limit_bytes=self.spec.fit_limit_bytes,
+                                 objective=self.limits.objective)  # fmt: skip
+            finalists = [r for r in pool if r == chosen] + [r for r in ranked(pool) if r != chosen]
             todo = [r for r in finalists[: self.limits.confirm_top] if r.runs < 2]
             if not todo:
                 break
