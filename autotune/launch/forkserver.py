@@ -49,13 +49,19 @@ def serve(requests: IO[str], replies: IO[str], data_limit: int | None) -> None:
         # arenas to it exactly as in a fresh probe process, and the children inherit it.
         resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
+    # torch.cuda.is_available() through NVML: cudaGetDeviceCount would initialise the
+    # driver, which a forked child cannot use (torch's documented fork-safe check)
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    from autotune.probe import device
+
     try:
-        for name in PRELOAD:
-            importlib.import_module(name)
+        importlib.import_module(PRELOAD[0])  # torch
+        with device.capability_from_nvml():
+            for name in PRELOAD[1:]:
+                importlib.import_module(name)
     except MemoryError:  # the limit is below what the imports need: say so, and stop
         _reply(replies, {"ready": False, "error": "out of memory while importing"})
         return
-    from autotune.probe import device
 
     # The children report peaks as a fresh process would (see untouched_library_bytes).
     os.environ[device.FORK_RSS_FILE_ENV] = str(device.file_backed_bytes())

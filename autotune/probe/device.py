@@ -8,11 +8,12 @@ Only this module (and `cuda_context`, which measures the context for it) touches
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -282,6 +283,54 @@ def untouched_library_bytes() -> int:
 def file_backed_bytes() -> int:
     """This process's resident file-backed pages (shared libraries, mapped files)."""
     return _proc_status_kib("RssFile") * 1024
+
+
+def nvml_capability(index: int) -> tuple[int, int]:
+    """The compute capability of the `index`-th visible GPU, read through NVML: unlike
+    torch.cuda.get_device_capability it creates no CUDA context. Raises when NVML cannot
+    answer (no driver library, an entry it cannot resolve)."""
+    import pynvml
+
+    entry = visible_entry(index)
+    pynvml.nvmlInit()
+    try:
+        if entry.startswith(("GPU-", "MIG-")):
+            handle = pynvml.nvmlDeviceGetHandleByUUID(entry)
+        else:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(int(entry))
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        return int(major), int(minor)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+@contextlib.contextmanager
+def capability_from_nvml() -> Iterator[None]:
+    """While importing libraries before a fork: answer torch.cuda.get_device_capability
+    from NVML instead of initialising CUDA.
+
+    bitsandbytes reads every GPU's capability when it is imported (to pick its native
+    library), and transformers.trainer imports it through peft when peft is installed:
+    that initialised CUDA in the fork server, and every probe fell back to a fresh
+    process. Devices NVML cannot answer for fall through to torch's own call."""
+    import torch
+
+    real = torch.cuda.get_device_capability
+
+    def capability(device: Any = None) -> tuple[int, int]:
+        index = device if isinstance(device, int) else getattr(device, "idx", None)
+        if index is None:
+            index = getattr(device, "index", None) or 0
+        try:
+            return nvml_capability(int(index))
+        except Exception:
+            return real(device)
+
+    torch.cuda.get_device_capability = capability
+    try:
+        yield
+    finally:
+        torch.cuda.get_device_capability = real
 
 
 def cuda_initialized() -> bool:

@@ -84,3 +84,35 @@ def test_step_marks_time_whole_steps_from_each_previous_end() -> None:
         marks.mark()
     assert marks.durations() == [1.0, 0.5, 2.0]
     assert marks.host_elapsed_since(2) == 2.5
+
+
+def test_importing_libraries_before_a_fork_reads_capabilities_without_cuda(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """bitsandbytes asks every GPU's capability at import (through peft, under
+    transformers.trainer); in the fork server that must not initialise CUDA."""
+    import torch
+
+    asked: list[int] = []
+    monkeypatch.setattr(device, "nvml_capability", lambda i: asked.append(i) or (9, 0))
+    real = torch.cuda.get_device_capability
+    with device.capability_from_nvml():
+        assert torch.cuda.get_device_capability(torch.cuda.device(1)) == (9, 0)
+        assert torch.cuda.get_device_capability(0) == (9, 0)
+        assert not torch.cuda.is_initialized()
+    assert asked == [1, 0]
+    assert torch.cuda.get_device_capability is real
+
+
+def test_a_device_nvml_cannot_answer_for_falls_through_to_torch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    def no_nvml(index: int) -> tuple[int, int]:
+        raise RuntimeError("no driver library")
+
+    monkeypatch.setattr(device, "nvml_capability", no_nvml)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 5))
+    with device.capability_from_nvml():
+        assert torch.cuda.get_device_capability(0) == (7, 5)
