@@ -55,9 +55,9 @@ def search(**options: Any) -> None:
         f"{best.result.samples_per_s:.2f} samples/s, peak "
         f"{format_size(best.result.peak_memory_bytes or 0)}"
     )
-    from autotune.views.summary import change_lines
+    from autotune.views.summary import change_lines, finish_lines
 
-    for line in change_lines(outcome.parity):
+    for line in [*finish_lines(outcome.best, outcome.train_steps), *change_lines(outcome.parity)]:
         console.print(line)
     console.print(f"wrote {outcome.output}")
 

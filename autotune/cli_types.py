@@ -128,6 +128,13 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         help="Longest target, seq2seq only [default: 128, or --base-args' max_target_length].",
     ),
     click.option(
+        "--train-steps",
+        type=click.IntRange(1),
+        help="Your run's optimizer steps: select by time to finish it (one-time costs such "
+        "as compilation + steps) instead of steady throughput [default: --base-args' "
+        "max_steps, else throughput].",
+    ),
+    click.option(
         "--base-args",
         type=click.Path(path_type=Path),
         help="Your arguments JSON: global batch, sequence lengths and other fields come from it.",
@@ -156,6 +163,19 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         "checkpointing",
         type=ListType(("on", "off")),
         help="Activation (gradient) checkpointing to try: on, off or on,off [default: on,off].",
+    ),
+    click.option(
+        "--lever",
+        "levers",
+        multiple=True,
+        metavar="NAME=V[,V]",
+        help="Fix or narrow a lever beyond the five above; each is searched where offered: "
+        "torch_compile (a C++ compiler on the CPU, triton on CUDA), attn_implementation "
+        "(sdpa, eager; flash_attention_2 with flash-attn on CUDA; flex_attention on CUDA; "
+        "those the model supports), use_liger_kernel (liger-kernel on CUDA, for the model "
+        "types it covers), padding_free (--dataset, causal LMs whose loss is unchanged "
+        "on a checked batch), dataloader_num_workers (--dataset, a spare core). `show` "
+        "says why a lever was not offered. E.g. --lever torch_compile=false.",
     ),
     click.option(
         "--max-trials",
@@ -280,11 +300,12 @@ def search_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 SEARCH_GROUPS = {
-    "What to tune for": ("memory_budget", "headroom", "objective", "global_batch_size",
-                         "seq_len", "target_len", "base_args"),
+    "What to tune for": ("memory_budget", "headroom", "objective", "train_steps",
+                         "global_batch_size", "seq_len", "target_len", "base_args"),
     "The model and data": ("model", "task", "device", "dataset", "dataset_split",
                            "text_column", "target_column", "tokenizer"),
-    "The search": ("precisions", "optimizers", "checkpointing", "max_trials", "time_budget",
+    "The search": ("precisions", "optimizers", "checkpointing", "levers", "max_trials",
+                   "time_budget",
                    "trial_timeout", "sampler", "seed", "confirm_top", "confirm_steps",
                    "parity", "parity_steps", "fork_server", "warmup_steps", "measure_steps"),
     "Storage and workers": ("study_name", "storage", "parallel", "devices", "nproc_per_node"),

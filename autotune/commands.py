@@ -36,6 +36,7 @@ class SearchOutcome:
     elapsed_s: float
     stop_reason: str
     parity: dict[str, Any]  # views.export.parity_summary: what changed, and its verdict
+    train_steps: int = 0  # the user's run length, when selection ranked by time to finish
 
 
 def resolve_storage(storage: str | None, studies_dir: Path) -> str:
@@ -153,7 +154,7 @@ def _search_and_export(
         raise nothing_fits(records, spec)
     changed = parity_summary(best, reference_for(spec, records, parity), parity)
     return SearchOutcome(name, best, output, report.probes_this_run, report.elapsed_s,
-                         report.stop_reason, changed)  # fmt: skip
+                         report.stop_reason, changed, spec.train_steps)  # fmt: skip
 
 
 def _ensure_sqlite_folder(url: str) -> None:
@@ -173,7 +174,12 @@ def best_of_study(
 ) -> tuple[TrialRecord, SearchSpec, list[TrialRecord]]:
     store = StudyStore.load(url=storage, name=study_name)
     recs = store.records()
-    best = select_best(recs, fit_limit_bytes=store.spec.fit_limit_bytes, objective=objective)
+    best = select_best(
+        recs,
+        fit_limit_bytes=store.spec.fit_limit_bytes,
+        train_steps=store.spec.train_steps,
+        objective=objective,
+    )
     if best is None:
         raise NoFitError(f"study {study_name!r} has no trial that ran ok within the budget")
     return best, store.spec, recs
@@ -222,6 +228,9 @@ def hand_off(
     elif tuned.get("use_cpu"):
         notes.append("tuned on the CPU, so use_cpu true is set: for a GPU run pass "
                      "--for-device cuda (and tune on the GPU for its figures)")  # fmt: skip
+    from autotune.views.export import script_changes
+
+    notes.extend(f"in your script: {line}" for line in script_changes(record.candidate))
     return tuned, notes
 
 
@@ -274,7 +283,12 @@ def show_command(*, study_name: str, storage: str, objective: Objective) -> Any:
 
     store = StudyStore.load(url=storage, name=study_name)
     records, state = store.records(), store.parity()
-    best = select_best(records, fit_limit_bytes=store.spec.fit_limit_bytes, objective=objective)
+    best = select_best(
+        records,
+        fit_limit_bytes=store.spec.fit_limit_bytes,
+        train_steps=store.spec.train_steps,
+        objective=objective,
+    )
     changed = None
     if best is not None:
         changed = parity_summary(best, reference_for(store.spec, records, state), state)

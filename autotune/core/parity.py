@@ -20,7 +20,7 @@ import math
 from typing import Any
 
 from autotune.core.enums import Precision
-from autotune.core.trial import Candidate, TrialResult
+from autotune.core.trial import LEVERS, Candidate, TrialResult
 
 # Optimizers that compute the same update (a fused kernel sums in another order): one
 # arithmetic for parity. Every other optimizer is its own.
@@ -94,6 +94,10 @@ def changes(reference: Candidate, candidate: Candidate) -> list[Change]:
     if candidate.train_sampling_strategy != reference.train_sampling_strategy:
         found.append(Change("sampling", reference.train_sampling_strategy,
                             candidate.train_sampling_strategy, True))  # fmt: skip
+    for name in LEVERS:  # compiled, attention kernels, packed rows: the same sums
+        before, after = getattr(reference, name), getattr(candidate, name)
+        if before != after:
+            found.append(Change(name, str(before or "default"), str(after or "default"), True))
     if candidate.precision != reference.precision:
         found.append(Change("precision", reference.precision, candidate.precision, False))
     if candidate.optim != reference.optim:

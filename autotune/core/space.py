@@ -10,11 +10,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from autotune.core.device import DeviceInfo, supported_precisions
 from autotune.core.enums import DeviceKind, Precision
 from autotune.core.errors import SpaceError
-from autotune.core.trial import Candidate
+from autotune.core.trial import LEVERS, Candidate
 
 FALLBACK_BATCHES = (1, 2, 4)
 DEFAULT_OPTIMIZERS = (
@@ -35,6 +36,11 @@ class SearchSpace:
     checkpointing: tuple[bool, ...]
     optimizers: tuple[str, ...]
     samplings: tuple[str, ...] = ("random",)  # + group_by_length when a dataset is given
+    # Each lever (trial.LEVERS) with the values searched, the plain one first (a lever the
+    # user fixed has one value); a lever absent runs at its Candidate default
+    levers: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    # Levers not searched, and why (the device, a missing package, the model, the user)
+    not_offered: tuple[tuple[str, str], ...] = ()
 
     @property
     def all_batches(self) -> tuple[int, ...]:
@@ -42,10 +48,28 @@ class SearchSpace:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precisions", tuple(Precision(p) for p in self.precisions))
+        object.__setattr__(self, "levers", tuple((str(n), tuple(v)) for n, v in self.levers))
+        not_offered = tuple((str(n), str(why)) for n, why in self.not_offered)
+        object.__setattr__(self, "not_offered", not_offered)
+        unknown = [n for n, _ in self.levers if n not in LEVERS]
+        if unknown:
+            raise ValueError(f"unknown lever(s) {unknown}")
+
+    @property
+    def varied_levers(self) -> dict[str, tuple[Any, ...]]:
+        """The levers searched over more than one value."""
+        return {n: v for n, v in self.levers if len(v) > 1}
 
     def candidate(
-        self, batch: int, precision: str, checkpointing: bool, optim: str, sampling: str = "random"
+        self,
+        batch: int,
+        precision: str,
+        checkpointing: bool,
+        optim: str,
+        sampling: str = "random",
+        **levers: Any,
     ) -> Candidate:
+        plain = {n: v[0] for n, v in self.levers}  # the first value of each: the plain run
         return Candidate(
             per_device_train_batch_size=batch,
             gradient_accumulation_steps=self.global_batch_size // batch,
@@ -53,24 +77,31 @@ class SearchSpace:
             activation_checkpointing=checkpointing,
             optim=optim,
             train_sampling_strategy=sampling,
+            **{**plain, **levers},
         )
 
     def candidates(self, *, include_fallback: bool = True) -> Iterator[Candidate]:
         batches = self.all_batches if include_fallback else self.micro_batches
-        for batch, prec, ckpt, opt, sampling in itertools.product(
-            batches, self.precisions, self.checkpointing, self.optimizers, self.samplings
-        ):
-            yield self.candidate(batch, prec, ckpt, opt, sampling)
+        names = list(self.varied_levers)
+        for batch, prec, ckpt, opt, sampling, *values in itertools.product(
+            batches, self.precisions, self.checkpointing, self.optimizers, self.samplings,
+            *self.varied_levers.values(),
+        ):  # fmt: skip
+            levers = dict(zip(names, values, strict=True))
+            yield self.candidate(batch, prec, ckpt, opt, sampling, **levers)
 
     @property
     def size(self) -> int:
-        return (
+        size = (
             len(self.micro_batches)
             * len(self.precisions)
             * len(self.checkpointing)
             * len(self.optimizers)
             * len(self.samplings)
         )
+        for values in self.varied_levers.values():
+            size *= len(values)
+        return size
 
 
 def batch_choices(global_batch: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -100,6 +131,8 @@ def derive_space(
     checkpointing: Sequence[bool] | None = None,
     samplings: Sequence[str] = ("random",),
     installed_optimizers: Sequence[str],
+    levers: Sequence[tuple[str, Sequence[Any]]] = (),
+    not_offered: Sequence[tuple[str, str]] = (),
 ) -> SearchSpace:
     """The space for this device, narrowed by the user's options; refuses an empty one.
 
@@ -138,6 +171,8 @@ def derive_space(
         checkpointing=tuple(dict.fromkeys(checkpointing or (False, True))),
         optimizers=chosen_opt,
         samplings=tuple(samplings),
+        levers=tuple((name, tuple(values)) for name, values in levers),
+        not_offered=tuple(not_offered),
     )
 
 

@@ -35,6 +35,10 @@ class SearchSpec:
     data: DataSpec | None = None  # the user's dataset (--dataset), tokenized once
     # The installed transformers' name for the switch (read once, where it is imported).
     checkpointing_field: str = "activation_checkpointing"
+    # The user's run length (--train-steps, or max_steps in --base-args): with it,
+    # selection can rank by time to finish that run (one-time costs + steps); not part
+    # of the identity, so a rerun may change it
+    train_steps: int = 0
 
     @property
     def global_batch_size(self) -> int:
@@ -91,6 +95,9 @@ class SearchSpec:
             device["capability"] = tuple(device["capability"])
         raw["device"] = DeviceInfo(**device)
         space = {k: tuple(v) if isinstance(v, list) else v for k, v in raw["space"].items()}
+        for key in ("levers", "not_offered"):  # pairs, as JSON lists
+            space[key] = tuple((n, tuple(v) if isinstance(v, list) else v)
+                               for n, v in space.get(key, ()))  # fmt: skip
         raw["space"] = SearchSpace(**space)  # type: ignore[arg-type]
         if raw.get("data"):
             raw["data"] = DataSpec.from_dict(raw["data"])
@@ -117,4 +124,7 @@ def _space_identity(space: SearchSpace) -> dict[str, Any]:
     raw = dataclasses.asdict(space)
     if tuple(raw["samplings"]) == ("random",):
         del raw["samplings"]
+    if not raw["levers"]:  # a study made before the levers were searched still resumes
+        del raw["levers"]
+    del raw["not_offered"]  # why a lever is not searched is not what is searched
     return raw

@@ -27,17 +27,31 @@ class Candidate:
     optim: str
     # TrainingArguments.train_sampling_strategy; searched only when --dataset is given
     train_sampling_strategy: str = "random"
+    # The levers beyond the classic five (LEVERS), each searched only where the device,
+    # the installed packages and the model allow it; the defaults are a plain run.
+    torch_compile: bool = False
+    attn_implementation: str = ""  # a model argument; "": the model's own default
+    use_liger_kernel: bool = False
+    padding_free: bool = False  # DataCollatorWithFlattening (--dataset, causal LMs)
+    dataloader_num_workers: int = 0  # --dataset only
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", Precision(self.precision))
 
     @property
-    def family(self) -> tuple[Precision, bool, str]:
+    def family(self) -> tuple[object, ...]:
         """Settings other than the batch: memory is monotone in batch within a family.
 
-        The sampling is left out: probes measure memory on worst-case batches, the same
-        whatever the order of the real ones."""
-        return (self.precision, self.activation_checkpointing, self.optim)
+        The sampling and the loader workers are left out: probes measure device memory
+        on worst-case batches, the same whatever the order of the real ones or the
+        processes that load them."""
+        return (
+            self.precision, self.activation_checkpointing, self.optim, self.torch_compile,
+            self.attn_implementation, self.use_liger_kernel, self.padding_free,
+        )  # fmt: skip
+
+    def lever_values(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in LEVERS}
 
     def describe(self) -> str:
         ckpt = "ckpt" if self.activation_checkpointing else "no-ckpt"
@@ -45,7 +59,22 @@ class Candidate:
             f"batch {self.per_device_train_batch_size}x{self.gradient_accumulation_steps} "
             f"{self.precision} {ckpt} {self.optim}"
             + (" grouped" if self.train_sampling_strategy == "group_by_length" else "")
+            + (" compiled" if self.torch_compile else "")
+            + (f" {self.attn_implementation}" if self.attn_implementation else "")
+            + (" liger" if self.use_liger_kernel else "")
+            + (" padding-free" if self.padding_free else "")
+            + (f" {self.dataloader_num_workers}-workers" if self.dataloader_num_workers else "")
         )
+
+
+# Candidate fields searched beyond batch, precision, checkpointing, optimizer, sampling
+LEVERS = (
+    "torch_compile",
+    "attn_implementation",
+    "use_liger_kernel",
+    "padding_free",
+    "dataloader_num_workers",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +187,9 @@ class TrialResult:
     baseline: dict[str, Any] = dataclasses.field(default_factory=dict)
     # A parity run: the held-out loss at each evaluated step, (step, loss)
     curve: tuple[tuple[int, float], ...] = ()
+    # What the run paid once, beyond its steady steps: setup, compilation, the slow
+    # first steps (the warm-up's time less warm-up steps at the measured median)
+    one_time_s: float | None = None
 
     def to_json(self) -> str:
         raw = dataclasses.asdict(self)
@@ -174,6 +206,12 @@ class TrialResult:
         raw["step_times_s"] = tuple(float(t) for t in raw.get("step_times_s", ()))
         raw["curve"] = tuple((int(s), float(v)) for s, v in raw.get("curve", ()))
         return cls(**raw)
+
+    def time_to_finish_s(self, steps: int) -> float | None:
+        """One-time cost + `steps` optimizer steps at the measured median."""
+        if self.step_time_median_s is None:
+            return None
+        return (self.one_time_s or 0.0) + steps * self.step_time_median_s
 
     @property
     def mfu(self) -> float | None:

@@ -80,11 +80,12 @@ def detect_task(config: dict[str, Any]) -> str | None:
     return None
 
 
-def build_model(spec: ModelSpec) -> Any:
-    """The model with random weights, for the spec's task (in the child)."""
+def build_model(spec: ModelSpec, *, attn_implementation: str = "") -> Any:
+    """The model with random weights, for the spec's task (in the child); with the
+    attention implementation asked for ("": the model's default)."""
     import transformers
 
-    config = _transformers_config(spec.config)
+    config = transformers_config(spec.config)
     if spec.task == Task.CLASSIFICATION and "num_labels" not in spec.config:
         config.num_labels = 2
     auto = {
@@ -93,6 +94,8 @@ def build_model(spec: ModelSpec) -> Any:
         Task.MASKED_LM: transformers.AutoModelForMaskedLM,
         Task.CLASSIFICATION: transformers.AutoModelForSequenceClassification,
     }[spec.task]
+    if attn_implementation:
+        return auto.from_config(config, attn_implementation=attn_implementation)  # type: ignore[no-untyped-call]
     return auto.from_config(config)  # type: ignore[no-untyped-call]
 
 
@@ -181,7 +184,7 @@ def _hub_state() -> str:
     return " (HF_HUB_OFFLINE is set)" if _hub_offline() else " (unreachable or not there)"
 
 
-def _transformers_config(config: dict[str, Any]) -> Any:
+def transformers_config(config: dict[str, Any]) -> Any:
     from transformers import AutoConfig
 
     values = dict(config)
@@ -191,7 +194,7 @@ def _transformers_config(config: dict[str, Any]) -> Any:
 
 def _check_buildable(name: str, config: dict[str, Any]) -> None:
     try:
-        _transformers_config(config)
+        transformers_config(config)
     except (ValueError, KeyError, TypeError) as exc:
         raise ModelConfigError(
             f"transformers cannot build {name!r} from its config: {exc}"

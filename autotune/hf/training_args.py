@@ -63,6 +63,14 @@ def tuned_arguments(
         args["tf32"] = candidate.precision == Precision.TF32
     else:
         args["use_cpu"] = True
+    # The levers, written only when on: a config without them reads as it always did
+    if candidate.torch_compile:
+        args["torch_compile"] = True
+    if candidate.use_liger_kernel:
+        args["use_liger_kernel"] = True
+    if candidate.dataloader_num_workers:
+        args["dataloader_num_workers"] = candidate.dataloader_num_workers
+        args["dataloader_persistent_workers"] = True  # no new workers at each epoch
     return args
 
 
@@ -80,7 +88,8 @@ def recipe(spec: SearchSpec, candidate: Candidate) -> dict[str, Any]:
 
 def _tuned_fields() -> frozenset[str]:
     """Every field some candidate sets, on any device, under either checkpointing name."""
-    probe = Candidate(8, 1, Precision.FP32, False, "adamw_torch")
+    probe = Candidate(8, 1, Precision.FP32, False, "adamw_torch", torch_compile=True,
+                      use_liger_kernel=True, dataloader_num_workers=1)  # fmt: skip
     return frozenset(
         key
         for kind in DeviceKind
@@ -149,6 +158,7 @@ class BaseArguments:
     # Their own values of the fields the search tunes (precision, optimizer, checkpointing,
     # batch split): the recipe that parity runs compare the finalists with
     recipe: dict[str, Any] = dataclasses.field(default_factory=dict)
+    train_steps: int | None = None  # their max_steps: the run a time-to-finish ranks by
 
 
 def training_fields() -> set[str]:
@@ -197,6 +207,10 @@ def base_arguments(raw: dict[str, Any], *, where: str = "--base-args") -> BaseAr
         target_len=next((_positive_int(raw, k, where) for k in TARGET_KEYS if k in raw), None),
         carried=carried,
         recipe={k: v for k, v in raw.items() if k in TUNED or k in CHECKPOINTING_FIELDS},
+        # max_steps -1 is Trainer's "run the epochs": no step count to rank by
+        train_steps=None
+        if raw.get("max_steps", -1) == -1
+        else _positive_int(raw, "max_steps", where),
     )
 
 

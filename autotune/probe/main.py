@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -76,7 +77,7 @@ def _train(config: TrialConfig, index: int, phases: dict[str, float]) -> TrialRe
     baseline = hardware.baseline(config.device_kind, index)  # after imports, before the model
     tick = time.perf_counter()
     set_seed(config.seed)
-    model = build_model(config.model)
+    model = build_model(config.model, attn_implementation=config.candidate.attn_implementation)
     phases["build"] = time.perf_counter() - tick
     recipe = _recipe(config)
     if config.parity_steps:
@@ -140,13 +141,30 @@ def _worst_case(
         measure_steps=config.measure_steps,
         min_window_s=config.min_measure_s,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[timer])
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[timer],
+                      data_collator=_packed(config))  # fmt: skip
     timer.attach(trainer)
     tick = time.perf_counter()
     output = trainer.train()
     phases["train"] = time.perf_counter() - tick
     del trainer
-    return _measured(config, timer, float(output.training_loss))
+    result = _measured(config, timer, float(output.training_loss))
+    if result.step_time_median_s is None:
+        return result
+    # Setup, compilation and slow first steps: all the warm-up cost beyond steady steps
+    one_time = phases["train"] - sum(result.step_times_s)
+    one_time -= config.warmup_steps * result.step_time_median_s
+    return result.replace(one_time_s=round(max(0.0, one_time), 3))
+
+
+def _packed(config: TrialConfig) -> Any:
+    """The padding-free collator when the candidate asks for it, else None (Trainer's)."""
+    if not config.candidate.padding_free:
+        return None
+    from autotune.probe.data import PackedBatches
+
+    flash = config.candidate.attn_implementation.startswith("flash")
+    return PackedBatches(flash_attention=flash)
 
 
 def _real_batches(
@@ -167,7 +185,8 @@ def _real_batches(
     probe_args = _probe_only_arguments(config, steps)
     probe_args["output_dir"] = str(Path(config.trial_dir) / "trainer-real")
     args = TrainingArguments(**{**recipe, **probe_args})
-    collator = RealBatches(task=config.model.task, pad_token_id=config.pad_token_id)
+    collator = _packed(config) or RealBatches(task=config.model.task,
+                                              pad_token_id=config.pad_token_id)  # fmt: skip
     timer = StepTimer(device_kind=config.device_kind, warmup_steps=1)
     trainer = Trainer(model=model, args=args, train_dataset=load_from_disk(config.data_path),
                       data_collator=collator, callbacks=[timer])  # fmt: skip
@@ -202,7 +221,6 @@ def _probe_only_arguments(config: TrialConfig, total_steps: int) -> dict[str, An
         "logging_steps": total_steps,  # one log at the end: no extra sync inside the window
         "logging_nan_inf_filter": False,  # a NaN loss must reach training_loss, not be hidden
         "disable_tqdm": True,
-        "dataloader_num_workers": 0,
         "seed": config.seed,
     }
 
@@ -255,6 +273,10 @@ def prepare_environment(config: TrialConfig) -> None:
     sees, and no import-time memory pool (pyarrow's mimalloc reserves ~1 GiB of address
     space that RLIMIT_DATA would count against the budget)."""
     os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "system"
+    for name in [n for n in os.environ if n.startswith("ACCELERATE_DYNAMO_")]:
+        del os.environ[name]  # would compile behind the candidate's back
+    if config.candidate.torch_compile:  # a cold compile, as the user's first run pays it
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(config.trial_dir) / "inductor-cache")
     if config.visible_devices:
         os.environ["CUDA_VISIBLE_DEVICES"] = config.visible_devices
 
@@ -273,7 +295,10 @@ def main(argv: list[str] | None = None) -> int:
         from autotune.launch.process import die_with_parent
 
         die_with_parent(agent)
-    result = run_probe(config)
+    try:
+        result = run_probe(config)
+    finally:  # the compile cache is the probe's scratch, not the study's record
+        shutil.rmtree(Path(config.trial_dir) / "inductor-cache", ignore_errors=True)
     if not ddp:
         write_atomic(config_path.with_name(RESULT_NAME), result.to_json())
         return 0

@@ -132,6 +132,7 @@ class ParityCheck:
                 if not ((v := state.verdict(r.candidate)) and v.blocks_export)]  # fmt: skip
         judged = [dataclasses.replace(r, parity=state.verdict(r.candidate)) for r in pool]
         chosen = select_best(judged, fit_limit_bytes=self.spec.fit_limit_bytes,
+                             train_steps=self.spec.train_steps,
                              objective=self.objective)  # fmt: skip
         for record in [*([chosen] if chosen else []), *ranked(judged)[: self.top]]:
             if record.parity is None:

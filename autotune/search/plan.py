@@ -15,8 +15,9 @@ from autotune.core.enums import DeviceKind
 from autotune.core.errors import UsageError
 from autotune.core.space import SearchSpace, derive_space
 from autotune.core.spec import SearchSpec
-from autotune.core.trial import ModelSpec
+from autotune.core.trial import LEVERS, ModelSpec
 from autotune.hf.corpus import SAMPLINGS, prepare
+from autotune.hf.levers import offer, parse_lever_options
 from autotune.hf.models import count_parameters, max_positions, resolve_model
 from autotune.hf.training_args import (
     BaseArguments,
@@ -74,6 +75,8 @@ class SpecOptions:
     warmup_steps: int
     measure_steps: int
     seed: int
+    levers: tuple[str, ...] = ()  # --lever NAME=VALUES, as typed
+    train_steps: int | None = None  # the user's run length: rank by time to finish it
 
 
 def build_spec(
@@ -93,6 +96,11 @@ def build_spec(
     budget = _budget(o.memory_budget, device_info.total_memory_bytes, len(slots), device_info.kind)
     if layout.devices and device_info.kind == DeviceKind.CUDA:  # confirm in a worker's slot
         device_info = dataclasses.replace(device_info, index=int(layout.devices[0]))
+    levers, not_offered = offer(
+        model_spec, device_info.kind, dataset=dataset is not None,
+        fixed={k: v for k, v in base.recipe.items() if k in LEVERS},
+        asked=parse_lever_options(o.levers),
+    )  # fmt: skip
     space = derive_space(
         device_info,
         global_batch_size=batch // layout.nproc_per_node,
@@ -101,6 +109,8 @@ def build_spec(
         checkpointing=tuple(c == "on" for c in o.checkpointing) if o.checkpointing else None,
         samplings=SAMPLINGS if dataset else ("random",),
         installed_optimizers=available_optimizers(),
+        levers=levers,
+        not_offered=not_offered,
     )
     parameters = count_parameters(model_spec)
     check_budget(parameters, space.precisions, space.optimizers, budget)
@@ -114,8 +124,16 @@ def build_spec(
         base_arguments=base.carried, recipe_settings=base.recipe, parameters=parameters,
         nproc_per_node=layout.nproc_per_node, data=data,
         checkpointing_field=checkpointing_field(),
+        train_steps=_train_steps(o.train_steps, base),
     )  # fmt: skip
     return spec, slots
+
+
+def _train_steps(asked: int | None, base: BaseArguments) -> int:
+    """The user's run length: --train-steps, else max_steps in --base-args, else 0."""
+    if asked is not None and asked < 1:
+        raise UsageError(f"--train-steps {asked}: give the optimizer steps of your run (>= 1)")
+    return asked or base.train_steps or 0
 
 
 def _global_batch(batch: int) -> int:

@@ -195,6 +195,7 @@ class SearchRun:
             # The config selection would export first (--objective efficiency may pick
             # one the throughput ranking puts lower), then the fastest.
             chosen = select_best(pool, fit_limit_bytes=self.spec.fit_limit_bytes,
+                                 train_steps=self.spec.train_steps,
                                  objective=self.limits.objective)  # fmt: skip
             finalists = [r for r in pool if r == chosen] + [r for r in ranked(pool) if r != chosen]
             todo = [r for r in finalists[: self.limits.confirm_top] if r.runs < 2]

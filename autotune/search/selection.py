@@ -47,14 +47,23 @@ def select_best(
     *,
     fit_limit_bytes: int,
     objective: Objective = Objective.THROUGHPUT,
+    train_steps: int = 0,
 ) -> TrialRecord | None:
-    """The record to export, or None when nothing fits (or learns like the recipe)."""
+    """The record to export, or None when nothing fits (or learns like the recipe).
+
+    With the user's run length (`train_steps`), the quickest to finish that run (one-time
+    costs such as compilation + steps at the measured median) stands for the fastest."""
     pool = [r for r in fitting(records, fit_limit_bytes)
             if not (r.parity and r.parity.blocks_export)]  # fmt: skip
     if not pool:
         return None
     if objective == Objective.EFFICIENCY:
         return max(pool, key=lambda r: (_sps(r) / _peak(r), -r.number))
+    if train_steps:
+        quickest = min(pool, key=lambda r: (finish_s(r, train_steps), r.number))
+        limit = finish_s(quickest, train_steps) * (1.0 + noise_band(quickest))
+        ties = [r for r in pool if finish_s(r, train_steps) <= limit]
+        return min(ties, key=lambda r: (_peak(r), finish_s(r, train_steps), r.number))
     fastest = max(pool, key=lambda r: (_sps(r), -r.number))
     band = noise_band(fastest)
     ties = [r for r in pool if _sps(r) >= _sps(fastest) * (1.0 - band)]
@@ -75,6 +84,11 @@ def noise_band(record: TrialRecord) -> float:
     steps = max(1, len(record.result.step_times_s))
     spread = record.result.step_time_spread or 0.0
     return float(min(MAX_NOISE, max(MIN_NOISE, spread / steps**0.5)))
+
+
+def finish_s(record: TrialRecord, train_steps: int) -> float:
+    """Seconds to finish the user's run of `train_steps` optimizer steps."""
+    return record.result.time_to_finish_s(train_steps) or float("inf")
 
 
 def _sps(record: TrialRecord) -> float:

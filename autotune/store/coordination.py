@@ -54,7 +54,15 @@ def worker_identity() -> dict[str, object]:
 def claim_key(candidate: Candidate) -> str:
     c = candidate
     key = f"{c.per_device_train_batch_size}|{c.precision}|{c.activation_checkpointing}|{c.optim}"
-    return key if c.train_sampling_strategy == "random" else f"{key}|{c.train_sampling_strategy}"
+    if c.train_sampling_strategy != "random":
+        key += f"|{c.train_sampling_strategy}"
+    # every lever away from its plain default (a key without levers reads as before)
+    default = Candidate(1, 1, c.precision, False, "")
+    return key + "".join(
+        f"|{name}={value}"
+        for name, value in c.lever_values().items()
+        if value != getattr(default, name)
+    )
 
 
 def rival(

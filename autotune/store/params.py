@@ -1,7 +1,8 @@
 """A candidate as Optuna trial params, and back.
 
 Params are named after the TrainingArguments fields they set; `precision` stands for
-the fp16/bf16/tf32 flags. The sampling is a param only where the space varies it.
+the fp16/bf16/tf32 flags. The sampling and the levers are params only where the space
+varies them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
     }
     if len(space.samplings) > 1:  # a dimension only when the user's data is given
         found["train_sampling_strategy"] = CategoricalDistribution(list(space.samplings))
+    for name, values in space.varied_levers.items():  # each where the space varies it
+        found[name] = CategoricalDistribution(list(values))
     return found
 
 
@@ -36,14 +39,18 @@ def candidate_params(candidate: Candidate, space: SearchSpace | None = None) -> 
     }
     if space is not None and len(space.samplings) > 1:
         params["train_sampling_strategy"] = candidate.train_sampling_strategy
+    for name in space.varied_levers if space is not None else ():
+        params[name] = getattr(candidate, name)
     return params
 
 
 def candidate_of(space: SearchSpace, params: dict[str, Any]) -> Candidate:
+    levers = {name: params[name] for name in space.varied_levers if name in params}
     return space.candidate(
         int(params["per_device_train_batch_size"]),
         str(params["precision"]),
         bool(params["activation_checkpointing"]),
         str(params["optim"]),
         str(params.get("train_sampling_strategy", "random")),
+        **levers,
     )

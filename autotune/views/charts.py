@@ -93,7 +93,7 @@ def plot_tradeoff(records: Sequence[TrialRecord], spec: SearchSpec, path: Path) 
             label="Pareto front",
             zorder=2,
         )
-    best = select_best(records, fit_limit_bytes=spec.fit_limit_bytes)
+    best = select_best(records, fit_limit_bytes=spec.fit_limit_bytes, train_steps=spec.train_steps)
     if best is not None:
         ax.scatter(
             [(best.result.peak_memory_bytes or 0) / GIB],
@@ -135,17 +135,17 @@ def plot_by_batch(records: Sequence[TrialRecord], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    families: dict[tuple[str, bool, str], list[TrialRecord]] = {}
-    for r in records:
+    families: dict[str, list[TrialRecord]] = {}
+    for r in records:  # one line per setting other than the batch ("batch 8x2 " dropped)
         if r.result.outcome == Outcome.OK:
-            families.setdefault(r.candidate.family, []).append(r)
-    for (precision, ckpt, optim), group in sorted(families.items()):
+            families.setdefault(r.candidate.describe().split(" ", 2)[2], []).append(r)
+    for label, group in sorted(families.items()):
         group.sort(key=lambda r: r.candidate.per_device_train_batch_size)
         ax.plot(
             [r.candidate.per_device_train_batch_size for r in group],
             [r.result.samples_per_s or 0 for r in group],
             marker="o",
-            label=f"{precision} {'ckpt' if ckpt else 'no-ckpt'} {optim}",
+            label=label,
         )
     ax.set_xscale("log", base=2)
     batches = sorted(

@@ -88,7 +88,9 @@ def export_best(
         check(fields, error=ExportError, where="the best config on this machine")
     summary = {**_summary(record, spec, study_name, runners_up, objective),
                "parity": parity_summary(record, reference_for(spec, all_records, parity), parity),
-               "arguments": arguments}  # fmt: skip
+               "arguments": arguments,
+               "model_arguments": model_arguments(record.candidate),
+               "script_changes": script_changes(record.candidate)}  # fmt: skip
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(exported, indent=2, sort_keys=True) + "\n"
@@ -113,7 +115,12 @@ def export_selected(
     parity: ParityState | None = None,
 ) -> TrialRecord | None:
     """Select the best of a study's records and export it; None when nothing fits."""
-    best = select_best(records, fit_limit_bytes=spec.fit_limit_bytes, objective=objective)
+    best = select_best(
+        records,
+        fit_limit_bytes=spec.fit_limit_bytes,
+        train_steps=spec.train_steps,
+        objective=objective,
+    )
     if best is None:
         return None
     others = [r for r in ranked(fitting(records, spec.fit_limit_bytes)) if r != best][:3]
@@ -153,6 +160,33 @@ def parity_summary(
 NOT_CHECKED = "training parity not checked (searched with --parity off)"
 
 
+def model_arguments(candidate: Candidate) -> dict[str, Any]:
+    """What the probe passed to the model's from_pretrained/from_config, not to
+    TrainingArguments (the arguments file cannot carry it)."""
+    return (
+        {"attn_implementation": candidate.attn_implementation}
+        if candidate.attn_implementation
+        else {}
+    )
+
+
+def script_changes(candidate: Candidate) -> list[str]:
+    """The lines the user's script needs besides the arguments file, as measured."""
+    lines = []
+    if candidate.attn_implementation:
+        attn = candidate.attn_implementation
+        lines.append(
+            f'load the model with attn_implementation="{attn}": '
+            f'AutoModel...from_pretrained(name, attn_implementation="{attn}")'
+        )
+    if candidate.padding_free:
+        lines.append(
+            "batch without padding: Trainer(..., data_collator=DataCollatorWithFlattening()) "
+            "(from transformers)"
+        )
+    return lines
+
+
 def _figures(record: TrialRecord) -> dict[str, Any]:
     r = record.result
     return {
@@ -168,6 +202,7 @@ def _figures(record: TrialRecord) -> dict[str, Any]:
         "mfu": r.mfu,
         "worst_case_samples_per_s": r.worst_case_samples_per_s,
         "padding_fraction": r.padding_fraction,
+        "one_time_s": r.one_time_s,
         "runs": record.runs,
         "measured_steps": len(r.step_times_s),
     }
@@ -202,6 +237,11 @@ def _summary(
         "seq_len": spec.seq_len,
         "target_len": spec.target_len if spec.model.task == Task.SEQ2SEQ else None,
         "probe_steps": {"warmup": spec.warmup_steps, "measured": spec.measure_steps},
+        "train_steps": spec.train_steps or None,
+        "time_to_finish_s": record.result.time_to_finish_s(spec.train_steps)
+        if spec.train_steps
+        else None,
+        "levers_not_offered": dict(spec.space.not_offered),
         "data": spec.data.summary() if spec.data else None,
         "best": _figures(record),
         "runners_up": [_figures(r) for r in runners_up],

@@ -63,7 +63,7 @@ def insight(
     records: Sequence[TrialRecord], spec: SearchSpec, recipe: Candidate | None = None
 ) -> Insight:
     """`recipe`: the reference the study's parity runs used (default: the one they would)."""
-    best = select_best(records, fit_limit_bytes=spec.fit_limit_bytes)
+    best = select_best(records, fit_limit_bytes=spec.fit_limit_bytes, train_steps=spec.train_steps)
     reference = plain_default(records, spec)
     recipe = recipe or reference_candidate(spec, records)
     band = noise_band(best) if best else 0.0

@@ -41,6 +41,8 @@ class TrialRow:
     # Training parity with the user's recipe: same-arithmetic, ok, diverged or unchecked
     parity: str = "unchecked"
     parity_figures: str = ""
+    one_time_s: float | None = None  # setup + compilation + slow first steps
+    finish_s: float | None = None  # the user's --train-steps at this speed, one-time included
 
 
 def explain(record: TrialRecord, spec: SearchSpec) -> str:
@@ -61,7 +63,12 @@ def explain(record: TrialRecord, spec: SearchSpec) -> str:
 def trial_rows(
     records: Sequence[TrialRecord], spec: SearchSpec, objective: Objective
 ) -> list[TrialRow]:
-    best = select_best(records, fit_limit_bytes=spec.fit_limit_bytes, objective=objective)
+    best = select_best(
+        records,
+        fit_limit_bytes=spec.fit_limit_bytes,
+        train_steps=spec.train_steps,
+        objective=objective,
+    )
     rows = []
     for record in ranked(records):
         r = record.result
@@ -88,6 +95,10 @@ def trial_rows(
                 worst_case_samples_per_s=_round(r.worst_case_samples_per_s, 3),
                 parity=str(record.parity.status) if record.parity else "unchecked",
                 parity_figures=record.parity.figures() if record.parity else "",
+                one_time_s=_round(r.one_time_s, 1),
+                finish_s=_round(r.time_to_finish_s(spec.train_steps), 1)
+                if spec.train_steps
+                else None,
             )
         )
     # The selected trial first, then the rest as ranked.
@@ -101,6 +112,9 @@ def rows_json(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) -> st
             "description": spec.describe(),
             "memory_budget_bytes": spec.memory_budget_bytes,
             "data": spec.data.summary() if spec.data else None,
+            "train_steps": spec.train_steps or None,
+            "levers": {name: list(values) for name, values in spec.space.levers},
+            "levers_not_offered": dict(spec.space.not_offered),
             "trials": [dataclasses.asdict(row) for row in rows],
         },
         indent=2,
@@ -128,6 +142,9 @@ def render_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) ->
     real = spec.data is not None
     columns = ["trial", "config", "outcome", "samples/s", "real tokens/s" if real else "tokens/s"]
     columns += ["pad", "worst-case samples/s"] if real else []
+    timed = spec.train_steps > 0 or any(row.one_time_s for row in rows)
+    columns += ["one-time s"] if timed else []
+    columns += [f"{spec.train_steps} steps"] if spec.train_steps else []
     columns += ["peak", "budget", "spread", "MFU", "parity", "why"]
     for column in columns:
         table.add_column(column, justify="right" if "/s" in column else "left")
@@ -144,6 +161,8 @@ def render_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) ->
                 f"{row.padding_pct:.0f}%" if row.padding_pct is not None else "",
                 _fmt(row.worst_case_samples_per_s, ".2f"),
             ]
+        cells += [_fmt(row.one_time_s, ".1f")] if timed else []
+        cells += [_duration(row.finish_s)] if spec.train_steps else []
         cells += [
             f"{row.peak_memory_gib:.2f} GiB" if row.peak_memory_gib is not None else "",
             f"{row.budget_used_pct:.0f}%" if row.budget_used_pct is not None else "",
@@ -170,6 +189,30 @@ def print_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) -> 
             "samples/s and real tokens/s: real batches of your data, padded per micro-batch; "
             "peak memory: worst-case batches"
         )
+    for line in lever_lines(spec):
+        console.print(line)
+
+
+def lever_lines(spec: SearchSpec) -> list[str]:
+    """The levers searched beyond the classic five, and why the others were not."""
+    lines = []
+    searched = [f"{n} ({', '.join(map(str, v))})" for n, v in spec.space.varied_levers.items()]
+    if searched:
+        lines.append(f"levers searched: {'; '.join(searched)}")
+    if spec.train_steps:
+        lines.append(
+            f"selected by time to finish {spec.train_steps} steps: one-time costs "
+            "(setup, compilation, slow first steps) + steps at the measured median"
+        )
+    lines += [f"not searched: {name}: {why}" for name, why in spec.space.not_offered if why]
+    return lines
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def _round(value: float | None, digits: int) -> float | None:

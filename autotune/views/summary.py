@@ -6,6 +6,7 @@ import json
 from typing import TYPE_CHECKING
 
 from autotune.core.trial import TrialRecord
+from autotune.views.export import script_changes
 
 if TYPE_CHECKING:
     from autotune.commands import SearchOutcome
@@ -21,7 +22,9 @@ def record_dict(record: TrialRecord) -> dict[str, object]:
         "precision": str(record.candidate.precision),
         "activation_checkpointing": record.candidate.activation_checkpointing,
         "optim": record.candidate.optim,
+        **record.candidate.lever_values(),
         "samples_per_s": r.samples_per_s,
+        "one_time_s": r.one_time_s,
         "tokens_per_s": r.tokens_per_s,
         "peak_memory_bytes": r.peak_memory_bytes,
         "step_time_spread": r.step_time_spread,
@@ -39,6 +42,11 @@ def outcome_json(outcome: SearchOutcome) -> str:
             "elapsed_s": round(outcome.elapsed_s, 1),
             "stop_reason": outcome.stop_reason,
             "parity": outcome.parity,
+            "train_steps": outcome.train_steps or None,
+            "time_to_finish_s": outcome.best.result.time_to_finish_s(outcome.train_steps)
+            if outcome.train_steps
+            else None,
+            "script_changes": script_changes(outcome.best.candidate),
         },
         indent=2,
     )
@@ -57,4 +65,22 @@ def change_lines(parity: dict[str, object]) -> list[str]:
     if altered:
         lines.append(f"  alters the arithmetic: {'; '.join(altered)}")
         lines.append(f"  training parity: {parity['verdict']}")
+    return lines
+
+
+def finish_lines(record: TrialRecord, train_steps: int) -> list[str]:
+    """Time to finish the user's run (one-time costs apart), and what their script needs
+    besides the arguments file (the attention implementation, the collator)."""
+    r = record.result
+    lines = []
+    if train_steps and r.step_time_median_s is not None:
+        lines.append(
+            f"time to finish {train_steps} steps: {r.time_to_finish_s(train_steps):.0f} s "
+            f"= {r.one_time_s or 0.0:.1f} s once (setup, compilation, first steps) + "
+            f"{train_steps} x {r.step_time_median_s:.3f} s"
+        )
+    elif r.one_time_s and record.candidate.torch_compile:
+        lines.append(f"compiled: {r.one_time_s:.1f} s once (compilation, first steps) before "
+                     "the measured speed; pass --train-steps to weigh it")  # fmt: skip
+    lines += [f"in your script: {line}" for line in script_changes(record.candidate)]
     return lines

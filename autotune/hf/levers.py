@@ -1,0 +1,202 @@
+"""Which levers beyond the classic five a search offers here, and why the others are not.
+
+Each lever has an availability rule (the device, the installed packages, the model) and
+the values it is searched over. A lever the user fixed (a field of --base-args, or
+`--lever NAME=VALUE`) is run at that value and not searched. Reasons for every lever
+not searched are kept in the space, so `show` can say why.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from autotune.core.enums import DeviceKind, Task
+from autotune.core.errors import UsageError
+from autotune.core.trial import LEVERS, ModelSpec
+
+MAX_LOADER_WORKERS = 4
+
+
+def _boolean(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("true", "on", "1", "yes"):
+        return True
+    if lowered in ("false", "off", "0", "no"):
+        return False
+    raise ValueError(f"{text!r} is not true/false")
+
+
+# What a user may write after --lever NAME=, per lever
+_PARSE: dict[str, Callable[[str], Any]] = {
+    "torch_compile": _boolean,
+    "use_liger_kernel": _boolean,
+    "padding_free": _boolean,
+    "dataloader_num_workers": int,
+    "attn_implementation": str,
+}
+# Sharding is not a lever: FSDP through the Trainer needs an accelerator (accelerate keeps
+# its plugin only for multi-GPU runs: on the CPU it silently runs DDP) and was never run
+# here on two GPUs; DeepSpeed is not installed. Said by `show` with the other reasons.
+NOT_BUILT = (
+    (
+        "fsdp",
+        "FSDP through the Trainer runs only on several GPUs (on the CPU accelerate "
+        "drops it and runs DDP), which autotune has not run; DeepSpeed is not installed",
+    ),
+)
+
+
+def parse_lever_options(options: Sequence[str]) -> dict[str, tuple[Any, ...]]:
+    """`--lever NAME=V1,V2` options as {name: values}; UsageError on anything off."""
+    asked: dict[str, tuple[Any, ...]] = {}
+    for option in options:
+        name, sep, text = option.partition("=")
+        name = name.strip()
+        if not sep or name not in LEVERS or not text.strip():
+            raise UsageError(
+                f"--lever {option!r}: write NAME=VALUE[,VALUE...] with NAME one of "
+                f"{', '.join(LEVERS)} (e.g. --lever torch_compile=false)"
+            )
+        try:
+            values = tuple(dict.fromkeys(_PARSE[name](v.strip()) for v in text.split(",")))
+        except ValueError as exc:
+            raise UsageError(f"--lever {option!r}: {exc}") from None
+        asked[name] = values
+    return asked
+
+
+def offer(
+    model: ModelSpec,
+    device_kind: DeviceKind,
+    *,
+    dataset: bool,
+    fixed: Mapping[str, Any],
+    asked: Mapping[str, tuple[Any, ...]],
+) -> tuple[list[tuple[str, tuple[Any, ...]]], list[tuple[str, str]]]:
+    """(levers with the values to search, [(lever, why it is not searched)])."""
+    available: dict[str, tuple[tuple[Any, ...], str]] = {
+        "torch_compile": _compile(device_kind),
+        "attn_implementation": _attention(model, device_kind),
+        "use_liger_kernel": _liger(model, device_kind),
+        "padding_free": _padding_free(model, dataset),
+        "dataloader_num_workers": _loader_workers(dataset),
+    }
+    levers: list[tuple[str, tuple[Any, ...]]] = []
+    reasons: list[tuple[str, str]] = list(NOT_BUILT)
+    for name in LEVERS:
+        values, why = available[name]
+        if name in fixed:
+            levers.append((name, (fixed[name],)))
+            reasons.append((name, f"set to {fixed[name]!r} by --base-args"))
+            continue
+        if name in asked:
+            wanted = asked[name]
+            refused = [v for v in wanted if v not in values and not _plain(name, v)]
+            if refused:
+                raise UsageError(
+                    f"--lever {name}={','.join(map(str, wanted))}: {refused[0]!r} is not "
+                    f"available here ({why or 'offered: ' + ', '.join(map(str, values))})"
+                )
+            values, why = wanted, "" if len(wanted) > 1 else "fixed by --lever"
+        if len(values) > 1:
+            levers.append((name, values))
+            if why:  # searched, some values not offered
+                reasons.append((name, why))
+        else:
+            if values:
+                levers.append((name, values))
+            reasons.append((name, why))
+    return levers, reasons
+
+
+def _plain(name: str, value: Any) -> bool:
+    """A lever's plain value (off, no workers) is always allowed."""
+    return name != "attn_implementation" and not value
+
+
+def _compile(kind: DeviceKind) -> tuple[tuple[Any, ...], str]:
+    if kind == DeviceKind.CUDA:
+        if importlib.util.find_spec("triton") is None:
+            return (), "torch.compile on CUDA needs triton, which is not installed"
+        return (False, True), ""
+    compiler = os.environ.get("CXX") or "g++"
+    if shutil.which(compiler) is None:
+        return (), f"torch.compile on the CPU needs a C++ compiler ({compiler} not found)"
+    return (False, True), ""
+
+
+def model_class(model: ModelSpec) -> Any:
+    """The transformers class a probe builds for this model (not instantiated)."""
+    import transformers
+
+    from autotune.hf.models import transformers_config
+
+    auto = {
+        Task.SEQ2SEQ: transformers.AutoModelForSeq2SeqLM,
+        Task.CAUSAL_LM: transformers.AutoModelForCausalLM,
+        Task.MASKED_LM: transformers.AutoModelForMaskedLM,
+        Task.CLASSIFICATION: transformers.AutoModelForSequenceClassification,
+    }[model.task]
+    return auto._model_mapping[type(transformers_config(model.config))]  # type: ignore[index]
+
+
+def _attention(model: ModelSpec, kind: DeviceKind) -> tuple[tuple[Any, ...], str]:
+    from transformers.utils.import_utils import is_flash_attn_2_available
+
+    cls = model_class(model)
+    choices = ["eager"]
+    why = []
+    if getattr(cls, "_supports_sdpa", False):
+        choices.insert(0, "sdpa")  # the model's default first
+    if not getattr(cls, "_supports_flash_attn", False):
+        why.append(f"{cls.__name__} has no flash attention")
+    elif kind != DeviceKind.CUDA or not is_flash_attn_2_available():
+        why.append("flash_attention_2 needs the flash-attn package and a CUDA GPU")
+    else:
+        choices.append("flash_attention_2")
+    if getattr(cls, "_supports_flex_attn", False) and kind == DeviceKind.CUDA:
+        choices.append("flex_attention")
+    elif getattr(cls, "_supports_flex_attn", False):
+        why.append("flex_attention has no backward pass on the CPU")
+    return tuple(choices), "; ".join(why)
+
+
+def _liger(model: ModelSpec, kind: DeviceKind) -> tuple[tuple[Any, ...], str]:
+    if importlib.util.find_spec("liger_kernel") is None:
+        return (), "liger-kernel is not installed (pip install liger-kernel)"
+    if kind != DeviceKind.CUDA:
+        return (), "liger kernels are Triton kernels: they need a GPU"
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError as exc:
+        return (), f"liger-kernel does not import ({exc})"
+    model_type = str(model.config.get("model_type"))
+    if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        return (), f"liger-kernel has no kernels for model type {model_type!r}"
+    return (False, True), ""
+
+
+def _padding_free(model: ModelSpec, dataset: bool) -> tuple[tuple[Any, ...], str]:
+    if not dataset:
+        return (), "padding-free batches need your data (--dataset): probes have no padding"
+    if model.task != Task.CAUSAL_LM:
+        return (), f"padding-free batches are for causal LMs; this is {model.task}"
+    from autotune.hf.packing import packing_error
+
+    error = packing_error(model)
+    if error:
+        return (), error
+    return (False, True), ""
+
+
+def _loader_workers(dataset: bool) -> tuple[tuple[Any, ...], str]:
+    if not dataset:
+        return (), "loader workers need your data (--dataset): probes build their batches"
+    workers = min(MAX_LOADER_WORKERS, (os.cpu_count() or 1) - 1)
+    if workers < 1:
+        return (), "one core: no core to spare for a loader worker"
+    return (0, workers), ""
