@@ -4,6 +4,7 @@ TrainingArguments from a JSON file, such as the one `autotune search` exports.
 
     python examples/train_with_args.py studies/mt5-small.best.json
     python examples/train_with_args.py studies/tiny.best.json --model_name_or_path path/to/model
+    python examples/train_with_args.py studies/tiny.best.json --attn_implementation eager
 
 Nothing in it knows about autotune: the exported JSON holds only TrainingArguments
 fields. Model and data arguments come from their own dataclasses, as usual; here the
@@ -34,6 +35,11 @@ class ModelArguments:
         default="google/mt5-small",
         metadata={"help": "A directory with config.json, or an id autotune has a preset for."},
     )
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={"help": "eager, sdpa, flash_attention_2, ...: a model argument, not a "
+                  "TrainingArguments field (autotune's summary lists it under model_arguments)"},
+    )  # fmt: skip
     max_seq_length: int = field(default=128)
     max_target_length: int = field(default=32)
     num_examples: int = field(default=256)
@@ -80,7 +86,12 @@ def main() -> None:
     config = load_config(model_args.model_name_or_path)
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
     auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
-    model = auto.from_config(config)
+    extra = (
+        {"attn_implementation": model_args.attn_implementation}
+        if model_args.attn_implementation
+        else {}
+    )
+    model = auto.from_config(config, **extra)
     data = RandomTokens(
         model_args.num_examples,
         model_args.max_seq_length,

@@ -68,6 +68,10 @@ def tune(work: Path, max_trials: int) -> None:
         "--global-batch-size", "16", "--precisions", "fp32,bf16", "--optimizers",
         "adamw_torch", "--checkpointing", "off", "--max-trials", str(max_trials),
         "--warmup-steps", "1", "--measure-steps", "3", "--confirm-top", "1", "--quiet",
+        # kept plain in this demo: a cold compilation costs ~25 s a probe on a CPU, and
+        # train() below batches with padding (a padding-free export would need
+        # DataCollatorWithFlattening there; see examples/README.md)
+        "--lever", "torch_compile=false", "--lever", "padding_free=false",
     ]  # fmt: skip
     subprocess.run(command, cwd=work, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 

@@ -119,10 +119,17 @@ def tiny_budgets(tmp_path_factory: pytest.TempPathFactory) -> TinyBudgets:
     return TinyBudgets(peaks)
 
 
+# Compilation (a cold compile is 25 s per tiny probe here) and the attention kernels kept
+# plain in the searches whose tests are about something else: their spaces stay the size
+# the tests count on. tests/search/test_levers_search.py searches the levers.
+PLAIN_LEVERS = ("--lever", "torch_compile=false", "--lever", "attn_implementation=sdpa")
+
+
 def worker_search_args(max_trials: int) -> list[str]:
     """A small search on ./tiny (8 configs) for the tests that run several workers."""
     return [
-        "search", "--model", "./tiny", "--device", "cpu", "--global-batch-size", "16",
+        "search", "--model", "./tiny", "--device", "cpu",
+        *PLAIN_LEVERS, "--global-batch-size", "16",
         "--seq-len", "64", "--precisions", "fp32,bf16", "--optimizers", "adamw_torch,adafactor",
         "--checkpointing", "off", "--max-trials", str(max_trials), "--warmup-steps", "1",
         "--measure-steps", "2", "--confirm-top", "1", "--quiet",
@@ -168,6 +175,7 @@ def searched_study(
         "./tiny",
         "--device",
         "cpu",
+        *PLAIN_LEVERS,
         "--memory-budget",
         f"{tiny_budgets.eight_fits_sixteen_does_not}B",
         "--global-batch-size",

@@ -58,6 +58,11 @@ def assert_nothing_written(path: Path) -> None:
         (["--model", "gpt2", "--study", "../outside"], "--study '../outside' is not a usable"),
         (["--model", "gpt2", "--study", "/abs/name"], "is not a usable name"),
         (["--model", "gpt2", "--dataset", "./none.jsonl", "--parallel", "64"], "--parallel 64"),
+        (["--model", "gpt2", "--lever", "fsdp=true"], "NAME one of torch_compile"),
+        (["--model", "gpt2", "--lever", "torch_compile=maybe"], "'maybe' is not true/false"),
+        (["--model", "gpt2", "--lever", "use_liger_kernel=true"], "True is not available here"),
+        (["--model", "gpt2", "--lever", "attn_implementation=flash_attention_2"], "flash-attn"),
+        (["--model", "gpt2", "--train-steps", "0"], "0 is not in the range"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(
@@ -290,6 +295,9 @@ def test_search_help_groups_its_options(capsys: pytest.CaptureFixture[str]) -> N
     positions = [out.index(h) for h in headings]
     assert positions == sorted(positions) and "Other options:" not in out
     assert out.index("--memory-budget") < out.index("The model and data:")
+    for lever in ("torch_compile", "attn_implementation", "use_liger_kernel", "padding_free",
+                  "dataloader_num_workers"):  # fmt: skip
+        assert lever in out  # every searched dimension, and when it is offered
 
 
 def test_debug_works_after_the_command_too(capsys: pytest.CaptureFixture[str]) -> None:

@@ -190,6 +190,7 @@ class TrialResult:
     # What the run paid once, beyond its steady steps: setup, compilation, the slow
     # first steps (the warm-up's time less warm-up steps at the measured median)
     one_time_s: float | None = None
+    attention: str = ""  # the attention implementation the model ran with
 
     def to_json(self) -> str:
         raw = dataclasses.asdict(self)

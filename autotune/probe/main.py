@@ -79,6 +79,7 @@ def _train(config: TrialConfig, index: int, phases: dict[str, float]) -> TrialRe
     set_seed(config.seed)
     model = build_model(config.model, attn_implementation=config.candidate.attn_implementation)
     phases["build"] = time.perf_counter() - tick
+    attention = str(getattr(model.config, "_attn_implementation", "") or "")
     recipe = _recipe(config)
     if config.parity_steps:
         from autotune.probe.parity import parity_run
@@ -87,7 +88,9 @@ def _train(config: TrialConfig, index: int, phases: dict[str, float]) -> TrialRe
         result = parity_run(config, model, recipe)
         phases["train"] = time.perf_counter() - tick
         return result.replace(baseline=baseline)
-    result = _worst_case(config, model, recipe, phases).replace(baseline=baseline)
+    result = _worst_case(config, model, recipe, phases).replace(
+        baseline=baseline, attention=attention
+    )
     per_sample = flops_per_sample(model, config.model.task, config.seq_len, config.target_len)
     if config.data_path and result.outcome == Outcome.OK:
         gc.collect()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import TINY_GPT2, write_model
+from conftest import PLAIN_LEVERS, TINY_GPT2, write_model
 
 pytestmark = pytest.mark.slow
 
@@ -22,6 +22,7 @@ ARGV = [
     "./tiny",
     "--device",
     "cpu",
+    *PLAIN_LEVERS,
     "--global-batch-size",
     "16",
     "--seq-len",

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY_T5, autotune, write_model
+from conftest import PLAIN_LEVERS, ROOT, TINY_T5, autotune, write_model
 from helpers import word_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ def test_a_seq2seq_search_on_text_pairs_times_real_batches(tmp_path: Path) -> No
     (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     write_model(tmp_path / "tiny-t5", TINY_T5)
     done = autotune(
-        tmp_path, "search", "--model", "./tiny-t5", "--device", "cpu", "--dataset",
+        tmp_path, "search", "--model", "./tiny-t5", "--device", "cpu", *PLAIN_LEVERS, "--dataset",
         "pairs.jsonl", "--text-column", "document", "--target-column", "summary",
         "--tokenizer", "./tok", "--global-batch-size", "8", "--precisions", "fp32",
         "--optimizers", "adamw_torch", "--checkpointing", "off", "--max-trials", "2",

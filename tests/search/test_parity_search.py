@@ -8,14 +8,14 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TINY_GPT2, autotune, write_model
+from conftest import PLAIN_LEVERS, TINY_GPT2, autotune, write_model
 from helpers import SPEC, cand, rec
 
 from autotune.core.enums import Outcome, Precision
 from autotune.search.parity import reference_candidate, twin_of
 
 ARGS = [
-    "search", "--model", "./tiny", "--device", "cpu", "--global-batch-size", "16",
+    "search", "--model", "./tiny", "--device", "cpu", *PLAIN_LEVERS, "--global-batch-size", "16",
     "--seq-len", "64", "--precisions", "fp32", "--optimizers", "adamw_torch,sgd",
     "--checkpointing", "off", "--max-trials", "4", "--warmup-steps", "1",
     "--measure-steps", "2", "--confirm-top", "4", "--confirm-steps", "2", "--quiet",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import ROOT, TINY_GPT2, TinyBudgets, autotune, write_model
+from conftest import PLAIN_LEVERS, ROOT, TINY_GPT2, TinyBudgets, autotune, write_model
 from transformers import HfArgumentParser, TrainingArguments
 
 pytestmark = pytest.mark.slow
@@ -132,6 +132,7 @@ def test_nothing_fits_reports_and_writes_no_config(
         "./tiny",
         "--device",
         "cpu",
+        *PLAIN_LEVERS,
         "--memory-budget",
         f"{tiny_budgets.nothing_fits}B",
         "--global-batch-size",
@@ -165,6 +166,7 @@ def test_a_ddp_search_exports_what_torchrun_needs(tmp_path: Path) -> None:
         "./tiny",
         "--device",
         "cpu",
+        *PLAIN_LEVERS,
         "--nproc-per-node",
         "2",
         "--global-batch-size",
@@ -202,7 +204,8 @@ def test_search_as_json_puts_the_result_on_stdout_and_the_progress_on_stderr(
 ) -> None:
     write_model(tmp_path / "tiny", TINY_GPT2)
     done = autotune(
-        tmp_path, "search", "--model", "./tiny", "--device", "cpu", "--global-batch-size", "8",
+        tmp_path, "search", "--model", "./tiny", "--device", "cpu", *PLAIN_LEVERS,
+        "--global-batch-size", "8",
         "--seq-len", "32", "--precisions", "fp32", "--optimizers", "adamw_torch",
         "--checkpointing", "off", "--max-trials", "1", "--warmup-steps", "1",
         "--measure-steps", "2", "--confirm-top", "0", "--format", "json",
@@ -218,7 +221,8 @@ def test_search_as_json_puts_the_result_on_stdout_and_the_progress_on_stderr(
 def test_the_search_options_reach_the_probes_and_the_export(tmp_path: Path) -> None:
     write_model(tmp_path / "tiny", TINY_GPT2)
     done = autotune(
-        tmp_path, "search", "--model", "./tiny", "--device", "cpu", "--task", "causal-lm",
+        tmp_path, "search", "--model", "./tiny", "--device", "cpu", *PLAIN_LEVERS,
+        "--task", "causal-lm",
         "--global-batch-size", "8", "--seq-len", "32", "--precisions", "fp32",
         "--optimizers", "adamw_torch,adafactor", "--checkpointing", "off", "--max-trials", "2",
         "--warmup-steps", "1", "--measure-steps", "2", "--confirm-top", "1",
@@ -237,7 +241,8 @@ def test_the_search_options_reach_the_probes_and_the_export(tmp_path: Path) -> N
 def test_a_probe_past_the_trial_timeout_is_killed_and_the_search_goes_on(tmp_path: Path) -> None:
     write_model(tmp_path / "tiny", TINY_GPT2)
     done = autotune(
-        tmp_path, "search", "--model", "./tiny", "--device", "cpu", "--global-batch-size", "8",
+        tmp_path, "search", "--model", "./tiny", "--device", "cpu", *PLAIN_LEVERS,
+        "--global-batch-size", "8",
         "--seq-len", "32", "--precisions", "fp32", "--optimizers", "adamw_torch,adafactor",
         "--checkpointing", "off", "--max-trials", "2", "--trial-timeout", "1s",
         "--measure-steps", "100000", "--confirm-top", "0", "--quiet",

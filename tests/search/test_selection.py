@@ -1,8 +1,9 @@
 from __future__ import annotations
 
+import pytest
 from helpers import GIB, cand, rec
 
-from autotune.core.trial import Outcome
+from autotune.core.trial import Outcome, TrialRecord
 from autotune.search.selection import noise_band, ranked, select_best
 
 LIMIT = 4 * GIB
@@ -71,3 +72,22 @@ def test_a_config_fits_within_the_budget_less_the_headroom_not_the_budget() -> N
     between = rec(0, cand(16), sps=20.0, peak_gib=7.8)
     assert select_best([between, rec(1, cand(8), sps=5.0, peak_gib=7.5)],
                        fit_limit_bytes=SPEC.fit_limit_bytes).number == 1  # fmt: skip
+
+
+def finishing(number: int, one_time_s: float, step_s: float, **changes: object) -> TrialRecord:
+    """A record whose run paid `one_time_s` once, then `step_s` per optimizer step."""
+    base = rec(number, cand(8 * (number + 1)))
+    result = base.result.replace(step_time_median_s=step_s, samples_per_s=64 / step_s,
+                                 one_time_s=one_time_s, **changes)  # fmt: skip
+    return TrialRecord(number, base.candidate, result)
+
+
+def test_with_the_users_run_length_the_quickest_to_finish_it_wins() -> None:
+    """A compiled config: faster steps after a 60 s compilation. It wins a long run and
+    loses a short one; without a run length, steady throughput decides."""
+    plain, compiled = finishing(0, 0.5, 0.10), finishing(1, 60.0, 0.08)
+    records = [plain, compiled]
+    assert select_best(records, fit_limit_bytes=8 * GIB) == compiled
+    assert select_best(records, fit_limit_bytes=8 * GIB, train_steps=100) == plain
+    assert select_best(records, fit_limit_bytes=8 * GIB, train_steps=10_000) == compiled
+    assert compiled.result.time_to_finish_s(100) == pytest.approx(68.0)

@@ -77,3 +77,39 @@ def test_the_tuned_fields_are_derived_from_the_one_mapping() -> None:
                     "learning_rate": 1e-4}, tuned)  # fmt: skip
     assert merged["train_sampling_strategy"] == "group_by_length"
     assert "gradient_checkpointing" not in merged and merged["learning_rate"] == 1e-4
+
+
+def test_a_levered_config_exports_what_the_script_needs_and_parses(tmp_path: Path) -> None:
+    """Compilation, liger and loader workers are TrainingArguments fields; the attention
+    implementation and padding-free batches are not: the sidecar and the hand-off say
+    how the script sets them."""
+    from autotune.core.trial import Candidate
+    from autotune.hf.training_args import TUNED, tuned_arguments
+
+    plain = tuned_arguments(
+        Candidate(8, 8, "fp32", False, "adamw_torch"), device_kind=DeviceKind.CPU
+    )
+    assert "torch_compile" not in plain and "dataloader_num_workers" not in plain
+    levered = dataclasses.replace(cand(16, "bf16"), torch_compile=True, attn_implementation="eager",
+                                  padding_free=True, dataloader_num_workers=1)  # fmt: skip
+    assert {"torch_compile", "use_liger_kernel", "dataloader_num_workers"} <= TUNED
+    out = export_best(record=rec(2, levered, sps=20.0), spec=SPEC, study_name="s",
+                      output=tmp_path / "best.json", runners_up=[],
+                      objective=Objective.THROUGHPUT, validate=True)  # fmt: skip
+    (args,) = HfArgumentParser(TrainingArguments).parse_json_file(str(out))
+    assert args.torch_compile and args.dataloader_num_workers == 1
+    summary = json.loads(sidecar_path(out).read_text())
+    assert summary["model_arguments"] == {"attn_implementation": "eager"}
+    assert any("DataCollatorWithFlattening" in line for line in summary["script_changes"])
+    assert any('attn_implementation="eager"' in line for line in summary["script_changes"])
+    kept = summary["parity"]["keeps_arithmetic"]
+    assert any("torch_compile" in change for change in kept)  # the same sums, compiled
+    assert summary["parity"]["alters_arithmetic"] == ["precision fp32 -> bf16"]
+
+
+def test_the_users_max_steps_is_the_run_length_selection_weighs() -> None:
+    from autotune.hf.training_args import base_arguments
+
+    assert base_arguments({"max_steps": 1000}).train_steps == 1000
+    assert base_arguments({"max_steps": -1}).train_steps is None  # Trainer: run the epochs
+    assert base_arguments({}).train_steps is None

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, autotune
+from conftest import PLAIN_LEVERS, ROOT, autotune
 from transformers import HfArgumentParser, TrainingArguments
 
 pytestmark = pytest.mark.slow
@@ -127,6 +127,7 @@ def test_base_args_fix_the_global_batch_and_carry_the_rest(tmp_path: Path) -> No
         "base.json",
         "--device",
         "cpu",
+        *PLAIN_LEVERS,
         "--precisions",
         "fp32",
         "--optimizers",

@@ -1,0 +1,105 @@
+"""Each lever's availability rule on this CPU, the reason kept for each one not offered,
+and the one-batch check that padding-free batches leave the loss alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import TINY_GPT2, TINY_T5
+
+from autotune.core.enums import DeviceKind
+from autotune.core.errors import UsageError
+from autotune.core.trial import ModelSpec
+from autotune.hf.levers import offer, parse_lever_options
+from autotune.hf.packing import losses, packing_error
+
+GPT2 = ModelSpec("gpt2", "local", "causal-lm", TINY_GPT2)
+T5 = ModelSpec("t5", "local", "seq2seq", TINY_T5)
+LLAMA = ModelSpec("llama", "local", "causal-lm", {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "vocab_size": 512,
+})  # fmt: skip
+OPT = ModelSpec("opt", "local", "causal-lm", {
+    "model_type": "opt", "architectures": ["OPTForCausalLM"], "hidden_size": 64,
+    "ffn_dim": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 512,
+    "word_embed_proj_dim": 64,
+})  # fmt: skip
+
+
+def offered(
+    model: ModelSpec, *, dataset: bool = False, **kw: Any
+) -> tuple[dict[str, Any], dict[str, str]]:
+    levers, reasons = offer(model, DeviceKind.CPU, dataset=dataset, fixed=kw.pop("fixed", {}),
+                            asked=kw.pop("asked", {}))  # fmt: skip
+    return dict(levers), dict(reasons)
+
+
+def test_on_this_cpu_compile_and_the_attention_kernels_are_searched() -> None:
+    levers, reasons = offered(GPT2)
+    assert levers["torch_compile"] == (False, True)  # g++ is here
+    assert levers["attn_implementation"] == ("sdpa", "eager")  # the model's default first
+    assert "flash-attn" in reasons["attn_implementation"]
+    assert "use_liger_kernel" not in levers  # Triton kernels: never on the CPU
+    assert reasons["use_liger_kernel"].startswith(("liger-kernel is not installed",
+                                                   "liger kernels are Triton kernels"))  # fmt: skip
+    assert "several GPUs" in reasons["fsdp"]
+    assert (
+        "--dataset" in reasons["padding_free"] and "--dataset" in reasons["dataloader_num_workers"]
+    )
+
+
+def test_without_a_compiler_compilation_is_not_offered_and_show_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    levers, reasons = offered(GPT2)
+    assert "torch_compile" not in levers
+    assert "C++ compiler" in reasons["torch_compile"]
+
+
+def test_flex_attention_is_not_offered_on_the_cpu_where_it_has_no_backward() -> None:
+    levers, reasons = offered(T5)
+    assert "flex_attention" not in levers["attn_implementation"]
+    assert "no backward pass on the CPU" in reasons["attn_implementation"]
+
+
+def test_with_data_a_causal_lm_that_keeps_packed_sequences_apart_gets_padding_free() -> None:
+    for model in (GPT2, LLAMA):
+        levers, _ = offered(model, dataset=True)
+        assert levers["padding_free"] == (False, True), model.name
+        assert levers["dataloader_num_workers"][0] == 0
+    _, reasons = offered(T5, dataset=True)
+    assert "causal LMs" in reasons["padding_free"]
+
+
+def test_padding_free_batches_are_refused_where_they_change_the_loss() -> None:
+    padded, flat = losses(LLAMA)
+    assert flat == pytest.approx(padded, rel=1e-5)
+    padded, flat = losses(OPT)  # OPT's attention lets packed sequences see each other
+    assert abs(flat - padded) > 1e-4
+    assert "does not keep packed sequences apart" in packing_error(OPT)
+    levers, reasons = offered(OPT, dataset=True)
+    assert "padding_free" not in levers and "change the loss" in reasons["padding_free"]
+
+
+def test_a_lever_in_the_users_arguments_is_kept_not_searched() -> None:
+    levers, reasons = offered(GPT2, fixed={"torch_compile": True})
+    assert levers["torch_compile"] == (True,)
+    assert "--base-args" in reasons["torch_compile"]
+
+
+def test_lever_options_narrow_the_search_or_are_refused_with_the_reason() -> None:
+    asked = parse_lever_options(["torch_compile=false", "attn_implementation=eager,sdpa"])
+    assert asked == {"torch_compile": (False,), "attn_implementation": ("eager", "sdpa")}
+    levers, _ = offered(GPT2, asked=asked)
+    assert levers["torch_compile"] == (False,)
+    assert levers["attn_implementation"] == ("eager", "sdpa")
+    with pytest.raises(UsageError, match="flash-attn package"):
+        offered(GPT2, asked={"attn_implementation": ("flash_attention_2",)})
+    with pytest.raises(UsageError, match="use_liger_kernel=True: True is not available here"):
+        offered(GPT2, asked={"use_liger_kernel": (True,)})
+    for bad in ("fsdp=true", "torch_compile", "torch_compile=maybe", "dataloader_num_workers=x"):
+        with pytest.raises(UsageError, match="--lever"):
+            parse_lever_options([bad])
