@@ -60,6 +60,8 @@ def main() -> None:
         (work / "bench-gpt2" / "config.json").write_text(json.dumps(MODEL))
         done = autotune(
             work, "search", "--model", "./bench-gpt2", "--device", "cpu",
+        # the classic five only: benchmarks/levers.py measures compilation and attention
+        "--lever", "torch_compile=false", "--lever", "attn_implementation=sdpa",
             "--memory-budget", f"{s['budget_mib']}MiB", "--global-batch-size",
             str(s["global_batch"]), "--seq-len", str(s["seq_len"]),
             "--max-trials", str(s["max_trials"]), "--quiet",

@@ -38,6 +38,7 @@ SMALL_SEARCH = [
     "--precisions", "fp32,bf16", "--checkpointing", "off",
     "--optimizers", "adamw_torch,adamw_torch_fused,adafactor,sgd",
     "--warmup-steps", "1", "--measure-steps", "3", "--confirm-top", "3",
+    "--lever", "torch_compile=false", "--lever", "attn_implementation=sdpa",
 ]  # fmt: skip
 
 

@@ -37,7 +37,9 @@ def settings(quick: bool) -> dict[str, Any]:
 def search(work: Path, s: dict[str, Any], study: str, parallel: int) -> dict[str, Any]:
     started = time.monotonic()
     done = autotune(
-        work, "search", "--model", "./bench-gpt2", "--device", "cpu", "--study", study,
+        work, "search", "--model", "./bench-gpt2", "--device", "cpu",
+        # the classic five only: benchmarks/levers.py measures compilation and attention
+        "--lever", "torch_compile=false", "--lever", "attn_implementation=sdpa", "--study", study,
         "--global-batch-size", str(s["global_batch"]), "--seq-len", str(s["seq_len"]),
         "--precisions", "fp32,bf16", "--optimizers", "adamw_torch,adafactor,adamw_bnb_8bit",
         "--max-trials", str(s["max_trials"]), "--confirm-top", str(s["confirm_top"]),

@@ -115,6 +115,8 @@ def autotune_run(model_dir: Path, work: Path, s: dict[str, object], trials: int)
     warmup, measure = s["steps"]  # type: ignore[misc]
     argv = [
         sys.executable, "-m", "autotune", "search", "--model", str(model_dir), "--device", "cpu",
+        # the classic five only: benchmarks/levers.py measures compilation and attention
+        "--lever", "torch_compile=false", "--lever", "attn_implementation=sdpa",
         "--memory-budget", f"{s['budget_mib']}MiB", "--global-batch-size", str(s["global_batch"]),
         "--seq-len", str(s["seq_len"]), "--precisions", ",".join(s["precisions"]),  # type: ignore[arg-type]
         "--optimizers", ",".join(s["optimizers"]), "--max-trials", str(trials),  # type: ignore[arg-type]

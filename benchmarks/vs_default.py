@@ -88,6 +88,8 @@ def ours(s: dict[str, Any], work: Path) -> tuple[dict[str, Any], float]:
     started = time.monotonic()
     done = autotune(
         work, "search", "--model", str(model), "--device", "cpu",
+        # the classic five only: benchmarks/levers.py measures compilation and attention
+        "--lever", "torch_compile=false", "--lever", "attn_implementation=sdpa",
         "--memory-budget", f"{s['budget_mib']}MiB", "--global-batch-size", str(s["global_batch"]),
         "--seq-len", str(s["seq_len"]), "--target-len", str(s["target_len"]),
         "--max-trials", str(s["max_trials"]), "--quiet",

@@ -33,7 +33,10 @@ def test_a_search_over_the_attention_kernels_ranks_by_time_to_finish(tmp_path: P
     ok = [t for t in shown["trials"] if t["outcome"] == "ok"]
     assert {t["config"].split()[-1] for t in ok} == {"sdpa", "eager"}  # both measured
     best = next(t for t in ok if t["best"])
-    assert best["finish_s"] == min(t["finish_s"] for t in ok)  # the quickest run wins
+    # the quickest to finish wins, or one within its noise that needs less memory
+    quickest = min(ok, key=lambda t: t["finish_s"])
+    assert best["finish_s"] <= quickest["finish_s"] * 1.10
+    assert best == quickest or best["peak_memory_gib"] <= quickest["peak_memory_gib"]
     for t in ok:  # one-time cost + 300 optimizer steps of 8 samples at the measured speed
         assert t["finish_s"] == pytest.approx(t["one_time_s"] + 300 * 8 / t["samples_per_s"],
                                               rel=0.02, abs=0.2)  # fmt: skip
