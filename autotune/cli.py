@@ -179,7 +179,9 @@ def export(
             force=force,
         )
         click.echo(f"wrote {path}")
-        notes = []
+        from autotune.views.export import written_script_changes
+
+        notes = [f"in your script: {line}" for line in written_script_changes(path)]
     for note in notes:
         click.echo(f"note: {note}", err=True)
 

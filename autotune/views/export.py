@@ -170,6 +170,12 @@ def model_arguments(candidate: Candidate) -> dict[str, Any]:
     )
 
 
+def written_script_changes(output: Path) -> list[str]:
+    """The script lines an export's sidecar lists (none for a sidecar from before)."""
+    summary = json.loads(sidecar_path(output).read_text(encoding="utf-8"))
+    return [str(line) for line in summary.get("script_changes", [])]
+
+
 def script_changes(candidate: Candidate) -> list[str]:
     """The lines the user's script needs besides the arguments file, as measured."""
     lines = []

@@ -50,6 +50,10 @@ def test_a_search_over_the_attention_kernels_ranks_by_time_to_finish(tmp_path: P
     summary = json.loads((tmp_path / "studies" / "levers.best.summary.json").read_text())
     attention = summary["model_arguments"]["attn_implementation"]
     assert attention == best["config"].split()[-1]
+    exported = autotune(tmp_path, "export", "--study", "levers", "--output", "again.json")
+    assert f'attn_implementation="{attention}"' in exported.stderr  # said at every export
+    flags = autotune(tmp_path, "export", "--study", "levers", "--format", "cli")
+    assert f'attn_implementation="{attention}"' in flags.stderr and "--" in flags.stdout
     trained = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "train_with_args.py"),
          str(tmp_path / "studies" / "levers.best.json"), "--model_name_or_path", "./tiny",
