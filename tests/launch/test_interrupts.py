@@ -46,6 +46,9 @@ ARGV = [
 
 
 def start(work: Path) -> subprocess.Popen[str]:
+    """The search as a terminal starts it. SIGINT back to its default first: a test run
+    started as a background job of a non-interactive shell inherits SIGINT ignored, and
+    Python then installs no KeyboardInterrupt handler (the search would not see Ctrl-C)."""
     return subprocess.Popen(
         [sys.executable, "-m", "autotune", *ARGV],
         cwd=work,
@@ -53,6 +56,7 @@ def start(work: Path) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
