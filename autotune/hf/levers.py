@@ -131,17 +131,10 @@ def _compile(kind: DeviceKind) -> tuple[tuple[Any, ...], str]:
 
 def model_class(model: ModelSpec) -> Any:
     """The transformers class a probe builds for this model (not instantiated)."""
-    import transformers
+    from autotune.hf.models import auto_class, transformers_config
 
-    from autotune.hf.models import transformers_config
-
-    auto = {
-        Task.SEQ2SEQ: transformers.AutoModelForSeq2SeqLM,
-        Task.CAUSAL_LM: transformers.AutoModelForCausalLM,
-        Task.MASKED_LM: transformers.AutoModelForMaskedLM,
-        Task.CLASSIFICATION: transformers.AutoModelForSequenceClassification,
-    }[model.task]
-    return auto._model_mapping[type(transformers_config(model.config))]  # type: ignore[index]
+    mapping = auto_class(model.task)._model_mapping
+    return mapping[type(transformers_config(model.config))]
 
 
 def _attention(model: ModelSpec, kind: DeviceKind) -> tuple[tuple[Any, ...], str]:

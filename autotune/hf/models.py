@@ -83,20 +83,23 @@ def detect_task(config: dict[str, Any]) -> str | None:
 def build_model(spec: ModelSpec, *, attn_implementation: str = "") -> Any:
     """The model with random weights, for the spec's task (in the child); with the
     attention implementation asked for ("": the model's default)."""
-    import transformers
-
     config = transformers_config(spec.config)
     if spec.task == Task.CLASSIFICATION and "num_labels" not in spec.config:
         config.num_labels = 2
-    auto = {
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    return auto_class(spec.task).from_config(config, **extra)
+
+
+def auto_class(task: Task) -> Any:
+    """The transformers Auto class that builds a model for this task."""
+    import transformers
+
+    return {
         Task.SEQ2SEQ: transformers.AutoModelForSeq2SeqLM,
         Task.CAUSAL_LM: transformers.AutoModelForCausalLM,
         Task.MASKED_LM: transformers.AutoModelForMaskedLM,
         Task.CLASSIFICATION: transformers.AutoModelForSequenceClassification,
-    }[spec.task]
-    if attn_implementation:
-        return auto.from_config(config, attn_implementation=attn_implementation)  # type: ignore[no-untyped-call]
-    return auto.from_config(config)  # type: ignore[no-untyped-call]
+    }[task]
 
 
 def count_parameters(spec: ModelSpec) -> int:

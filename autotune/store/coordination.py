@@ -9,6 +9,7 @@ config goes back in the queue.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import os
 import socket
@@ -57,11 +58,9 @@ def claim_key(candidate: Candidate) -> str:
     if c.train_sampling_strategy != "random":
         key += f"|{c.train_sampling_strategy}"
     # every lever away from its plain default (a key without levers reads as before)
-    default = Candidate(1, 1, c.precision, False, "")
+    defaults = {f.name: f.default for f in dataclasses.fields(Candidate)}
     return key + "".join(
-        f"|{name}={value}"
-        for name, value in c.lever_values().items()
-        if value != getattr(default, name)
+        f"|{name}={value}" for name, value in c.lever_values().items() if value != defaults[name]
     )
 
 
