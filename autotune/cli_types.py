@@ -194,10 +194,12 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     ),
     click.option(
         "--sampler",
-        default="tpe",
+        default="model",
         show_default=True,
         type=click.Choice(values(SamplerName)),
-        help="Optuna sampler that proposes configs.",
+        help="What proposes configs: model (a model of step time fitted to the probes "
+        "proposes the most promising and stops the search when none can win), or one of "
+        "Optuna's samplers.",
     ),
     click.option(
         "--seed",
@@ -244,14 +246,29 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         default=3,
         show_default=True,
         type=click.IntRange(1),
-        help="Optimizer steps each probe runs before timing.",
+        help="At most this many optimizer steps before timing (fewer once step time is "
+        "steady; --fixed-steps: exactly this many).",
     ),
     click.option(
         "--measure-steps",
         default=5,
         show_default=True,
         type=click.IntRange(2),
-        help="Optimizer steps each probe times (on a GPU: at least 2 s and 20 steps).",
+        help="At most this many optimizer steps timed per probe: on the CPU timing stops "
+        "once the config ranks clearly against the best so far (--fixed-steps: always this "
+        "many); on a GPU at least 2 s and 20 steps.",
+    ),
+    click.option(
+        "--reuse/--no-reuse",
+        default=True,
+        show_default=True,
+        help="Take over what another study in the storage measured of a config (same "
+        "model, device, lengths, recipe and versions) instead of probing it again.",
+    ),
+    click.option(
+        "--fixed-steps",
+        is_flag=True,
+        help="Time every probe for exactly --warmup-steps + --measure-steps steps.",
     ),
     click.option("--study", "study_name", help="Study name [default: from the model name]."),
     click.option(
@@ -307,7 +324,8 @@ SEARCH_GROUPS = {
     "The search": ("precisions", "optimizers", "checkpointing", "levers", "max_trials",
                    "time_budget",
                    "trial_timeout", "sampler", "seed", "confirm_top", "confirm_steps",
-                   "parity", "parity_steps", "fork_server", "warmup_steps", "measure_steps"),
+                   "parity", "parity_steps", "fork_server", "warmup_steps", "measure_steps",
+                   "fixed_steps", "reuse"),
     "Storage and workers": ("study_name", "storage", "parallel", "devices", "nproc_per_node"),
     "Output": ("output", "quiet", "fmt", "force", "help"),
 }  # fmt: skip

@@ -64,6 +64,8 @@ def search_command(  # long: one keyword per `search` option, then a few calls
     parity: str = "on",
     parity_steps: int = 20,
     fork_server: bool,
+    fixed_steps: bool = False,
+    reuse: bool = True,
     parallel: int = 1,
     devices: tuple[str, ...] | None = None,
     nproc_per_node: int = 1,
@@ -107,6 +109,9 @@ def search_command(  # long: one keyword per `search` option, then a few calls
         parity_steps=parity_steps if parity == "on" else 0,
         objective=objective,
         fork_server=fork_server,
+        adaptive=not fixed_steps,
+        reuse=reuse,
+        propose=sampler == "model",
     )
     deadline = Deadline.after(time_budget)
     if slots:

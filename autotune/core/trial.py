@@ -124,6 +124,13 @@ class TrialConfig:
     # >0: a parity run (core/parity.py): train this many steps on learnable data and
     # record the held-out loss curve; no timing
     parity_steps: int = 0
+    # Adaptive measurement (core/schedule.py): warm-up until steady (at most
+    # warmup_steps), measure until rankable against the incumbent (at most
+    # measure_steps). incumbent_s: the best cost so far, a step time, or with
+    # train_steps the time to finish the user's run
+    adaptive: bool = False
+    incumbent_s: float | None = None
+    train_steps: int = 0
 
     @property
     def device_kind(self) -> DeviceKind:
@@ -191,6 +198,10 @@ class TrialResult:
     # first steps (the warm-up's time less warm-up steps at the measured median)
     one_time_s: float | None = None
     attention: str = ""  # the attention implementation the model ran with
+    warmup_steps: int | None = None  # warm-up steps the run took (adaptive: until steady)
+    measure_stop: str = ""  # adaptive measurement: why the window closed
+    # Measured by another study and taken over, not probed again ("study S trial N")
+    reused_from: str = ""
 
     def to_json(self) -> str:
         raw = dataclasses.asdict(self)

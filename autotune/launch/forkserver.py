@@ -7,6 +7,10 @@ use it), and then, for each request on stdin (one JSON line: the probe's config 
 log paths), forks a child that starts its own session, dies with the server, redirects
 its output, and runs the probe. The server answers with the child's pid, and later with
 its exit status.
+
+Given the search's model (`SharedModel`), the server also builds it once, after the
+imports, and every forked probe that would build the same model inherits it
+(probe/shared_model.py).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import IO, Any
 
 from autotune.core.errors import LaunchError
 from autotune.launch.process import child_env, die_with_parent, dies_with
+from autotune.probe.shared_model import SharedModel
 
 PRELOAD = (
     "torch",
@@ -41,7 +46,9 @@ READY_TIMEOUT_S = 300.0
 LONGEST_WAIT_S = 10**7  # select() overflows on larger timeouts; this is 115 days
 
 
-def serve(requests: IO[str], replies: IO[str], data_limit: int | None) -> None:
+def serve(
+    requests: IO[str], replies: IO[str], data_limit: int | None, shared: str | None = None
+) -> None:
     import importlib
 
     if data_limit is not None:
@@ -65,7 +72,9 @@ def serve(requests: IO[str], replies: IO[str], data_limit: int | None) -> None:
 
     # The children report peaks as a fresh process would (see untouched_library_bytes).
     os.environ[device.FORK_RSS_FILE_ENV] = str(device.file_backed_bytes())
-    _reply(replies, {"ready": True, "cuda_initialized": device.cuda_initialized()})
+    built = _build_shared(shared) if shared else None
+    _reply(replies, {"ready": True, "cuda_initialized": device.cuda_initialized(),
+                     "shared_model": built})  # fmt: skip
     for line in requests:
         request = json.loads(line)
         server = os.getpid()
@@ -75,6 +84,19 @@ def serve(requests: IO[str], replies: IO[str], data_limit: int | None) -> None:
         _reply(replies, {"pid": pid})
         _, status = os.waitpid(pid, 0)
         _reply(replies, {"pid": pid, "returncode": _returncode(status)})
+
+
+def _build_shared(text: str) -> str:
+    """Build the search's model once; what happened, in a few words (a failure only
+    means each probe builds its own, as without a server)."""
+    from autotune.probe import shared_model
+
+    try:
+        seconds = shared_model.build(shared_model.SharedModel.from_json(text))
+    except Exception as exc:  # MemoryError under the limit, a model that will not build
+        print(f"the shared model was not built: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return f"not built: {type(exc).__name__}"
+    return f"built in {seconds:.1f} s"
 
 
 def _run_child(request: dict[str, Any], server: int) -> None:
@@ -122,15 +144,19 @@ class ServerStartError(LaunchError):
 class ForkServer:
     """The parent's handle on a running server; one trial at a time."""
 
-    def __init__(self, log: Path, *, data_limit: int | None = None) -> None:
+    def __init__(
+        self, log: Path, *, data_limit: int | None = None, shared: SharedModel | None = None
+    ) -> None:
         self.data_limit = data_limit
+        self.shared = shared
         self.log = log
         self.fresh_only = False  # True: CUDA was initialised at import; fork is unsafe
         log.parent.mkdir(parents=True, exist_ok=True)
-        limit = [] if data_limit is None else [str(data_limit)]
+        args = ["-" if data_limit is None else str(data_limit)]
+        args += [shared.to_json()] if shared is not None else []
         with open(log, "ab") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "autotune.launch.forkserver", *limit],
+                [sys.executable, "-m", "autotune.launch.forkserver", *args],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,
@@ -148,6 +174,7 @@ class ForkServer:
             self.close()
             why = ready.get("error") if ready else f"no answer within {READY_TIMEOUT_S:.0f} s"
             raise ServerStartError(f"the fork server did not start: {why} (see {log})")
+        self.shared_model = str(ready.get("shared_model") or "")
         if ready.get("cuda_initialized"):
             self.fresh_only = True
             print(
@@ -225,5 +252,7 @@ class ForkServer:
             raise LaunchError(f"the fork server sent {line[:80]!r} (see {self.log})") from None
 
 
-if __name__ == "__main__":
-    serve(sys.stdin, sys.stdout, int(sys.argv[1]) if len(sys.argv) > 1 else None)
+if __name__ == "__main__":  # LIMIT ("-": none) [SHARED_MODEL_JSON]
+    limit = sys.argv[1] if len(sys.argv) > 1 else "-"
+    serve(sys.stdin, sys.stdout, None if limit == "-" else int(limit),
+          sys.argv[2] if len(sys.argv) > 2 else None)  # fmt: skip

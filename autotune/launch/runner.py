@@ -24,6 +24,7 @@ from autotune.launch.outcomes import classify_exit
 from autotune.launch.process import child_env, dies_with, kill_group, stop
 from autotune.probe import device
 from autotune.probe.ranks import RESULT_NAME, merge_ranks
+from autotune.probe.shared_model import SharedModel
 
 CONFIG_NAME = "config.json"
 DDP_GRACE_S = 15.0  # torchrun stops its ranks on SIGTERM; SIGKILL after this
@@ -50,9 +51,12 @@ class Launcher:
     on first use, restarted if it dies or a probe needs another limit), else each in a
     fresh interpreter."""
 
-    def __init__(self, device_kind: DeviceKind, server_log: Path | None) -> None:
+    def __init__(
+        self, device_kind: DeviceKind, server_log: Path | None, shared: SharedModel | None = None
+    ) -> None:
         self.device_kind = device_kind
         self.server_log = server_log
+        self.shared = shared  # the model the server builds once
         self.server: ForkServer | None = None
         self.no_server: set[int | None] = set()  # limits under which a server cannot start
 
@@ -73,7 +77,7 @@ class Launcher:
         if self.server is None or not self.server.alive() or self.server.data_limit != limit:
             self.close()
             try:
-                self.server = ForkServer(self.server_log, data_limit=limit)
+                self.server = ForkServer(self.server_log, data_limit=limit, shared=self.shared)
             except ServerStartError:
                 self.no_server.add(limit)
                 return None

@@ -57,7 +57,7 @@ class WorstCaseDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
 
 class RealBatches:
-    """A data collator for the user's tokenized data that keeps a token count.
+    """A data collator for the user's tokenized data (TokenCount counts what it feeds).
 
     Pads inputs with the tokenizer's pad id and labels with -100 (no loss on padding).
     Causal and masked LMs get a loss at every real token (labels = inputs), which is
@@ -67,7 +67,6 @@ class RealBatches:
     def __init__(self, *, task: str, pad_token_id: int) -> None:
         self.task = task
         self.pad_token_id = pad_token_id
-        self.fed: list[tuple[int, int]] = []  # (real tokens, tokens incl. padding) per call
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         ids = [list(f["input_ids"]) for f in features]
@@ -76,19 +75,44 @@ class RealBatches:
             "input_ids": torch.tensor([x + [self.pad_token_id] * (width - len(x)) for x in ids]),
             "attention_mask": torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids]),
         }
-        real, fed = sum(len(x) for x in ids), width * len(ids)
         if self.task == Task.SEQ2SEQ:
             labels = [list(f["labels"]) for f in features]
             target = max(len(t) for t in labels)
             batch["labels"] = torch.tensor([t + [-100] * (target - len(t)) for t in labels])
-            real += sum(len(t) for t in labels)
-            fed += target * len(labels)
         elif self.task == Task.CLASSIFICATION:
             batch["labels"] = torch.tensor([int(f["labels"]) for f in features])
         else:
             batch["labels"] = torch.tensor([x + [-100] * (width - len(x)) for x in ids])
-        self.fed.append((real, fed))
         return batch
+
+
+class TokenCount:
+    """The real (non-pad) and fed tokens of each micro-batch the model is given, counted
+    in the training process by a forward pre-hook: a collator may run in loader worker
+    processes, whose counts would never come back. Padded inputs: the attention mask's
+    ones (and the targets' non -100 labels for seq2seq); packed inputs: all of them.
+    The sums stay on the device until read (no sync per micro-batch)."""
+
+    def __init__(self, task: str) -> None:
+        self.task = task
+        self.counts: list[tuple[Any, int]] = []
+
+    def __call__(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        ids = kwargs.get("input_ids")
+        if ids is None:
+            return
+        mask = kwargs.get("attention_mask")
+        real: Any = mask.sum() if mask is not None else ids.numel()
+        fed = ids.numel()
+        labels = kwargs.get("labels")
+        if self.task == Task.SEQ2SEQ and labels is not None:
+            real = real + (labels != -100).sum()
+            fed += labels.numel()
+        self.counts.append((real, fed))
+
+    def fed(self) -> list[tuple[int, int]]:
+        """(real tokens, tokens incl. padding) of each micro-batch so far."""
+        return [(int(real), fed) for real, fed in self.counts]
 
 
 class LearnableDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
@@ -154,17 +178,13 @@ class PackedBatches:
     the micro-batch in one row, position ids restarting at each), counting tokens.
 
     Only for causal LMs whose attention keeps packed sequences apart (checked by
-    autotune.hf.packing before the lever is offered). Nothing is padded: the real and
-    the fed tokens are the same."""
+    autotune.hf.packing before the lever is offered). Nothing is padded."""
 
     def __init__(self, *, flash_attention: bool = False) -> None:
         from transformers import DataCollatorWithFlattening
 
         self.inner = DataCollatorWithFlattening(return_flash_attn_kwargs=flash_attention)  # type: ignore[no-untyped-call]
-        self.fed: list[tuple[int, int]] = []
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         ids = [{"input_ids": [int(t) for t in f["input_ids"]]} for f in features]
-        tokens = sum(len(f["input_ids"]) for f in ids)
-        self.fed.append((tokens, tokens))
         return dict(self.inner(ids))

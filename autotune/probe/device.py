@@ -155,10 +155,12 @@ class StepMarks:
         self.ends: list[Any] = []
         self.host: list[float] = []  # host time at each mark (for a time-based window)
         self.started = False
+        self.began = 0.0  # host time at the first step's start
 
     def start(self) -> None:
         synchronize(self.kind)
         self.started = True
+        self.began = self.clock()
 
     def mark(self) -> None:
         now = self.clock()
@@ -175,6 +177,10 @@ class StepMarks:
     def host_elapsed_since(self, mark: int) -> float:
         """Host seconds from the end of step `mark` (1-based; 0: the first) to the last."""
         return self.host[-1] - self.host[max(0, mark - 1)] if self.host else 0.0
+
+    def host_elapsed(self, upto: int) -> float:
+        """Host seconds from the first step's start to the end of step `upto` (1-based)."""
+        return self.host[upto - 1] - self.began if 0 < upto <= len(self.host) else 0.0
 
     def durations(self) -> list[float]:
         """Each step's duration from the previous step's end (the first step has none)."""

@@ -24,10 +24,12 @@ from typing import Any
 
 from autotune.core.enums import Outcome
 from autotune.core.files import write_atomic
+from autotune.core.schedule import Schedule
 from autotune.core.stats import StepStats
 from autotune.core.trial import TrialConfig, TrialResult
 from autotune.launch.outcomes import is_out_of_memory, loss_outcome
 from autotune.probe import device as hardware
+from autotune.probe import shared_model
 from autotune.probe.ranks import RESULT_NAME, rank_result_name
 
 MAX_STEPS_BY_TIME = 500  # a time-based window never runs longer than this
@@ -74,11 +76,19 @@ def _train(config: TrialConfig, index: int, phases: dict[str, float]) -> TrialRe
     from autotune.probe.flops import flops_per_sample
 
     phases["import"] = time.perf_counter() - tick
-    baseline = hardware.baseline(config.device_kind, index)  # after imports, before the model
-    tick = time.perf_counter()
-    set_seed(config.seed)
-    model = build_model(config.model, attn_implementation=config.candidate.attn_implementation)
-    phases["build"] = time.perf_counter() - tick
+    inherited = shared_model.take(config)  # built once by the fork server (#15)
+    if inherited is not None:
+        model, baseline = inherited
+        if config.device_kind != "cpu":  # the context: this process's own
+            baseline = hardware.baseline(config.device_kind, index)
+        baseline["model"] = "inherited from the fork server"
+        phases["build"] = 0.0
+    else:
+        baseline = hardware.baseline(config.device_kind, index)  # after imports, before the model
+        tick = time.perf_counter()
+        set_seed(config.seed)
+        model = build_model(config.model, attn_implementation=config.candidate.attn_implementation)
+        phases["build"] = time.perf_counter() - tick
     attention = str(getattr(model.config, "_attn_implementation", "") or "")
     recipe = _recipe(config)
     if config.parity_steps:
@@ -143,6 +153,7 @@ def _worst_case(
         warmup_steps=config.warmup_steps,
         measure_steps=config.measure_steps,
         min_window_s=config.min_measure_s,
+        schedule=_schedule(config),
     )
     trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[timer],
                       data_collator=_packed(config))  # fmt: skip
@@ -156,8 +167,23 @@ def _worst_case(
         return result
     # Setup, compilation and slow first steps: all the warm-up cost beyond steady steps
     one_time = phases["train"] - sum(result.step_times_s)
-    one_time -= config.warmup_steps * result.step_time_median_s
-    return result.replace(one_time_s=round(max(0.0, one_time), 3))
+    one_time -= timer.warmup_steps * result.step_time_median_s
+    return result.replace(one_time_s=round(max(0.0, one_time), 3),
+                          warmup_steps=timer.warmup_steps,
+                          measure_stop=timer.stop_reason)  # fmt: skip
+
+
+def _schedule(config: TrialConfig) -> Schedule | None:
+    """Adaptive warm-up and measurement, where asked and step ends are host times."""
+    if not config.adaptive or config.min_measure_s > 0:
+        return None
+    return Schedule(
+        max_warmup=config.warmup_steps,
+        max_measure=config.measure_steps,
+        min_measure=min(2, config.measure_steps),
+        incumbent_s=config.incumbent_s,
+        train_steps=config.train_steps,
+    )
 
 
 def _packed(config: TrialConfig) -> Any:
@@ -181,7 +207,7 @@ def _real_batches(
     from datasets import load_from_disk
     from transformers import Trainer, TrainingArguments
 
-    from autotune.probe.data import RealBatches
+    from autotune.probe.data import RealBatches, TokenCount
     from autotune.probe.timing import StepTimer
 
     steps = 1 + config.measure_steps
@@ -193,13 +219,18 @@ def _real_batches(
     timer = StepTimer(device_kind=config.device_kind, warmup_steps=1)
     trainer = Trainer(model=model, args=args, train_dataset=load_from_disk(config.data_path),
                       data_collator=collator, callbacks=[timer])  # fmt: skip
-    trainer.train()
+    count = TokenCount(config.model.task)
+    hook = model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        trainer.train()
+    finally:
+        hook.remove()
     del trainer
     times = timer.measured_step_times()
     if not times:
         return worst.replace(outcome=Outcome.ERROR, reason="no real batch step completed")
     accumulation = config.candidate.gradient_accumulation_steps
-    window = collator.fed[accumulation : accumulation * steps]
+    window = count.fed()[accumulation : accumulation * steps]
     real, fed = sum(r for r, _ in window), sum(f for _, f in window)
     stats = StepStats.of(times)
     return worst.replace(

@@ -10,15 +10,21 @@ step is not timed over a tenth of a second.
 fp16 steps the loss scaler skipped are seen from the scale itself (a skipped step halves
 it), which also covers fused AdamW, which takes the scale and skips inside its own step.
 The initial scale's calibration (a run of skips from the first step) is not instability.
+
+With a Schedule (the CPU's search probes), warm-up ends when step time is steady and the
+window closes as soon as the candidate can be ranked against the best so far
+(core/schedule.py); step ends are host timestamps there, so reading them costs nothing.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from typing import Any
 
 from transformers import TrainerCallback
 
+from autotune.core.schedule import Schedule
 from autotune.probe import device
 
 MIN_FAST_STEPS = 20  # with a time window: at least this many measured steps
@@ -33,16 +39,19 @@ class StepTimer(TrainerCallback):
         measure_steps: int = 0,
         min_window_s: float = 0.0,
         clock: Callable[[], float] | None = None,
+        schedule: Schedule | None = None,
     ) -> None:
-        self.warmup_steps = warmup_steps
+        self.schedule = schedule
+        # with a schedule, known once step time is steady (None until then)
+        self.warmup: int | None = None if schedule else warmup_steps
+        self.stop_reason = ""  # why a scheduled window closed
         self.measure_steps = measure_steps
         self.min_window_s = min_window_s
         self.marks = device.StepMarks(device_kind, clock=clock)
         self.scale: Callable[[], float | None] = lambda: None
         self.last_scale: float | None = None
         self.calibrating = True  # the initial run of skipped steps
-        self.skipped_in_window = 0
-        self.skipped_in_warmup = 0
+        self.skipped: list[int] = []  # steps (1-based) the loss scaler skipped, after calibration
         self.calibration_steps = 0
 
     def attach(self, trainer: Any) -> None:
@@ -59,8 +68,36 @@ class StepTimer(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.marks.mark()
         self._count_skip(self._skipped(kwargs.get("optimizer")))
-        if self._window_done():
+        if self._window_done() or self._scheduled_stop():
             control.should_training_stop = True
+
+    @property
+    def warmup_steps(self) -> int:
+        """Warm-up steps (with a schedule: so far, until step time is steady)."""
+        return self.warmup if self.warmup is not None else len(self.marks.ends)
+
+    def _scheduled_stop(self) -> bool:
+        if self.schedule is None:
+            return False
+        if self.warmup is None:
+            self.warmup = self.schedule.warmup_steps(
+                self.marks.durations(),
+                calibration_steps=self.calibration_steps,
+                calibrating=self.calibrating,
+            )
+        measured = self.measured_step_times()
+        if self.warmup is None or not measured:
+            return False
+        self.stop_reason = self.schedule.stop_reason(measured, self.one_time_s())
+        return bool(self.stop_reason)
+
+    def one_time_s(self) -> float:
+        """The warm-up's time beyond steady steps (from the first step's start)."""
+        measured = self.measured_step_times()
+        if not measured or self.warmup is None:
+            return 0.0
+        warm = self.marks.host_elapsed(self.warmup)
+        return max(0.0, warm - self.warmup * statistics.median(measured))
 
     def _skipped(self, optimizer: Any) -> bool:
         # accelerate's optimizer wrapper reports a skip (not for fused AdamW); a fall of
@@ -75,13 +112,18 @@ class StepTimer(TrainerCallback):
     def _count_skip(self, skipped: bool) -> None:
         if not skipped:
             self.calibrating = False
-            return
-        if self.calibrating:
+        elif self.calibrating:
             self.calibration_steps += 1
-        elif len(self.marks.ends) > self.warmup_steps:
-            self.skipped_in_window += 1
         else:
-            self.skipped_in_warmup += 1
+            self.skipped.append(len(self.marks.ends))
+
+    @property
+    def skipped_in_window(self) -> int:
+        return sum(step > self.warmup_steps for step in self.skipped)
+
+    @property
+    def skipped_in_warmup(self) -> int:
+        return len(self.skipped) - self.skipped_in_window
 
     def _window_done(self) -> bool:
         """With a time window: enough measured steps and enough measured time."""
@@ -94,5 +136,7 @@ class StepTimer(TrainerCallback):
 
     def measured_step_times(self) -> list[float]:
         """Durations of the steps after warm-up (each from the previous step's end)."""
+        if self.warmup is None:
+            return []
         durations = self.marks.durations()
-        return durations[max(1, self.warmup_steps) - 1 :] if self.warmup_steps else durations
+        return durations[max(1, self.warmup) - 1 :] if self.warmup else durations

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import optuna
 
-from autotune.core.enums import Objective, Outcome
+from autotune.core.enums import DeviceKind, Objective, Outcome
 from autotune.core.errors import AutotuneError, NoFitError
 from autotune.core.parity import Parity
 from autotune.core.spec import SearchSpec
@@ -26,11 +26,21 @@ from autotune.core.units import format_size
 from autotune.hf.training_args import recipe
 from autotune.launch.runner import Launcher
 from autotune.probe import device
+from autotune.probe.shared_model import SharedModel
 from autotune.search.deadline import Deadline
 from autotune.search.estimate import FAR_OVER, make_predictor
 from autotune.search.parity import ParityCheck
-from autotune.search.selection import fitting, ranked, select_best, verdict
+from autotune.search.propose import Proposal, propose
+from autotune.search.selection import (
+    fitting,
+    incumbent_cost,
+    ranked,
+    record_cost,
+    select_best,
+    verdict,
+)
 from autotune.search.skips import open_candidates, skip_reason
+from autotune.store.reuse import Reuse
 from autotune.store.store import StudyStore, TrialLost
 
 Verdictor = Callable[[Candidate], str | None]
@@ -51,6 +61,13 @@ class SearchLimits:
     poll_s: float = 2.0  # how often a worker waiting on other workers' trials looks again
     parity_steps: int = 0  # >0: parity runs of this many steps settle the finalists
     objective: Objective = Objective.THROUGHPUT  # what selection (and so parity) ranks by
+    # Explore probes warm up until steady and stop once rankable against the best so far
+    # (core/schedule.py; CPU); False: every probe runs --warmup-steps + --measure-steps
+    adaptive: bool = True
+    # A config another study in the storage measured alike is not probed again
+    reuse: bool = True
+    # --sampler model: an additive model of step time proposes, and may stop the search
+    propose: bool = False
 
 
 class Observer(Protocol):
@@ -75,8 +92,10 @@ class SearchRun:
         limits: SearchLimits,
         observer: Observer,
         launcher: Launcher,
+        reuse: Reuse | None = None,
     ) -> None:
         self.store = store
+        self.reuse = reuse  # other studies' measurements of this search's configs
         self.spec = store.spec
         self.study_dir = study_dir
         self.limits = limits
@@ -96,7 +115,10 @@ class SearchRun:
             recs = self.store.records()
             busy = self.store.in_flight()
             over = far_over_budget(self.spec, recs)
-            stop = self._stop_reason(recs, busy, deadline, over)
+            proposal = self._proposal(recs, busy, over)
+            stop = self._stop_reason(recs, busy, deadline, over) or (
+                proposal.why_stop if proposal and not busy else ""
+            )
             if stop and busy and wait_for_others:
                 while self.store.in_flight():
                     self._pause()
@@ -106,6 +128,8 @@ class SearchRun:
             if not open_candidates(self.spec.space, recs, over, busy):
                 self._pause()  # what is left is being probed elsewhere
                 continue
+            if proposal and proposal.candidate and not self.store.waiting():
+                self.store.enqueue(proposal.candidate)
             self._step(recs, busy, over)
 
     def _stop_reason(
@@ -117,7 +141,7 @@ class SearchRun:
     ) -> str:
         """Why no new probe should start ('' to go on). Probes running elsewhere count."""
         limits = self.limits
-        if sum(r.result.outcome != Outcome.SKIPPED for r in recs) + len(busy) >= limits.max_trials:
+        if sum(is_probe(r) for r in recs) + len(busy) >= limits.max_trials:
             return f"reached --max-trials {limits.max_trials}"
         if deadline.passed():
             return "time budget spent" + (
@@ -126,6 +150,30 @@ class SearchRun:
         if not busy and not open_candidates(self.spec.space, recs, over):
             return "every config in the space is measured or ruled out"
         return ""
+
+    def _proposal(
+        self, recs: list[TrialRecord], busy: dict[Candidate, int], over: Verdictor
+    ) -> Proposal | None:
+        """--sampler model: the open config the model of step time predicts best."""
+        if not self.limits.propose:
+            return None
+        spec, limits = self.spec, self.limits
+        predict = make_predictor(spec, recs)
+
+        def fits(candidate: Candidate) -> bool:
+            peak = predict(candidate)
+            return peak is None or peak <= spec.fit_limit_bytes
+
+        incumbent = incumbent_cost(recs, fit_limit_bytes=spec.fit_limit_bytes,
+                                   train_steps=spec.train_steps, concurrent=limits.concurrent,
+                                   objective=limits.objective)  # fmt: skip
+        return propose(
+            recs,
+            open_candidates(spec.space, recs, over, busy),
+            lambda r: record_cost(r, spec.train_steps, limits.objective),
+            fits=fits,
+            incumbent_s=incumbent,
+        )
 
     def _pause(self) -> None:
         """Wait while other workers' trials run; take over those whose worker died."""
@@ -144,7 +192,14 @@ class SearchRun:
             else:  # steer the next ask to a config still open
                 self._steer(trial.number, recs, over, busy)
             return
-        config = self.trial_config(trial.number, candidate, str(trial.number))
+        reused = self.reuse.find(candidate) if self.reuse else None
+        if reused is not None:  # measured alike by another study: not probed again
+            self.store.tell(trial, reused, verdict(reused, self.spec, implied=False))
+            self.observer.on_trial_end(trial.number, candidate, reused)
+            return
+        config = self.trial_config(trial.number, candidate, str(trial.number),
+                                   adaptive=self.limits.adaptive,
+                                   incumbent_s=self._incumbent(recs))  # fmt: skip
         try:
             rival = self.store.claim(trial, candidate, self.limits.max_trials, config.trial_dir)
         except TrialLost:  # another worker failed it and re-queued its config: ask again
@@ -181,6 +236,19 @@ class SearchRun:
             lost = "not recorded: another worker took the trial over while the storage was away"
             result = result.replace(reason=f"{result.reason}; {lost}".lstrip("; "))
         self.observer.on_trial_end(trial.number, candidate, result)
+
+    def _incumbent(self, recs: list[TrialRecord]) -> float | None:
+        """What a new probe is measured against (adaptive measurement): the best cost so
+        far among comparable figures. None where a slower step may still win: ranking
+        by throughput per GiB, or the user's data (a sampling order changes only the
+        real batches, timed after the worst case)."""
+        if not self.limits.adaptive or self.limits.objective != Objective.THROUGHPUT:
+            return None
+        if self.spec.data is not None:
+            return None
+        return incumbent_cost(recs, fit_limit_bytes=self.spec.fit_limit_bytes,
+                              train_steps=self.spec.train_steps,
+                              concurrent=self.limits.concurrent)  # fmt: skip
 
     # ---- confirming -----------------------------------------------------------------
 
@@ -229,6 +297,8 @@ class SearchRun:
         *,
         measure_steps: int = 0,
         concurrent: int = 0,
+        adaptive: bool = False,
+        incumbent_s: float | None = None,
     ) -> TrialConfig:
         spec = self.spec
         torch_device, visible = device.placement(spec.device, spec.nproc_per_node)
@@ -251,7 +321,30 @@ class SearchRun:
             nproc_per_node=spec.nproc_per_node,
             data_path=spec.data.path if spec.data else "",
             pad_token_id=spec.data.pad_token_id if spec.data else 0,
+            adaptive=adaptive,
+            incumbent_s=incumbent_s,
+            train_steps=spec.train_steps,
         )
+
+
+def is_probe(record: TrialRecord) -> bool:
+    """A trial --max-trials counts: one that ran (not skipped, not reused)."""
+    return record.result.outcome != Outcome.SKIPPED and not record.result.reused_from
+
+
+def model_to_share(spec: SearchSpec) -> SharedModel | None:
+    """The model the fork server builds once for every probe (with the space's first
+    attention), or None: DDP probes start fresh, and on the CPU the server's copy must
+    fit in the machine beside a probe at its limit (its pages are shared until the probe
+    writes them, so together they hold at most the limit plus the copy)."""
+    if spec.nproc_per_node > 1 or not spec.parameters:
+        return None
+    copy = 4 * spec.parameters  # built in fp32
+    if spec.device.kind == DeviceKind.CPU:
+        if spec.fit_limit_bytes + copy > spec.device.total_memory_bytes:
+            return None
+    attention = dict(spec.space.levers).get("attn_implementation", ("",))[0]
+    return SharedModel(spec.model, spec.seed, str(attention))
 
 
 def far_over_budget(spec: SearchSpec, recs: list[TrialRecord]) -> Verdictor:
@@ -329,11 +422,12 @@ def run_search(
     """Explore (until --max-trials, the time budget's search share, or an exhausted
     space) and confirm the finalists (until the whole time budget); no export."""
     started = time.monotonic()
-    done = sum(r.result.outcome != Outcome.SKIPPED for r in store.records())
+    done = sum(is_probe(r) for r in store.records())
     observer.on_search_start(store.spec, store.name, limits, done)
     launcher = Launcher(
         store.spec.device.kind,
         study_dir / "forkserver.log" if limits.fork_server else None,
+        shared=model_to_share(store.spec),
     )
     run = SearchRun(
         store=store,
@@ -341,6 +435,7 @@ def run_search(
         limits=limits,
         observer=observer,
         launcher=launcher,
+        reuse=Reuse.gather(store, concurrent=limits.concurrent) if limits.reuse else None,
     )
     stop = ""
     try:

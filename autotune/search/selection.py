@@ -79,6 +79,34 @@ def ranked(records: Sequence[TrialRecord]) -> list[TrialRecord]:
     )
 
 
+def record_cost(
+    record: TrialRecord, train_steps: int, objective: Objective = Objective.THROUGHPUT
+) -> float | None:
+    """What selection minimises, in one figure: the step time (the global batch is
+    fixed), the time to finish the user's run, or per GiB of peak (efficiency)."""
+    result = record.result
+    if result.outcome != Outcome.OK or not result.step_time_median_s:
+        return None
+    if objective == Objective.EFFICIENCY:
+        return result.step_time_median_s * (result.peak_memory_bytes or GIB) / GIB
+    return finish_s(record, train_steps) if train_steps else result.step_time_median_s
+
+
+def incumbent_cost(
+    records: Sequence[TrialRecord], *, fit_limit_bytes: int, train_steps: int,
+    concurrent: int, objective: Objective = Objective.THROUGHPUT,
+) -> float | None:  # fmt: skip
+    """The best so far, as a new probe is compared with it: the least cost (record_cost)
+    among configs that fit, may be exported, and were measured with as many probes
+    sharing the machine."""
+    costs = [
+        cost for r in fitting(records, fit_limit_bytes)
+        if r.result.concurrent == concurrent and not (r.parity and r.parity.blocks_export)
+        and (cost := record_cost(r, train_steps, objective)) is not None
+    ]  # fmt: skip
+    return min(costs) if costs else None
+
+
 def noise_band(record: TrialRecord) -> float:
     """Relative uncertainty of a measured median: its IQR/median over sqrt(steps)."""
     steps = max(1, len(record.result.step_times_s))

@@ -9,7 +9,7 @@ from autotune.core.enums import SamplerName
 
 def make_sampler(name: SamplerName | str, seed: int | None) -> optuna.samplers.BaseSampler:
     name = SamplerName(name)
-    if name == SamplerName.TPE:
+    if name in (SamplerName.TPE, SamplerName.MODEL):  # MODEL: its proposals are queued
         # constant_liar: trials running in other workers count as poor points, so two
         # workers sharing the study are not steered to the same config.
         return optuna.samplers.TPESampler(

@@ -173,6 +173,11 @@ class StudyStore:
         }
 
     @transient_retry
+    def waiting(self) -> int:
+        """Configs queued (first guesses, proposals) and not yet asked for."""
+        return len(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+    @transient_retry
     def is_empty(self) -> bool:
         return not self.study.get_trials(deepcopy=False)
 

@@ -39,6 +39,14 @@ def short_step_note(result: TrialResult, device_kind: str) -> str:
             "micro-batch (--global-batch-size) measures the model, not the launches")  # fmt: skip
 
 
+def measure_note(result: TrialResult) -> str:
+    """Adaptive measurement: how many steps were timed, when fewer than the most."""
+    if result.measure_stop in ("", "full window"):
+        return ""
+    steps = len(result.step_times_s)
+    return f"; timed {steps} step{'s' if steps != 1 else ''}: {result.measure_stop}"
+
+
 def trial_line(
     number: int, candidate: Candidate, result: TrialResult, device_kind: str = DeviceKind.CPU
 ) -> str:
@@ -47,7 +55,10 @@ def trial_line(
         figures = f" {result.samples_per_s:8.2f} samples/s"
     if result.peak_memory_bytes is not None:
         figures += f"  peak {format_size(result.peak_memory_bytes)}"
-    note = (result.reason + short_step_note(result, device_kind)).lstrip("; ")
+    note = result.reason + short_step_note(result, device_kind) + measure_note(result)
+    if result.reused_from:
+        note = f"reused: {result.reused_from} measured it; " + note
+    note = note.lstrip("; ")
     reason = f"  ({note})" if note else ""
     return f"trial {number:>3} {result.outcome.value:<8} {candidate.describe()}{figures}{reason}"
 
@@ -112,7 +123,7 @@ class Progress:
     def on_trial_end(self, number: int, candidate: Candidate, result: TrialResult) -> None:
         self.running = None
         self.rows.append((number, candidate, result))
-        if result.outcome != Outcome.SKIPPED:
+        if result.outcome != Outcome.SKIPPED and not result.reused_from:
             self.done += 1
             self.walls.append(result.phases_s.get("wall", 0.0))
             if len(self.walls) == 1:

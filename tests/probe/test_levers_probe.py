@@ -84,3 +84,6 @@ def test_padding_free_and_loader_workers_run_on_real_batches(tmp_path: Path, lin
     assert padded.padding_fraction is not None and padded.padding_fraction > 0.1
     assert packed.padding_fraction == 0.0  # every token fed is a real one
     assert packed.tokens_per_s and packed.worst_case_samples_per_s
+    # the collator runs in the worker process: the tokens are still counted, and the
+    # same batches (same sampling) waste what the main process's collator wasted
+    assert workers.tokens_per_s and workers.padding_fraction == padded.padding_fraction

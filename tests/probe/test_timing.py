@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from autotune.core.schedule import Schedule
 from autotune.probe.timing import MIN_FAST_STEPS, StepTimer
 
 
@@ -65,3 +66,36 @@ def test_a_falling_loss_scale_is_a_skipped_step_even_for_fused_adamw() -> None:
     timer.attach(SimpleNamespace(accelerator=SimpleNamespace(scaler=scaler)))
     run(timer, 4)  # steps 1-2 fine, step 3 overflowed: the scale fell
     assert timer.skipped_in_window == 1
+
+
+class Steps:
+    """A clock whose successive marks are these step durations apart (the first call
+    is the first step's start)."""
+
+    def __init__(self, durations: list[float]) -> None:
+        self.durations, self.now, self.calls = durations, 0.0, 0
+
+    def __call__(self) -> float:
+        if self.calls:
+            self.now += self.durations[min(self.calls - 1, len(self.durations) - 1)]
+        self.calls += 1
+        return self.now
+
+
+def test_a_schedule_ends_warm_up_when_steady_and_drops_a_clearly_slower_config() -> None:
+    # steps 1-3 slow (a compile), then 5 s steps: steady from step 4; the incumbent steps
+    # in 3 s, so the first timed steps already say this one cannot win
+    schedule = Schedule(max_warmup=5, max_measure=8, incumbent_s=3.0)
+    timer = StepTimer(device_kind="cpu", warmup_steps=5, clock=Steps([60, 9, 6, 5, 5, 5]),
+                      schedule=schedule)  # fmt: skip
+    assert run(timer, 13) == 5
+    assert timer.warmup_steps == 3 and timer.measured_step_times() == [5.0, 5.0]
+    assert timer.stop_reason == "clearly slower than the best so far"
+    assert timer.one_time_s() == (60 + 9 + 6) - 3 * 5  # warm-up beyond 3 steady steps
+
+
+def test_a_scheduled_window_counts_a_skip_in_the_step_that_ended_warm_up() -> None:
+    timer = StepTimer(device_kind="cpu", warmup_steps=3, clock=Steps([1.0] * 10),
+                      schedule=Schedule(max_warmup=3, max_measure=4))  # fmt: skip
+    run(timer, 7, skipped={3})  # a real skip (after good steps) in a timed step
+    assert timer.warmup_steps == 1 and timer.skipped_in_window == 1

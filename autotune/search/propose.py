@@ -1,0 +1,157 @@
+"""Structure-aware proposals (issue #15, `--sampler model`): batch, precision,
+checkpointing, optimizer, sampling and the levers act on step time in largely separable
+ways, so a model of that, fitted to the probes so far, predicts the configs not yet
+tried. The search probes the most promising next, and stops once no untried config has
+a fair chance of beating the best so far by more than the noise, and says so.
+
+The model: Bayesian linear regression of log cost on one effect per value of each
+dimension (a broad prior: a value may halve or double the cost) and one per pair of
+values (a narrow prior: interactions are small unless the data shows them). The cost is
+what selection ranks by: the step time, the time to finish the user's run, or with
+`--objective efficiency` the step time x peak. The noise is the residual of a
+main-effects fit once there are a few spare probes (at least NOISE), NOISE_SD before.
+
+A proposal is the open config with the lowest optimistic bound (predicted log cost less
+KAPPA standard deviations), so untried values and pairs are tried while they may still
+win; configs the memory estimate says will not fit come last. The search stops when
+even that bound is within NOISE of the incumbent. Replays on known spaces (tests) find
+the best of 240 configs within 3% in about 31 probes, interactions included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from autotune.core.trial import Candidate, TrialRecord
+
+NOISE = 0.03  # a predicted gain below 3% is within what measurement noise hides
+KAPPA = 1.5  # how many standard deviations of optimism a proposal gets
+MAIN_SD = 0.5  # prior sd of a value's effect on log cost (a factor of 1.6 either way)
+PAIR_SD = 0.15  # prior sd of an interaction of two values (15%)
+NOISE_SD = 0.05  # sd of a probe's log cost before the residual says otherwise
+MIN_DOF = 3  # probes beyond the main effects before the residual is trusted
+
+
+def dimensions(candidate: Candidate) -> tuple[tuple[str, object], ...]:
+    """The candidate's value in each dimension the model has an effect for."""
+    values = [
+        ("batch", candidate.per_device_train_batch_size),
+        ("precision", str(candidate.precision)),
+        ("checkpointing", candidate.activation_checkpointing),
+        ("optim", candidate.optim),
+        ("sampling", candidate.train_sampling_strategy),
+    ]
+    return tuple(values + sorted(candidate.lever_values().items()))
+
+
+@functools.lru_cache(maxsize=65536)
+def features(candidate: Candidate) -> tuple[tuple[object, ...], ...]:
+    """Each value of the candidate, and each pair of its values (the interactions)."""
+    values = dimensions(candidate)
+    pairs = [(a, b) for i, a in enumerate(values) for b in values[i + 1 :]]
+    return (*values, *pairs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Proposal:
+    """The next config to probe, or (candidate None) why the search may stop."""
+
+    candidate: Candidate | None
+    predicted_s: float | None = None
+    why_stop: str = ""
+
+
+class CostModel:
+    """Bayesian linear regression of log cost on values and pairs of values: main
+    effects with a broad prior, interactions with a narrow one (they exist where the
+    data shows them), so a few probes fit the main effects and more reveal the pairs."""
+
+    def __init__(
+        self, points: Sequence[tuple[Candidate, float]], space: Sequence[Candidate]
+    ) -> None:
+        index: dict[tuple[object, ...], int] = {}
+        for candidate in [*space, *(c for c, _ in points)]:
+            for feature in features(candidate):
+                index.setdefault(feature, len(index))
+        self.index = index
+        self.n = len(points)
+        y = np.array([math.log(cost) for _, cost in points])
+        self.mean = float(y.mean()) if self.n else 0.0
+        x = np.array([self._row(c) for c, _ in points]).reshape(self.n, len(index))
+        prior = np.array([MAIN_SD if len(f) == 2 and isinstance(f[0], str) else PAIR_SD
+                          for f in index])  # fmt: skip
+        self.noise = self._noise(points, y)
+        precision = x.T @ x / self.noise**2 + np.diag(1.0 / prior**2)
+        self.cov = np.linalg.inv(precision)
+        self.effects = self.cov @ x.T @ (y - self.mean) / self.noise**2
+
+    def _row(self, candidate: Candidate) -> np.ndarray:
+        row = np.zeros(len(self.index))
+        for feature in features(candidate):
+            row[self.index[feature]] = 1.0
+        return row
+
+    def _noise(self, points: Sequence[tuple[Candidate, float]], y: np.ndarray) -> float:
+        """The residual sd of a main-effects fit, once there are MIN_DOF spare probes."""
+        values = sorted({v for c, _ in points for v in dimensions(c)}, key=repr)
+        if self.n - (1 + len(values) - len({name for name, _ in values})) < MIN_DOF:
+            return NOISE_SD
+        column = {v: i for i, v in enumerate(values)}
+        x = np.zeros((self.n, len(values)))
+        for row, (candidate, _) in enumerate(points):
+            for value in dimensions(candidate):
+                x[row, column[value]] = 1.0
+        beta, *_ = np.linalg.lstsq(x, y - self.mean, rcond=None)
+        free = 1 + len(values) - len({name for name, _ in values})
+        residual = float(np.sum((y - self.mean - x @ beta) ** 2)) / (self.n - free)
+        return max(NOISE, math.sqrt(residual))
+
+    def predict(self, candidate: Candidate) -> tuple[float, float]:
+        """(log cost, its standard deviation)."""
+        row = self._row(candidate)
+        return self.mean + float(row @ self.effects), math.sqrt(float(row @ self.cov @ row))
+
+
+def propose(
+    records: Sequence[TrialRecord],
+    open_configs: Sequence[Candidate],
+    cost: Callable[[TrialRecord], float | None],
+    *,
+    fits: Callable[[Candidate], bool] = lambda c: True,
+    incumbent_s: float | None = None,
+) -> Proposal:
+    """The open config with the most promising optimistic bound (its predicted log cost
+    less KAPPA sd), or a Proposal saying why none is worth a probe.
+
+    `records`: the probes so far (those with a cost are the model's data); `cost` reads a
+    record's cost; `fits`: the memory estimate's verdict (configs it says will not fit
+    come last); `incumbent_s`: the best cost among configs that fit."""
+    if not open_configs:
+        return Proposal(None, why_stop="every config is measured or ruled out")
+    points = [(r.candidate, c) for r in records if (c := cost(r)) is not None and c > 0]
+    model = CostModel(points, open_configs)
+    scored = []
+    for candidate in open_configs:
+        log_cost, sd = model.predict(candidate)
+        scored.append((not fits(candidate), log_cost - KAPPA * sd, log_cost, candidate))
+    scored.sort(key=lambda s: (s[0], s[1]))
+    _, _, best_log, best = scored[0]
+    if incumbent_s is not None and points:
+        likely = [s for s in scored if not s[0]] or scored  # those the estimate says fit
+        bar = math.log(incumbent_s) + math.log(1.0 - NOISE)
+        if min(s[1] for s in likely) >= bar:
+            return Proposal(
+                None,
+                predicted_s=math.exp(best_log),
+                why_stop=(
+                    f"the model of step time ({len(points)} probes, noise "
+                    f"{100 * model.noise:.0f}%) gives no untried config a chance of beating "
+                    f"the best so far by more than {100 * NOISE:.0f}%"
+                ),
+            )
+    return Proposal(best, predicted_s=math.exp(best_log))

@@ -1,0 +1,121 @@
+"""Adaptive measurement's rules (core/schedule.py), on invented series where the rule is
+the point and on recorded ones (benchmarks/step_series.json) where the data is."""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+
+from autotune.core.schedule import Schedule
+
+SERIES = Path(__file__).parents[2] / "benchmarks" / "step_series.json"
+
+
+def warmup_of(schedule: Schedule, durations: list[float]) -> int | None:
+    """Warm-up as the live timer finds it: asked after each step."""
+    for n in range(len(durations) + 1):
+        found = schedule.warmup_steps(durations[:n])
+        if found is not None:
+            return found
+    return None
+
+
+def test_warm_up_ends_at_the_first_steady_step() -> None:
+    schedule = Schedule(max_warmup=5, max_measure=5)
+    # durations from step 2 on: steps 3 and 4 agree within 10%, so steps 1-2 are warm-up
+    assert warmup_of(schedule, [4.0, 3.0, 3.1, 3.0]) == 2
+    # a compiled model: slow first steps, then steady from step 4
+    assert warmup_of(schedule, [30.0, 9.0, 3.2, 3.1, 3.0]) == 3
+    assert warmup_of(Schedule(max_warmup=3, max_measure=5), [4.0, 3.0, 3.1]) == 3  # at most
+    # never steady: the most warm-up allowed
+    assert warmup_of(schedule, [8.0, 4.0, 2.0, 1.0, 0.5, 0.4]) == 5
+    assert schedule.warmup_steps([8.0, 4.0, 2.0]) is None  # not known yet
+
+
+def test_a_calibrating_loss_scale_is_never_steady() -> None:
+    schedule = Schedule(max_warmup=6, max_measure=5)
+    skipped_fast = [0.5, 0.5, 3.0, 3.0]  # steps 2-3 skipped by the scaler: fast and alike
+    assert schedule.warmup_steps(skipped_fast[:2], calibrating=True) is None
+    assert schedule.warmup_steps(skipped_fast, calibration_steps=3) == 3  # steps 4-5 agree
+
+
+def test_one_slow_step_is_enough_to_drop_a_clearly_slower_candidate() -> None:
+    schedule = Schedule(max_warmup=3, max_measure=8, incumbent_s=2.0)
+    assert schedule.stop_reason([2.6]) == "clearly slower than the best so far"
+    assert schedule.stop_reason([2.4]) == ""  # 20% over: not clear from one step
+    # two tight steps 20% over: ranked, and below it
+    assert schedule.stop_reason([2.4, 2.41]) == "slower than the best so far"
+
+
+def test_a_contender_is_measured_until_its_band_is_tight() -> None:
+    schedule = Schedule(max_warmup=3, max_measure=8, incumbent_s=2.0)
+    assert schedule.stop_reason([1.9, 2.3]) == ""  # a wide band around the incumbent
+    assert schedule.stop_reason([1.9, 2.3, 2.0, 1.98, 2.02]) == ""
+    assert schedule.stop_reason([1.99, 2.01]) == "level with the best so far"
+    assert schedule.stop_reason([1.5, 1.52]) == "faster than the best so far"
+    assert schedule.stop_reason([1.9, 2.3, 2.0, 1.98, 2.02, 2.2, 1.8, 2.1]) == "full window"
+    first = Schedule(max_warmup=3, max_measure=8)  # nothing to rank against yet
+    assert first.stop_reason([3.0, 3.05]) == "steady" and first.stop_reason([3.0, 3.5]) == ""
+
+
+def test_with_the_users_run_length_a_one_time_cost_is_weighed_by_it() -> None:
+    # the incumbent finishes 100 steps in 300 s; a compiled candidate steps in 2 s but
+    # paid 90 s once: 290 s, not slower; with 200 s once, 400 s: clearly slower
+    schedule = Schedule(max_warmup=3, max_measure=8, incumbent_s=300.0, train_steps=100)
+    assert schedule.stop_reason([2.0], one_time_s=90.0) == ""
+    assert schedule.stop_reason([2.0], one_time_s=200.0) == "clearly slower than the best so far"
+
+
+def replay(
+    series: list[list[float]], *, max_warmup: int, max_measure: int
+) -> tuple[list[float], list[str], int]:
+    """A search's probes in this order: each measured against the best so far.
+    Returns each config's measured median, why it stopped, and the steps timed."""
+    incumbent: float | None = None
+    medians, stops, steps = [], [], 0
+    for durations in series:
+        schedule = Schedule(max_warmup=max_warmup, max_measure=max_measure,
+                            incumbent_s=incumbent)  # fmt: skip
+        warmup = warmup_of(schedule, durations)
+        assert warmup is not None
+        measured: list[float] = []
+        stop = ""
+        for step in durations[warmup - 1 :]:
+            measured.append(step)
+            stop = schedule.stop_reason(measured)
+            if stop:
+                break
+        medians.append(statistics.median(measured))
+        stops.append(stop)
+        steps += warmup + len(measured)
+        incumbent = min(medians)
+    return medians, stops, steps
+
+
+@pytest.mark.skipif(not SERIES.exists(), reason="run benchmarks/step_series.py")
+@pytest.mark.parametrize("model", ["t5-small", "gpt2"])
+def test_early_stopping_keeps_the_config_a_full_measurement_selects(model: str) -> None:
+    """On recorded step times of every config of a small space, probed in many orders:
+    the config the full fixed window (3 warm-up, 12 timed) ranks fastest is never
+    dropped as clearly slower, and what adaptive measurement selects is it or ties it
+    (within 3%: a tie counts as found); and it times far fewer steps."""
+    recorded = [c["durations"] for c in json.loads(SERIES.read_text())["models"][model]]
+    full = [statistics.median(d[2:14]) for d in recorded]
+    best = min(full)
+    orders = [list(range(len(recorded)))]
+    rng = random.Random(0)
+    orders += [rng.sample(orders[0], len(recorded)) for _ in range(200)]
+    spent, whole = 0, 15 * len(recorded)
+    for order in orders:
+        medians, stops, steps = replay([recorded[i] for i in order], max_warmup=3,
+                                       max_measure=12)  # fmt: skip
+        winner = order[medians.index(min(medians))]
+        position = order.index(full.index(best))
+        assert "clearly" not in stops[position], (order, stops[position])
+        assert full[winner] <= best * 1.03, (order, full[winner], best)
+        spent += steps
+    assert spent / len(orders) < 0.6 * whole

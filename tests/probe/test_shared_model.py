@@ -1,0 +1,95 @@
+"""The model built once per search (probe/shared_model.py): a probe that inherits it from
+the fork server measures what a fresh process would."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from pathlib import Path
+
+import pytest
+from conftest import write_model
+from helpers import SPEC
+
+from autotune.core.trial import Candidate, TrialConfig
+from autotune.launch.forkserver import ForkServer
+from autotune.launch.runner import run_trial
+from autotune.probe import shared_model
+from autotune.probe.shared_model import SharedModel
+from autotune.search.run import model_to_share
+
+# 45M parameters (180 MB in fp32): a second copy would show in the peak, a ninth of it
+MID_GPT2 = {
+    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 512,
+    "n_layer": 6, "n_head": 8, "n_positions": 128, "vocab_size": 50000,
+    "bos_token_id": 0, "eos_token_id": 0,
+}  # fmt: skip
+CANDIDATE = Candidate(8, 1, "fp32", False, "adamw_torch", attn_implementation="sdpa")
+
+
+def probe_config(model_dir: Path, trial_dir: Path, attention: str = "sdpa") -> TrialConfig:
+    from autotune.hf.models import resolve_model
+
+    return TrialConfig(
+        number=0, trial_dir=str(trial_dir), model=resolve_model(str(model_dir)),
+        candidate=dataclasses.replace(CANDIDATE, attn_implementation=attention),
+        device="cpu", seq_len=64, target_len=8, memory_limit_bytes=None,
+        warmup_steps=2, measure_steps=12,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_an_inherited_model_gives_the_peak_and_speed_of_a_fresh_process(
+    tmp_path: Path,
+) -> None:
+    model_dir = write_model(tmp_path / "mid-gpt2", MID_GPT2)
+    fresh = run_trial(probe_config(model_dir, tmp_path / "fresh"), timeout_s=300)
+    shared = SharedModel.of(probe_config(model_dir, tmp_path / "any"))
+    server = ForkServer(tmp_path / "forkserver.log", data_limit=None, shared=shared)
+    try:
+        assert server.shared_model.startswith("built in")
+        inherited = run_trial(probe_config(model_dir, tmp_path / "inherited"), timeout_s=300,
+                              server=server)  # fmt: skip
+        # another attention: this probe builds its own, and lets the inherited copy go
+        own = run_trial(probe_config(model_dir, tmp_path / "own", "eager"), timeout_s=300,
+                        server=server)  # fmt: skip
+    finally:
+        server.close()
+    assert inherited.baseline.get("model") == "inherited from the fork server"
+    assert inherited.phases_s["build"] == 0.0 and fresh.phases_s["build"] > 0.0
+    assert "model" not in own.baseline and own.phases_s["build"] > 0.0
+    for run in (inherited, own):
+        assert run.peak_memory_bytes and fresh.peak_memory_bytes
+        gap = abs(run.peak_memory_bytes - fresh.peak_memory_bytes) / fresh.peak_memory_bytes
+        assert gap < 0.08, (fresh.peak_memory_bytes, run.peak_memory_bytes)
+    # the same weights and batches: the same loss; the same speed within noise
+    assert inherited.final_loss == pytest.approx(fresh.final_loss, rel=1e-5)
+    speed = statistics.median(inherited.step_times_s) / statistics.median(fresh.step_times_s)
+    assert 0.75 < speed < 1.33, (inherited.step_times_s, fresh.step_times_s)
+
+
+def test_a_probe_takes_the_inherited_model_only_when_it_would_build_the_same(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = probe_config(write_model(tmp_path / "m", MID_GPT2), tmp_path / "t")
+    model = object()
+    built = {"shared": SharedModel.of(config), "model": model, "baseline": {"rss_bytes": 1}}
+    monkeypatch.setattr(shared_model, "_BUILT", dict(built))
+    other = dataclasses.replace(config, seed=1)
+    assert shared_model.take(other) is None  # another seed: other weights
+    assert "model" not in shared_model._BUILT  # and the copy is let go
+    monkeypatch.setattr(shared_model, "_BUILT", dict(built))
+    assert shared_model.take(config) == (model, {"rss_bytes": 1})
+    assert shared_model.take(config) is None  # once
+
+
+def test_the_server_shares_the_model_only_where_its_copy_fits_beside_a_probe() -> None:
+    # a 16 GiB machine, an 8 GiB budget: a 1 GiB model's copy fits beside a probe
+    small = dataclasses.replace(SPEC, parameters=2**28)
+    shared = model_to_share(small)
+    assert shared is not None and shared.model == SPEC.model and shared.seed == SPEC.seed
+    # the whole machine as the budget: a probe at its limit and a 2 GiB copy do not fit
+    whole = dataclasses.replace(small, memory_budget_bytes=16 * 2**30, parameters=2**29)
+    assert model_to_share(whole) is None
+    assert model_to_share(dataclasses.replace(small, nproc_per_node=2)) is None
+    assert SharedModel.from_json(shared.to_json()) == shared

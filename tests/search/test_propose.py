@@ -1,0 +1,120 @@
+"""Structure-aware proposals (search/propose.py) on spaces whose step times are known."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from autotune.core.space import SearchSpace
+from autotune.core.trial import Candidate, Outcome, TrialRecord, TrialResult
+from autotune.search.propose import CostModel, propose
+
+SPACE = SearchSpace(
+    global_batch_size=16, micro_batches=(8, 16), fallback_batches=(1, 2, 4),
+    precisions=("fp32", "fp16", "bf16"), checkpointing=(False, True),
+    optimizers=("adamw_torch", "adamw_torch_fused", "adafactor", "adamw_bnb_8bit",
+                "paged_adamw_8bit"),
+    levers=(("torch_compile", (False, True)), ("attn_implementation", ("sdpa", "eager"))),
+)  # fmt: skip
+EFFECTS = {
+    ("batch", 8): 0.0, ("batch", 16): -0.15,
+    ("precision", "fp32"): 0.0, ("precision", "fp16"): 0.35, ("precision", "bf16"): -0.5,
+    ("checkpointing", False): 0.0, ("checkpointing", True): 0.25,
+    ("optim", "adamw_torch"): 0.0, ("optim", "adamw_torch_fused"): -0.12,
+    ("optim", "adafactor"): -0.05, ("optim", "adamw_bnb_8bit"): 0.1,
+    ("optim", "paged_adamw_8bit"): 0.12,
+    ("torch_compile", False): 0.0, ("torch_compile", True): 0.04,
+    ("attn_implementation", "sdpa"): 0.0, ("attn_implementation", "eager"): -0.06,
+}  # fmt: skip
+
+
+def true_step_s(candidate: Candidate, interaction: float = 0.0) -> float:
+    """An additive truth on log step time, and a batch x checkpointing interaction."""
+    log_s = 1.0 + sum(EFFECTS.get(v, 0.0) for v in dims(candidate))
+    if candidate.activation_checkpointing and candidate.per_device_train_batch_size == 16:
+        log_s += interaction
+    return math.exp(log_s)
+
+
+def dims(candidate: Candidate) -> list[tuple[str, object]]:
+    from autotune.search.propose import dimensions
+
+    return list(dimensions(candidate))
+
+
+def record(number: int, candidate: Candidate, step_s: float) -> TrialRecord:
+    result = TrialResult(Outcome.OK, samples_per_s=16 / step_s, step_time_median_s=step_s,
+                         peak_memory_bytes=2**30)  # fmt: skip
+    return TrialRecord(number, candidate, result)
+
+
+def search(seed: int, *, noise: float, interaction: float, budget: int) -> tuple[float, int, str]:
+    """Propose and 'probe' until the model stops or the budget is spent; returns the true
+    step time of what the search selects (the fastest of the three fastest measured, as
+    confirming them settles it), the probes spent and why it stopped."""
+    rng = random.Random(seed)
+    grid = list(SPACE.candidates(include_fallback=False))
+    plain = SPACE.candidate(8, "fp32", False, "adamw_torch")
+    queue = [plain, SPACE.candidate(16, "fp32", False, "adamw_torch_fused")]  # the seeds
+    records: list[TrialRecord] = []
+    why = "budget"
+    while len(records) < budget:
+        if queue:
+            candidate = queue.pop(0)
+        else:
+            tried = {r.candidate for r in records}
+            best = min(r.result.step_time_median_s or 0.0 for r in records)
+            proposal = propose(records, [c for c in grid if c not in tried],
+                               lambda r: r.result.step_time_median_s, incumbent_s=best)  # fmt: skip
+            if proposal.candidate is None:
+                why = proposal.why_stop
+                break
+            candidate = proposal.candidate
+        measured = true_step_s(candidate, interaction) * math.exp(rng.gauss(0.0, noise))
+        records.append(record(len(records), candidate, measured))
+    finalists = sorted(records, key=lambda r: r.result.step_time_median_s or 0.0)[:3]
+    found = min(true_step_s(r.candidate, interaction) for r in finalists)
+    return found, len(records), why
+
+
+def test_the_model_learns_additive_effects_from_a_few_probes() -> None:
+    grid = list(SPACE.candidates(include_fallback=False))
+    sample = random.Random(1).sample(grid, 20)
+    model = CostModel([(c, true_step_s(c)) for c in sample], grid)
+    for candidate in grid:
+        predicted, sd = model.predict(candidate)
+        assert abs(predicted - math.log(true_step_s(candidate))) < 0.05 + 2 * sd
+
+
+def test_an_untried_value_is_proposed_before_the_model_is_trusted() -> None:
+    plain = SPACE.candidate(8, "fp32", False, "adamw_torch")
+    records = [record(0, plain, 2.0)]
+    proposal = propose(records, [c for c in SPACE.candidates(include_fallback=False)
+                                 if c != plain], lambda r: r.result.step_time_median_s)  # fmt: skip
+    assert proposal.candidate is not None
+    # each of the six varied dimensions moved off the only value seen: the most untried
+    # values in one probe
+    assert sum(v not in dims(plain) for v in dims(proposal.candidate)) == 6
+
+
+def test_a_config_the_estimate_says_will_not_fit_comes_last() -> None:
+    plain = SPACE.candidate(8, "fp32", False, "adamw_torch")
+    fast = SPACE.candidate(16, "bf16", False, "adamw_torch")
+    slow = SPACE.candidate(8, "fp32", True, "adamw_torch")
+    records = [record(0, plain, 2.0), record(1, SPACE.candidate(16, "bf16", True,
+                                                                "adamw_torch"), 1.0)]  # fmt: skip
+    proposal = propose(records, [fast, slow], lambda r: r.result.step_time_median_s,
+                       fits=lambda c: c != fast)  # fmt: skip
+    assert proposal.candidate == slow
+
+
+def test_it_finds_the_best_config_with_under_a_sixth_of_the_probes_and_says_why() -> None:
+    """240 configs, 4% measurement noise, with and without interactions the main effects
+    miss (checkpointing dearer, or cheaper, at batch 16 alone): the config selected is
+    within 3% of the best, and the model stops the search within 36 probes (15%)."""
+    for interaction in (0.0, 0.3, -0.4):
+        grid = [true_step_s(c, interaction) for c in SPACE.candidates(include_fallback=False)]
+        for seed in range(3):
+            found, spent, why = search(seed, noise=0.04, interaction=interaction, budget=240)
+            assert found <= min(grid) * 1.03, (interaction, seed, found, min(grid))
+            assert spent <= 36 and "no untried config a chance" in why, (spent, why)

@@ -1,0 +1,80 @@
+"""Measurements reused across studies (store/reuse.py): only what was measured alike."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from helpers import GIB, SPEC, cand
+
+from autotune.core.enums import Outcome
+from autotune.core.spec import SearchSpec
+from autotune.core.trial import TrialResult
+from autotune.search.selection import verdict
+from autotune.store.reuse import Reuse, current_versions
+from autotune.store.samplers import make_sampler
+from autotune.store.store import StudyStore
+
+
+def measured(peak_gib: float, outcome: Outcome = Outcome.OK, **versions: str) -> TrialResult:
+    return TrialResult(
+        outcome, samples_per_s=10.0 if outcome == Outcome.OK else None,
+        peak_memory_bytes=int(peak_gib * GIB), step_time_median_s=0.1, step_times_s=(0.1,) * 5,
+        versions={**current_versions(), "device": "test cpu", **versions},
+    )  # fmt: skip
+
+
+def study(url: str, name: str, spec: SearchSpec, results: dict[int, TrialResult]) -> StudyStore:
+    """A study that measured these batch sizes (fp32, no checkpointing)."""
+    store = StudyStore.open(url=url, name=name, spec=spec, sampler=make_sampler("tpe", 0))
+    for batch, result in results.items():
+        store.enqueue(cand(batch))
+        trial, _ = store.ask()
+        store.tell(trial, result, verdict(result, spec, implied=False))
+    return store
+
+
+def test_another_study_of_the_same_measurements_is_reused_with_a_new_budget(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'studies.db'}"  # SPEC: an 8 GiB budget
+    study(url, "first", SPEC, {8: measured(1.0), 16: measured(6.0),
+                               32: measured(7.0, Outcome.OOM)})  # fmt: skip
+    smaller = dataclasses.replace(SPEC, memory_budget_bytes=4 * GIB)
+    reuse = Reuse.gather(study(url, "smaller", smaller, {}))
+    found = reuse.find(cand(8))
+    assert found is not None and found.reused_from == "study first trial 0"
+    assert found.samples_per_s == 10.0
+    # a peak over the new budget carries over, and the new budget judges it: no fit
+    over = reuse.find(cand(16))
+    assert over is not None and verdict(over, smaller, implied=False).constraint_gib > 0
+    # out of memory under 7.6 GiB: out of memory under 3.8 GiB too
+    assert reuse.find(cand(32)) is not None
+    # a larger budget: that out-of-memory says nothing, the batch is probed again
+    larger = dataclasses.replace(SPEC, memory_budget_bytes=12 * GIB)
+    again = Reuse.gather(study(url, "larger", larger, {}))
+    assert again.find(cand(32)) is None and again.find(cand(8)) is not None
+    assert again.find(cand(64)) is None  # never measured
+
+
+def test_nothing_is_reused_from_another_model_device_length_or_version(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    model = dataclasses.replace(SPEC.model, config={"model_type": "gpt2", "n_layer": 3})
+    others = {
+        "model": dataclasses.replace(SPEC, model=model),
+        "device": dataclasses.replace(SPEC, device=dataclasses.replace(SPEC.device,
+                                                                       name="other cpu")),
+        "length": dataclasses.replace(SPEC, seq_len=256),
+        "recipe": dataclasses.replace(SPEC, base_arguments={"max_grad_norm": 0.5}),
+    }  # fmt: skip
+    for name, spec in others.items():
+        study(url, name, spec, {8: measured(1.0)})
+    study(url, "old-torch", SPEC, {8: measured(1.0, torch="1.13.0")})
+    study(url, "concurrent", SPEC, {8: dataclasses.replace(measured(1.0), concurrent=2)})
+    reuse = Reuse.gather(study(url, "new", SPEC, {}))
+    assert len(reuse) == 0
+    # the same search as each of those others finds its measurement
+    for name, spec in others.items():
+        assert Reuse.gather(study(url, f"{name}-again", spec, {})).find(cand(8)) is not None
