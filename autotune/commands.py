@@ -135,7 +135,8 @@ def _search_and_export(
     from rich.console import Console
 
     from autotune.search.parity import reference_for
-    from autotune.search.run import nothing_fits, run_search
+    from autotune.search.run import run_search
+    from autotune.search.selection import nothing_fits
     from autotune.views.export import export_selected, parity_summary
     from autotune.views.progress import Progress
 

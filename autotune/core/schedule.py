@@ -6,7 +6,8 @@ recorded series by the tests:
 - Warm-up ends when step time is steady: the first two steps in a row within STEADY of
   each other are the first two measured (at most `max_warmup` steps of warm-up; an fp16
   loss scale still calibrating is never steady).
-- Measurement stops once at least `min_measure` steps are in and the band of the
+- Measurement stops once at least `min_measure` steps are in (3: the window the memory
+  headroom and the NaN check were sized on stays near what it was) and the band of the
   measured steps is tight enough to rank the candidate against the incumbent (the best
   config so far): clearly faster, clearly slower, or a tie; and at once, from the first
   measured step, when even the fastest step is clearly slower than the incumbent (only
@@ -33,7 +34,7 @@ class Schedule:
 
     max_warmup: int
     max_measure: int
-    min_measure: int = 2
+    min_measure: int = 3
     incumbent_s: float | None = None  # the incumbent's cost (see the module docstring)
     train_steps: int = 0  # the user's run length: costs are times to finish it
 
@@ -46,12 +47,16 @@ class Schedule:
         first two steps in a row within STEADY of each other are the first two measured;
         an fp16 loss scale's initial run of skipped steps (`calibration_steps`, or
         `calibrating` while it lasts) is never taken as steady."""
-        limit = max(1, self.max_warmup)
-        if not calibrating:
-            for j in range(max(1, calibration_steps), min(len(durations), limit)):
-                if _close(durations[j], durations[j - 1]):
-                    return j
-        return limit if len(durations) + 1 >= limit else None
+        if calibrating:
+            return None
+        # the loss scale's skipped steps are never timed, whatever the limit
+        limit = max(1, self.max_warmup, calibration_steps)
+        for j in range(max(1, calibration_steps), min(len(durations), limit + 1)):
+            if _close(durations[j], durations[j - 1]):
+                return j
+        # `limit` steps of warm-up once the step after them is in (it may still show
+        # that step `limit` was already steady)
+        return limit if len(durations) >= limit else None
 
     def stop_reason(self, measured: Sequence[float], one_time_s: float = 0.0) -> str:
         """Why measurement stops after these measured step times ('' to go on)."""

@@ -86,9 +86,11 @@ class SearchSpec:
     def measurement_identity(self) -> dict[str, Any]:
         """What must match for a probe another study measured to stand for one of this
         study's (besides the config itself and the library versions): the model, the
-        device, the lengths, the recipe's other fields, the processes, the data."""
+        device, the lengths, the recipe's other fields, the processes, the data, and the
+        probe's window."""
         keys = ("model", "model_config_sha256", "task", "device", "seq_len", "target_len",
-                "base_arguments", "nproc_per_node", "data")  # fmt: skip
+                "base_arguments", "nproc_per_node", "data", "warmup_steps",
+                "measure_steps")  # fmt: skip
         return {k: v for k, v in self.identity().items() if k in keys}
 
     def to_json(self) -> str:

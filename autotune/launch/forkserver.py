@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from autotune.core.errors import LaunchError
+from autotune.core.files import write_atomic
 from autotune.launch.process import child_env, die_with_parent, dies_with
 from autotune.probe.shared_model import SharedModel
 
@@ -86,12 +87,13 @@ def serve(
         _reply(replies, {"pid": pid, "returncode": _returncode(status)})
 
 
-def _build_shared(text: str) -> str:
+def _build_shared(path: str) -> str:
     """Build the search's model once; what happened, in a few words (a failure only
     means each probe builds its own, as without a server)."""
     from autotune.probe import shared_model
 
     try:
+        text = Path(path).read_text(encoding="utf-8")
         seconds = shared_model.build(shared_model.SharedModel.from_json(text))
     except Exception as exc:  # MemoryError under the limit, a model that will not build
         print(f"the shared model was not built: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -153,7 +155,10 @@ class ForkServer:
         self.fresh_only = False  # True: CUDA was initialised at import; fork is unsafe
         log.parent.mkdir(parents=True, exist_ok=True)
         args = ["-" if data_limit is None else str(data_limit)]
-        args += [shared.to_json()] if shared is not None else []
+        if shared is not None:  # in a file: a model's config can outgrow an argument
+            model_file = log.with_name(f"{log.stem}-model.json")
+            write_atomic(model_file, shared.to_json())
+            args.append(str(model_file))
         with open(log, "ab") as err:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "autotune.launch.forkserver", *args],
@@ -252,7 +257,7 @@ class ForkServer:
             raise LaunchError(f"the fork server sent {line[:80]!r} (see {self.log})") from None
 
 
-if __name__ == "__main__":  # LIMIT ("-": none) [SHARED_MODEL_JSON]
+if __name__ == "__main__":  # LIMIT ("-": none) [SHARED_MODEL_JSON_FILE]
     limit = sys.argv[1] if len(sys.argv) > 1 else "-"
     serve(sys.stdin, sys.stdout, None if limit == "-" else int(limit),
           sys.argv[2] if len(sys.argv) > 2 else None)  # fmt: skip

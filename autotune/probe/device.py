@@ -363,12 +363,15 @@ def _proc_status_kib(field: str) -> int:
 
 
 def describe_environment(device_kind: str, index: int) -> dict[str, Any]:
+    import accelerate
     import torch
     import transformers
 
     return {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "accelerate": accelerate.__version__,
         "python": platform.python_version(),
+        "cpus": str(len(os.sched_getaffinity(0))),
         "device": device_name(device_kind, index),
     }

@@ -174,13 +174,15 @@ def _worst_case(
 
 
 def _schedule(config: TrialConfig) -> Schedule | None:
-    """Adaptive warm-up and measurement, where asked and step ends are host times."""
-    if not config.adaptive or config.min_measure_s > 0:
+    """Adaptive warm-up and measurement, where asked and step ends are host times. Not
+    for DDP: each rank would decide on its own step times, and a rank stopping before
+    the others would leave them waiting in a collective."""
+    if not config.adaptive or config.min_measure_s > 0 or config.nproc_per_node > 1:
         return None
     return Schedule(
         max_warmup=config.warmup_steps,
         max_measure=config.measure_steps,
-        min_measure=min(2, config.measure_steps),
+        min_measure=min(3, config.measure_steps),
         incumbent_s=config.incumbent_s,
         train_steps=config.train_steps,
     )

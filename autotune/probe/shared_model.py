@@ -16,6 +16,8 @@ import dataclasses
 import json
 from typing import Any
 
+from autotune.core.enums import DeviceKind
+from autotune.core.spec import SearchSpec
 from autotune.core.trial import ModelSpec, TrialConfig
 
 
@@ -47,6 +49,7 @@ def build(shared: SharedModel) -> float:
     """In the server, after its imports: build the model; returns the seconds it took."""
     import time
 
+    import torch
     from transformers import set_seed
 
     from autotune.hf.models import build_model
@@ -54,8 +57,16 @@ def build(shared: SharedModel) -> float:
 
     baseline = device.baseline("cpu", 0)  # before the model, as a fresh CPU probe sees it
     started = time.perf_counter()
-    set_seed(shared.seed)
-    model = build_model(shared.model, attn_implementation=shared.attn_implementation)
+    threads = torch.get_num_threads()
+    # One thread while building: an OpenMP pool started before fork is broken in the
+    # children (a matrix product in the parent, then one in the forked child, hangs
+    # here). Random init uses none today; an init that does (orthogonal: a QR) would.
+    torch.set_num_threads(1)
+    try:
+        set_seed(shared.seed)
+        model = build_model(shared.model, attn_implementation=shared.attn_implementation)
+    finally:
+        torch.set_num_threads(threads)  # for the children; starts no thread here
     _BUILT.update(shared=shared, model=model, baseline=baseline)
     return time.perf_counter() - started
 
@@ -72,3 +83,24 @@ def take(config: TrialConfig) -> tuple[Any, dict[str, Any]] | None:
         gc.collect()
         return None
     return model, dict(_BUILT["baseline"])
+
+
+def model_to_share(spec: SearchSpec, concurrent: int = 1) -> SharedModel | None:
+    """The model the fork server builds once for every probe (with the space's first
+    attention), or None: DDP probes start fresh; on the CPU each worker's server copy
+    must fit in the machine beside a probe at its limit (its pages are shared until the
+    probe writes them, so together they hold at most the limit plus the copy); beside
+    a GPU the copies may take at most half the host's memory."""
+    if spec.nproc_per_node > 1 or not spec.parameters:
+        return None
+    copy = 4 * spec.parameters  # built in fp32
+    if spec.device.kind == DeviceKind.CPU:  # each of `concurrent` workers has a server
+        if concurrent * (spec.fit_limit_bytes + copy) > spec.device.total_memory_bytes:
+            return None
+    else:  # host memory, beside a GPU
+        from autotune.probe.device import cpu_memory_bytes
+
+        if concurrent * copy > cpu_memory_bytes() // 2:
+            return None
+    attention = dict(spec.space.levers).get("attn_implementation", ("",))[0]
+    return SharedModel(spec.model, spec.seed, str(attention))

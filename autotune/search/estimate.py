@@ -248,3 +248,21 @@ def estimate_rows(
         PROCESS_BYTES[device_kind],
         tuple(rows),
     )
+
+
+Verdictor = Callable[[Candidate], str | None]
+
+
+def far_over_budget(spec: SearchSpec, recs: list[TrialRecord]) -> Verdictor:
+    """The estimate's verdict on a candidate: a reason when it is far over the budget."""
+    predict = make_predictor(spec, recs)
+    limit = FAR_OVER * spec.memory_budget_bytes
+
+    def over(candidate: Candidate) -> str | None:
+        peak = predict(candidate)
+        if peak is None or peak <= limit:
+            return None
+        budget = format_size(spec.memory_budget_bytes)
+        return f"estimate {format_size(peak)} is far over the {budget} budget"
+
+    return over

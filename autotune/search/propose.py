@@ -27,7 +27,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from autotune.core.enums import Objective
+from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
+from autotune.search.estimate import make_predictor
+from autotune.search.selection import incumbent_cost, record_cost
 
 NOISE = 0.03  # a predicted gain below 3% is within what measurement noise hides
 KAPPA = 1.5  # how many standard deviations of optimism a proposal gets
@@ -155,3 +159,23 @@ def propose(
                 ),
             )
     return Proposal(best, predicted_s=math.exp(best_log))
+
+
+def next_config(
+    spec: SearchSpec, records: Sequence[TrialRecord], open_configs: Sequence[Candidate], *,
+    concurrent: int, objective: Objective,
+) -> Proposal:  # fmt: skip
+    """The search's next proposal: the cost selection ranks by, the memory estimate's
+    verdict, and the incumbent among configs measured alike."""
+    predict = make_predictor(spec, records)
+
+    def fits(candidate: Candidate) -> bool:
+        peak = predict(candidate)
+        return peak is None or peak <= spec.fit_limit_bytes
+
+    incumbent = incumbent_cost(records, fit_limit_bytes=spec.fit_limit_bytes,
+                               train_steps=spec.train_steps, concurrent=concurrent,
+                               objective=objective)  # fmt: skip
+    return propose(records, open_configs,
+                   lambda r: record_cost(r, spec.train_steps, objective),
+                   fits=fits, incumbent_s=incumbent)  # fmt: skip

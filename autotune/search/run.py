@@ -11,39 +11,34 @@ import dataclasses
 import os
 import random
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 import optuna
 
-from autotune.core.enums import DeviceKind, Objective, Outcome
-from autotune.core.errors import AutotuneError, NoFitError
+from autotune.core.enums import Objective, Outcome
+from autotune.core.errors import AutotuneError
 from autotune.core.parity import Parity
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialConfig, TrialRecord, TrialResult
-from autotune.core.units import format_size
 from autotune.hf.training_args import recipe
 from autotune.launch.runner import Launcher
 from autotune.probe import device
-from autotune.probe.shared_model import SharedModel
+from autotune.probe.shared_model import model_to_share
 from autotune.search.deadline import Deadline
-from autotune.search.estimate import FAR_OVER, make_predictor
+from autotune.search.estimate import Verdictor, far_over_budget
 from autotune.search.parity import ParityCheck
-from autotune.search.propose import Proposal, propose
+from autotune.search.propose import Proposal, next_config
 from autotune.search.selection import (
     fitting,
     incumbent_cost,
     ranked,
-    record_cost,
     select_best,
     verdict,
 )
 from autotune.search.skips import open_candidates, skip_reason
 from autotune.store.reuse import Reuse
 from autotune.store.store import StudyStore, TrialLost
-
-Verdictor = Callable[[Candidate], str | None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +123,10 @@ class SearchRun:
             if not open_candidates(self.spec.space, recs, over, busy):
                 self._pause()  # what is left is being probed elsewhere
                 continue
-            if proposal and proposal.candidate and not self.store.waiting():
+            if proposal and not self.store.waiting():
+                if proposal.candidate is None:  # the model would stop: see what the
+                    self._pause()  # running probes (other workers') report first
+                    continue
                 self.store.enqueue(proposal.candidate)
             self._step(recs, busy, over)
 
@@ -154,26 +152,12 @@ class SearchRun:
     def _proposal(
         self, recs: list[TrialRecord], busy: dict[Candidate, int], over: Verdictor
     ) -> Proposal | None:
-        """--sampler model: the open config the model of step time predicts best."""
+        """--sampler model: the open config the model of step time finds most promising."""
         if not self.limits.propose:
             return None
-        spec, limits = self.spec, self.limits
-        predict = make_predictor(spec, recs)
-
-        def fits(candidate: Candidate) -> bool:
-            peak = predict(candidate)
-            return peak is None or peak <= spec.fit_limit_bytes
-
-        incumbent = incumbent_cost(recs, fit_limit_bytes=spec.fit_limit_bytes,
-                                   train_steps=spec.train_steps, concurrent=limits.concurrent,
-                                   objective=limits.objective)  # fmt: skip
-        return propose(
-            recs,
-            open_candidates(spec.space, recs, over, busy),
-            lambda r: record_cost(r, spec.train_steps, limits.objective),
-            fits=fits,
-            incumbent_s=incumbent,
-        )
+        return next_config(self.spec, recs, open_candidates(self.spec.space, recs, over, busy),
+                           concurrent=self.limits.concurrent,
+                           objective=self.limits.objective)  # fmt: skip
 
     def _pause(self) -> None:
         """Wait while other workers' trials run; take over those whose worker died."""
@@ -183,6 +167,12 @@ class SearchRun:
     def _step(self, recs: list[TrialRecord], busy: dict[Candidate, int], over: Verdictor) -> None:
         """Ask for one proposal; skip it or probe it."""
         trial, candidate = self.store.ask()
+        mine = any(r.candidate == candidate for r in recs) or candidate in busy
+        reused = self.reuse.find(candidate) if self.reuse and not mine else None
+        if reused is not None:  # measured alike by another study: not probed again
+            self.store.tell(trial, reused, verdict(reused, self.spec, implied=False))
+            self.observer.on_trial_end(trial.number, candidate, reused)
+            return
         skip = skip_reason(candidate, recs, self.spec.space, over, busy)
         if skip is not None:
             result = TrialResult(Outcome.SKIPPED, reason=skip.reason)
@@ -191,11 +181,6 @@ class SearchRun:
                 self.observer.on_trial_end(trial.number, candidate, result)
             else:  # steer the next ask to a config still open
                 self._steer(trial.number, recs, over, busy)
-            return
-        reused = self.reuse.find(candidate) if self.reuse else None
-        if reused is not None:  # measured alike by another study: not probed again
-            self.store.tell(trial, reused, verdict(reused, self.spec, implied=False))
-            self.observer.on_trial_end(trial.number, candidate, reused)
             return
         config = self.trial_config(trial.number, candidate, str(trial.number),
                                    adaptive=self.limits.adaptive,
@@ -332,59 +317,6 @@ def is_probe(record: TrialRecord) -> bool:
     return record.result.outcome != Outcome.SKIPPED and not record.result.reused_from
 
 
-def model_to_share(spec: SearchSpec) -> SharedModel | None:
-    """The model the fork server builds once for every probe (with the space's first
-    attention), or None: DDP probes start fresh, and on the CPU the server's copy must
-    fit in the machine beside a probe at its limit (its pages are shared until the probe
-    writes them, so together they hold at most the limit plus the copy)."""
-    if spec.nproc_per_node > 1 or not spec.parameters:
-        return None
-    copy = 4 * spec.parameters  # built in fp32
-    if spec.device.kind == DeviceKind.CPU:
-        if spec.fit_limit_bytes + copy > spec.device.total_memory_bytes:
-            return None
-    attention = dict(spec.space.levers).get("attn_implementation", ("",))[0]
-    return SharedModel(spec.model, spec.seed, str(attention))
-
-
-def far_over_budget(spec: SearchSpec, recs: list[TrialRecord]) -> Verdictor:
-    """The estimate's verdict on a candidate: a reason when it is far over the budget."""
-    predict = make_predictor(spec, recs)
-    limit = FAR_OVER * spec.memory_budget_bytes
-
-    def over(candidate: Candidate) -> str | None:
-        peak = predict(candidate)
-        if peak is None or peak <= limit:
-            return None
-        budget = format_size(spec.memory_budget_bytes)
-        return f"estimate {format_size(peak)} is far over the {budget} budget"
-
-    return over
-
-
-def nothing_fits(recs: list[TrialRecord], spec: SearchSpec) -> NoFitError:
-    """The one-line report when no config fits: the smallest peak seen and what to try."""
-    fits = fitting(recs, spec.fit_limit_bytes)
-    if fits:  # they fit, but none learns like the recipe
-        return NoFitError(
-            f"every config that fits ({len(fits)}) learns differently from your recipe "
-            "(training parity: see `autotune show`); allow your recipe's precision and "
-            "optimizer (--precisions, --optimizers) or pass --parity off to export anyway"
-        )
-    peaks = [r.result.peak_memory_bytes for r in recs if r.result.peak_memory_bytes]
-    counts: dict[str, int] = {}
-    for r in recs:
-        counts[r.result.outcome.value] = counts.get(r.result.outcome.value, 0) + 1
-    seen = ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "no trials"
-    smallest = f"; smallest peak measured {format_size(min(peaks))}" if peaks else ""
-    return NoFitError(
-        f"no config fits {format_size(spec.fit_limit_bytes)} (budget "
-        f"{format_size(spec.memory_budget_bytes)} less headroom): {seen}{smallest}; try a larger "
-        "--memory-budget, --optimizers adamw_bnb_8bit or adafactor, --checkpointing on, "
-        "a shorter --seq-len or a smaller --global-batch-size"
-    )
-
-
 @dataclasses.dataclass(frozen=True)
 class SearchReport:
     study_name: str
@@ -427,7 +359,7 @@ def run_search(
     launcher = Launcher(
         store.spec.device.kind,
         study_dir / "forkserver.log" if limits.fork_server else None,
-        shared=model_to_share(store.spec),
+        shared=model_to_share(store.spec, limits.concurrent),
     )
     run = SearchRun(
         store=store,
@@ -435,7 +367,9 @@ def run_search(
         limits=limits,
         observer=observer,
         launcher=launcher,
-        reuse=Reuse.gather(store, concurrent=limits.concurrent) if limits.reuse else None,
+        reuse=Reuse.gather(store, concurrent=limits.concurrent, whole_windows=not limits.adaptive)
+        if limits.reuse
+        else None,
     )
     stop = ""
     try:

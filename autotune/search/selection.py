@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from autotune.core.enums import Objective, Outcome
+from autotune.core.errors import NoFitError
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import TrialRecord, TrialResult, Verdict
+from autotune.core.units import format_size
 
 MIN_NOISE = 0.01  # two configs closer than 1% are a tie even when both measured tight
 MAX_NOISE = 0.10  # a noisy measurement never makes a config >10% slower count as a tie
@@ -125,3 +127,26 @@ def _sps(record: TrialRecord) -> float:
 
 def _peak(record: TrialRecord) -> float:
     return float(record.result.peak_memory_bytes or 0)
+
+
+def nothing_fits(recs: list[TrialRecord], spec: SearchSpec) -> NoFitError:
+    """The one-line report when no config fits: the smallest peak seen and what to try."""
+    fits = fitting(recs, spec.fit_limit_bytes)
+    if fits:  # they fit, but none learns like the recipe
+        return NoFitError(
+            f"every config that fits ({len(fits)}) learns differently from your recipe "
+            "(training parity: see `autotune show`); allow your recipe's precision and "
+            "optimizer (--precisions, --optimizers) or pass --parity off to export anyway"
+        )
+    peaks = [r.result.peak_memory_bytes for r in recs if r.result.peak_memory_bytes]
+    counts: dict[str, int] = {}
+    for r in recs:
+        counts[r.result.outcome.value] = counts.get(r.result.outcome.value, 0) + 1
+    seen = ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "no trials"
+    smallest = f"; smallest peak measured {format_size(min(peaks))}" if peaks else ""
+    return NoFitError(
+        f"no config fits {format_size(spec.fit_limit_bytes)} (budget "
+        f"{format_size(spec.memory_budget_bytes)} less headroom): {seen}{smallest}; try a larger "
+        "--memory-budget, --optimizers adamw_bnb_8bit or adafactor, --checkpointing on, "
+        "a shorter --seq-len or a smaller --global-batch-size"
+    )

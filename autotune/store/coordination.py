@@ -84,7 +84,9 @@ def rival(
             if attrs[Attr.CLAIM] == mine:
                 return f"trial {other.number} is probing the same config"
         elif other.state in (TrialState.COMPLETE, TrialState.FAIL) and Attr.RESULT in attrs:
-            if Attr.CONFIRMS in attrs or attrs.get(Attr.OUTCOME) == Outcome.SKIPPED:
+            if Attr.CONFIRMS in attrs or Attr.REUSED in attrs:
+                continue  # not a probe: --max-trials counts probes
+            if attrs.get(Attr.OUTCOME) == Outcome.SKIPPED:
                 continue
             probes += 1
             if attrs.get(Attr.CLAIM) == mine:

@@ -18,6 +18,15 @@ def same_search(stored: str, wanted: str) -> bool:
     )
 
 
+def differs_only_in(stored: str, wanted: str, keys: tuple[str, ...]) -> bool:
+    """Whether the two identities are the same search but for these settings."""
+    old, new = json.loads(stored), json.loads(wanted)
+    return same_search(
+        json.dumps({k: v for k, v in old.items() if k not in keys}),
+        json.dumps({k: v for k, v in new.items() if k not in keys}),
+    )
+
+
 def difference(stored: str, wanted: str) -> str:
     old, new = json.loads(stored), json.loads(wanted)
     keys = [k for k in new if old.get(k) != new.get(k)]

@@ -3,18 +3,23 @@ storage already measured, with the same model, device, lengths, recipe fields, p
 data and library versions, is not probed again; its figures are taken over and marked
 with where they came from.
 
-What carries over: a clean measurement (throughput and peak; the new budget judges the
-peak, so a study with a smaller budget reuses every trial that fits it and knows the rest
-do not); an out-of-memory under a limit at least as high as this study's (it would fail
-here too); a loss that went NaN with the same seed (the same weights and batches).
+What carries over, so that the budget is still enforced and not only compared:
+- a clean measurement made under a limit no larger than this study's (it ran under a
+  tighter one), or whose peak is at least MARGIN below this study's limit (the limit
+  counts reserved pages, a few percent above the resident peak); one near or over the
+  new limit is probed again, under it, so it really fits or really runs out of memory;
+- an out-of-memory under a limit at least as high as this study's;
+- a loss that went NaN with the same seed (the same weights and batches).
 Figures measured while other probes shared the cores are reused only by a search that
-shares them alike. A reused measurement is never reused again: only originals carry.
+shares them alike; a search timing every step (--fixed-steps) reuses only whole
+windows. A reused measurement is never reused again: only originals carry.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import os
 import platform
 
 import optuna
@@ -25,13 +30,16 @@ from autotune.core.trial import Candidate, TrialRecord, TrialResult
 from autotune.store.keys import StudyAttr
 from autotune.store.store import StudyStore
 
-VERSIONED = ("torch", "transformers")
+VERSIONED = ("torch", "transformers", "accelerate")
+MARGIN = 0.9  # a peak measured under a larger limit: reused below 90% of this one
 
 
 def current_versions() -> dict[str, str]:
-    """The versions a probe of this environment records (without importing torch)."""
+    """What a probe of this environment records of it (without importing torch): the
+    versions, and the cores it may use."""
     found = {name: importlib.metadata.version(name) for name in VERSIONED}
-    return {**found, "python": platform.python_version()}
+    cores = str(len(os.sched_getaffinity(0)))
+    return {**found, "python": platform.python_version(), "cpus": cores}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,18 +56,21 @@ class Reuse:
 
     def __init__(
         self, spec: SearchSpec, sources: list[Source], *, versions: dict[str, str],
-        concurrent: int = 1,
+        concurrent: int = 1, whole_windows: bool = False,
     ) -> None:  # fmt: skip
         self.found: dict[Candidate, TrialResult] = {}
         for source in sources:
             for record in source.records:
-                result = _reusable(record, source, spec, versions, concurrent)
+                result = _reusable(record, source, spec, versions, concurrent, whole_windows)
                 if result is not None and record.candidate not in self.found:
                     self.found[record.candidate] = result
 
     @classmethod
-    def gather(cls, store: StudyStore, *, concurrent: int = 1) -> Reuse:
-        """Every other study in the store's storage that measured what this one would."""
+    def gather(
+        cls, store: StudyStore, *, concurrent: int = 1, whole_windows: bool = False
+    ) -> Reuse:
+        """Every other study in the store's storage that measured what this one would
+        (one that cannot be read, made by another autotune version say, is passed over)."""
         wanted = store.spec.measurement_identity()
         sources = []
         summaries = optuna.get_all_study_summaries(store.storage, include_best_trial=False)
@@ -73,10 +84,14 @@ class Reuse:
                 continue
             if other.measurement_identity() != wanted:
                 continue
-            study = optuna.load_study(study_name=summary.study_name, storage=store.storage)
-            records = StudyStore(study, store.storage, store.url, other).records()
+            try:
+                study = optuna.load_study(study_name=summary.study_name, storage=store.storage)
+                records = StudyStore(study, store.storage, store.url, other).records()
+            except (ValueError, TypeError, KeyError):  # results this version cannot read
+                continue
             sources.append(Source(summary.study_name, other, tuple(records)))
-        return cls(store.spec, sources, versions=current_versions(), concurrent=concurrent)
+        return cls(store.spec, sources, versions=current_versions(), concurrent=concurrent,
+                   whole_windows=whole_windows)  # fmt: skip
 
     def find(self, candidate: Candidate) -> TrialResult | None:
         return self.found.get(candidate)
@@ -87,14 +102,19 @@ class Reuse:
 
 def _reusable(
     record: TrialRecord, source: Source, spec: SearchSpec, versions: dict[str, str],
-    concurrent: int,
+    concurrent: int, whole_windows: bool,
 ) -> TrialResult | None:  # fmt: skip
     result = record.result
     if result.reused_from or result.concurrent != concurrent:
         return None
     if any(result.versions.get(name) != version for name, version in versions.items()):
         return None
-    ok = result.outcome == Outcome.OK and result.samples_per_s and result.peak_memory_bytes
+    if whole_windows and result.measure_stop not in ("", "full window"):
+        return None
+    peak = result.peak_memory_bytes
+    tighter = source.spec.fit_limit_bytes <= spec.fit_limit_bytes
+    ok = (result.outcome == Outcome.OK and result.samples_per_s and peak is not None
+          and (tighter or peak <= MARGIN * spec.fit_limit_bytes))  # fmt: skip
     oom = result.outcome == Outcome.OOM and spec.fit_limit_bytes <= source.spec.fit_limit_bytes
     nan = result.outcome == Outcome.UNSTABLE and spec.seed == source.spec.seed
     if not (ok or oom or nan):

@@ -107,10 +107,18 @@ class StudyStore:
             self.study.set_metric_names(list(METRIC_NAMES))
             save_note(self.study, identity.note(self.spec))
         elif not identity.same_search(stored, wanted):
+            budget_only = identity.differs_only_in(stored, wanted, ("memory_budget_bytes",
+                                                                    "headroom"))  # fmt: skip
+            reused = (
+                ": what it measured that still holds under the new budget is reused, not "
+                "probed again"
+                if budget_only
+                else ", or repeat the original options"
+            )
             raise StudyError(
                 f"study {self.name!r} already holds a different search "
                 f"({identity.difference(stored, wanted)}); pass --study with a new name to "
-                "start another, or repeat the original options"
+                f"start another{reused}"
             )
 
     # ---- reading --------------------------------------------------------------------
@@ -301,6 +309,8 @@ class StudyStore:
             Attr.ACCUMULATION: candidate.gradient_accumulation_steps,
             Attr.TRAINING_ARGUMENTS: study_arguments(spec, candidate),
         }
+        if result.reused_from:
+            attrs[Attr.REUSED] = result.reused_from
         if result.samples_per_s is not None:
             attrs[Attr.SAMPLES_PER_S] = round(result.samples_per_s, 3)
             attrs[Attr.TOKENS_PER_S] = round(result.tokens_per_s or 0.0, 1)

@@ -30,7 +30,9 @@ def test_warm_up_ends_at_the_first_steady_step() -> None:
     assert warmup_of(schedule, [4.0, 3.0, 3.1, 3.0]) == 2
     # a compiled model: slow first steps, then steady from step 4
     assert warmup_of(schedule, [30.0, 9.0, 3.2, 3.1, 3.0]) == 3
-    assert warmup_of(Schedule(max_warmup=3, max_measure=5), [4.0, 3.0, 3.1]) == 3  # at most
+    # at most 3 steps of warm-up: known once step 4 is in (steps 3 and 4 agree here)
+    assert warmup_of(Schedule(max_warmup=3, max_measure=5), [4.0, 3.0, 3.1]) == 2
+    assert warmup_of(Schedule(max_warmup=3, max_measure=5), [4.0, 3.0, 2.0]) == 3
     # never steady: the most warm-up allowed
     assert warmup_of(schedule, [8.0, 4.0, 2.0, 1.0, 0.5, 0.4]) == 5
     assert schedule.warmup_steps([8.0, 4.0, 2.0]) is None  # not known yet
@@ -41,25 +43,32 @@ def test_a_calibrating_loss_scale_is_never_steady() -> None:
     skipped_fast = [0.5, 0.5, 3.0, 3.0]  # steps 2-3 skipped by the scaler: fast and alike
     assert schedule.warmup_steps(skipped_fast[:2], calibrating=True) is None
     assert schedule.warmup_steps(skipped_fast, calibration_steps=3) == 3  # steps 4-5 agree
+    # a calibration longer than the most warm-up allowed: still none of it is timed
+    short = Schedule(max_warmup=3, max_measure=5)
+    long_run = [0.5, 0.5, 0.5, 0.5, 3.0, 3.1]  # steps 1-5 skipped, then 6 and 7 agree
+    assert short.warmup_steps(long_run[:4], calibrating=True) is None
+    assert short.warmup_steps(long_run, calibration_steps=5) == 5
 
 
 def test_one_slow_step_is_enough_to_drop_a_clearly_slower_candidate() -> None:
     schedule = Schedule(max_warmup=3, max_measure=8, incumbent_s=2.0)
     assert schedule.stop_reason([2.6]) == "clearly slower than the best so far"
     assert schedule.stop_reason([2.4]) == ""  # 20% over: not clear from one step
-    # two tight steps 20% over: ranked, and below it
-    assert schedule.stop_reason([2.4, 2.41]) == "slower than the best so far"
+    # three tight steps 20% over: ranked, and below it
+    assert schedule.stop_reason([2.4, 2.41]) == ""  # two steps: not yet
+    assert schedule.stop_reason([2.4, 2.41, 2.42]) == "slower than the best so far"
 
 
 def test_a_contender_is_measured_until_its_band_is_tight() -> None:
     schedule = Schedule(max_warmup=3, max_measure=8, incumbent_s=2.0)
     assert schedule.stop_reason([1.9, 2.3]) == ""  # a wide band around the incumbent
     assert schedule.stop_reason([1.9, 2.3, 2.0, 1.98, 2.02]) == ""
-    assert schedule.stop_reason([1.99, 2.01]) == "level with the best so far"
-    assert schedule.stop_reason([1.5, 1.52]) == "faster than the best so far"
+    assert schedule.stop_reason([1.99, 2.01, 2.0]) == "level with the best so far"
+    assert schedule.stop_reason([1.5, 1.52, 1.51]) == "faster than the best so far"
     assert schedule.stop_reason([1.9, 2.3, 2.0, 1.98, 2.02, 2.2, 1.8, 2.1]) == "full window"
     first = Schedule(max_warmup=3, max_measure=8)  # nothing to rank against yet
-    assert first.stop_reason([3.0, 3.05]) == "steady" and first.stop_reason([3.0, 3.5]) == ""
+    assert first.stop_reason([3.0, 3.05, 3.02]) == "steady"
+    assert first.stop_reason([3.0, 3.5, 3.2]) == ""
 
 
 def test_with_the_users_run_length_a_one_time_cost_is_weighed_by_it() -> None:

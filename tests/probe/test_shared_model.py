@@ -15,13 +15,12 @@ from autotune.core.trial import Candidate, TrialConfig
 from autotune.launch.forkserver import ForkServer
 from autotune.launch.runner import run_trial
 from autotune.probe import shared_model
-from autotune.probe.shared_model import SharedModel
-from autotune.search.run import model_to_share
+from autotune.probe.shared_model import SharedModel, model_to_share
 
-# 45M parameters (180 MB in fp32): a second copy would show in the peak, a ninth of it
+# 95M parameters (380 MB in fp32): a second copy would add about a fifth to the peak
 MID_GPT2 = {
-    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 512,
-    "n_layer": 6, "n_head": 8, "n_positions": 128, "vocab_size": 50000,
+    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 768,
+    "n_layer": 8, "n_head": 12, "n_positions": 128, "vocab_size": 50000,
     "bos_token_id": 0, "eos_token_id": 0,
 }  # fmt: skip
 CANDIDATE = Candidate(8, 1, "fp32", False, "adamw_torch", attn_implementation="sdpa")
@@ -34,7 +33,7 @@ def probe_config(model_dir: Path, trial_dir: Path, attention: str = "sdpa") -> T
         number=0, trial_dir=str(trial_dir), model=resolve_model(str(model_dir)),
         candidate=dataclasses.replace(CANDIDATE, attn_implementation=attention),
         device="cpu", seq_len=64, target_len=8, memory_limit_bytes=None,
-        warmup_steps=2, measure_steps=12,
+        warmup_steps=2, measure_steps=8,
     )  # fmt: skip
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 from autotune.core.schedule import Schedule
@@ -99,3 +100,19 @@ def test_a_scheduled_window_counts_a_skip_in_the_step_that_ended_warm_up() -> No
                       schedule=Schedule(max_warmup=3, max_measure=4))  # fmt: skip
     run(timer, 7, skipped={3})  # a real skip (after good steps) in a timed step
     assert timer.warmup_steps == 1 and timer.skipped_in_window == 1
+
+
+def test_only_single_process_cpu_probes_of_a_search_get_a_schedule() -> None:
+    from autotune.core.trial import Candidate, ModelSpec, TrialConfig
+    from autotune.probe.main import _schedule
+
+    config = TrialConfig(number=0, trial_dir="t", model=ModelSpec("m", "local", "causal-lm", {}),
+                         candidate=Candidate(8, 1, "fp32", False, "adamw_torch"), device="cpu",
+                         seq_len=8, target_len=8, memory_limit_bytes=None, warmup_steps=3,
+                         measure_steps=5, adaptive=True, incumbent_s=2.0)  # fmt: skip
+    schedule = _schedule(config)
+    assert schedule is not None and schedule.incumbent_s == 2.0
+    assert (schedule.max_warmup, schedule.max_measure) == (3, 5)
+    # a GPU's timed window, a DDP probe (ranks must stop together), a confirmation run
+    for other in ({"min_measure_s": 2.0}, {"nproc_per_node": 2}, {"adaptive": False}):
+        assert _schedule(dataclasses.replace(config, **other)) is None

@@ -251,3 +251,21 @@ def test_a_probe_past_the_trial_timeout_is_killed_and_the_search_goes_on(tmp_pat
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.count("timeout") >= 2  # both probes, each killed after 1 s
     assert "no config fits" in done.stderr and "2 timeout" in done.stderr
+
+
+def test_a_new_budget_is_a_new_study_that_reuses_what_fits(
+    searched_study: tuple[Path, list[str], str],
+) -> None:
+    work, argv, _ = searched_study
+    budget = argv[argv.index("--memory-budget") + 1]
+    halved = [a if a != budget else f"{int(budget[:-1]) // 2}B" for a in argv]
+    refused = autotune(work, *halved)
+    assert refused.returncode == 1
+    assert "what it measured that still holds under the new budget is reused" in refused.stderr
+    # the same measurements under another name: taken over, none probed again
+    again = autotune(work, *argv, "--study", "tiny-again", "--confirm-top", "0")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "0 probe(s) this run" in again.stdout
+    assert "reused: study tiny trial 0 measured it" in again.stdout
+    first = json.loads((work / "studies" / "tiny.best.json").read_text())
+    assert json.loads((work / "studies" / "tiny-again.best.json").read_text()) == first

@@ -52,7 +52,7 @@ def test_a_config_the_estimate_puts_far_over_the_budget_is_skipped_as_infeasible
 
     from helpers import SPEC
 
-    from autotune.search.run import far_over_budget
+    from autotune.search.estimate import far_over_budget
 
     huge = dataclasses.replace(SPEC, parameters=2_000_000_000)
     over = far_over_budget(huge, [])

@@ -45,9 +45,9 @@ def test_another_study_of_the_same_measurements_is_reused_with_a_new_budget(
     found = reuse.find(cand(8))
     assert found is not None and found.reused_from == "study first trial 0"
     assert found.samples_per_s == 10.0
-    # a peak over the new budget carries over, and the new budget judges it: no fit
-    over = reuse.find(cand(16))
-    assert over is not None and verdict(over, smaller, implied=False).constraint_gib > 0
+    # a peak near or over the new limit is probed again, under it: the budget enforced,
+    # not compared (the limit counts reserved pages, above the resident peak)
+    assert reuse.find(cand(16)) is None
     # out of memory under 7.6 GiB: out of memory under 3.8 GiB too
     assert reuse.find(cand(32)) is not None
     # a larger budget: that out-of-memory says nothing, the batch is probed again
@@ -78,3 +78,27 @@ def test_nothing_is_reused_from_another_model_device_length_or_version(
     # the same search as each of those others finds its measurement
     for name, spec in others.items():
         assert Reuse.gather(study(url, f"{name}-again", spec, {})).find(cand(8)) is not None
+
+
+def test_a_nan_needs_the_same_seed_and_a_whole_window_search_takes_only_whole_windows(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    early = dataclasses.replace(measured(1.0), measure_stop="clearly slower than the best so far")
+    study(url, "first", SPEC, {8: measured(1.0, Outcome.UNSTABLE), 16: early})
+    assert Reuse.gather(study(url, "same-seed", SPEC, {})).find(cand(8)) is not None
+    other_seed = dataclasses.replace(SPEC, seed=1)
+    assert Reuse.gather(study(url, "other-seed", other_seed, {})).find(cand(8)) is None
+    new = study(url, "fixed", SPEC, {})
+    assert Reuse.gather(new).find(cand(16)) is not None
+    assert Reuse.gather(new, whole_windows=True).find(cand(16)) is None
+
+
+def test_a_reused_trial_is_not_a_probe_for_the_trial_cap(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    reused = dataclasses.replace(measured(1.0), reused_from="study a trial 0")
+    store = study(url, "new", SPEC, {8: reused})
+    store.enqueue(cand(16))
+    trial, candidate = store.ask()
+    # --max-trials 1: the reused trial leaves room for this first probe
+    assert store.claim(trial, candidate, 1, str(tmp_path / "t")) is None
