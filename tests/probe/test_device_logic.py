@@ -77,13 +77,14 @@ def test_no_per_process_figure_falls_back_and_says_why() -> None:
 
 
 def test_step_marks_time_whole_steps_from_each_previous_end() -> None:
-    now = iter([0.0, 1.0, 1.5, 3.5])
+    now = iter([-1.0, 0.0, 1.0, 1.5, 3.5])  # the first step's start, then 4 ends
     marks = device.StepMarks("cpu", clock=lambda: next(now))
     marks.start()
     for _ in range(4):
         marks.mark()
     assert marks.durations() == [1.0, 0.5, 2.0]
     assert marks.host_elapsed_since(2) == 2.5
+    assert marks.host_elapsed(2) == 2.0  # from the first step's start to step 2's end
 
 
 def test_importing_libraries_before_a_fork_reads_capabilities_without_cuda(
