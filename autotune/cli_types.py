@@ -174,8 +174,10 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         "(sdpa, eager; flash_attention_2 with flash-attn on CUDA; flex_attention on CUDA; "
         "those the model supports), use_liger_kernel (liger-kernel on CUDA, for the model "
         "types it covers), padding_free (--dataset, causal LMs whose loss is unchanged "
-        "on a checked batch), dataloader_num_workers (--dataset, a spare core). `show` "
-        "says why a lever was not offered. E.g. --lever torch_compile=false.",
+        "on a checked batch), dataloader_num_workers (--dataset, a spare core), "
+        "zero_stage (DeepSpeed ZeRO 0-3 against plain DDP, with --nproc-per-node 2+ and "
+        "deepspeed installed). `show` says why a lever was not offered. "
+        "E.g. --lever torch_compile=false.",
     ),
     click.option(
         "--max-trials",

@@ -44,18 +44,23 @@ class Status(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True)
 class Arithmetic:
-    """What decides a config's training arithmetic: its precision and optimizer update."""
+    """What decides a config's training arithmetic: its precision and optimizer update,
+    and who does the mixed precision (DeepSpeed keeps 16-bit weights with fp32 master
+    copies in its optimizer, where the Trainer's autocast keeps fp32 weights)."""
 
     precision: Precision
     optimizer: str
+    engine: str = ""  # "deepspeed": 16-bit precision under ZeRO
 
     @classmethod
     def of(cls, candidate: Candidate) -> Arithmetic:
-        return cls(candidate.precision, SAME_UPDATE.get(candidate.optim, candidate.optim))
+        sixteen = candidate.precision in (Precision.FP16, Precision.BF16)
+        return cls(candidate.precision, SAME_UPDATE.get(candidate.optim, candidate.optim),
+                   "deepspeed" if candidate.zero_stage and sixteen else "")  # fmt: skip
 
     @property
     def key(self) -> str:
-        return f"{self.precision}|{self.optimizer}"
+        return f"{self.precision}|{self.optimizer}" + (f"|{self.engine}" if self.engine else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +102,10 @@ def changes(reference: Candidate, candidate: Candidate) -> list[Change]:
     for name in LEVERS:  # compiled, attention kernels, packed rows: the same sums
         before, after = getattr(reference, name), getattr(candidate, name)
         if before != after:
-            found.append(Change(name, str(before or "default"), str(after or "default"), True))
+            keeps = name != "zero_stage" or (
+                Arithmetic.of(candidate).engine == Arithmetic.of(reference).engine
+            )  # ZeRO's sums are DDP's, but in 16 bits DeepSpeed does the mixed precision
+            found.append(Change(name, str(before or "default"), str(after or "default"), keeps))
     if candidate.precision != reference.precision:
         found.append(Change("precision", reference.precision, candidate.precision, False))
     if candidate.optim != reference.optim:

@@ -34,6 +34,7 @@ class Candidate:
     use_liger_kernel: bool = False
     padding_free: bool = False  # DataCollatorWithFlattening (--dataset, causal LMs)
     dataloader_num_workers: int = 0  # --dataset only
+    zero_stage: int = 0  # DeepSpeed ZeRO stage (--nproc-per-node > 1); 0: plain DDP
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", Precision(self.precision))
@@ -48,6 +49,7 @@ class Candidate:
         return (
             self.precision, self.activation_checkpointing, self.optim, self.torch_compile,
             self.attn_implementation, self.use_liger_kernel, self.padding_free,
+            self.zero_stage,
         )  # fmt: skip
 
     def lever_values(self) -> dict[str, object]:
@@ -64,6 +66,7 @@ class Candidate:
             + (" liger" if self.use_liger_kernel else "")
             + (" padding-free" if self.padding_free else "")
             + (f" {self.dataloader_num_workers}-workers" if self.dataloader_num_workers else "")
+            + (f" zero{self.zero_stage}" if self.zero_stage else "")
         )
 
 
@@ -74,6 +77,7 @@ LEVERS = (
     "use_liger_kernel",
     "padding_free",
     "dataloader_num_workers",
+    "zero_stage",
 )
 
 

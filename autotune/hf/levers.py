@@ -37,15 +37,22 @@ _PARSE: dict[str, Callable[[str], Any]] = {
     "padding_free": _boolean,
     "dataloader_num_workers": int,
     "attn_implementation": str,
+    "zero_stage": int,
 }
-# Sharding is not a lever: FSDP through the Trainer needs an accelerator (accelerate keeps
-# its plugin only for multi-GPU runs: on the CPU it silently runs DDP) and was never run
-# here on two GPUs; DeepSpeed is not installed. Said by `show` with the other reasons.
+# Sharding beyond ZeRO stages is not a lever: FSDP through the Trainer needs an accelerator
+# (accelerate keeps its plugin only for multi-GPU runs: on the CPU it silently runs DDP)
+# and was never run on several GPUs; ZeRO offload was never run either (on the CPU the
+# states it moves to host memory are there already). Said by `show` with the others.
 NOT_BUILT = (
     (
         "fsdp",
         "FSDP through the Trainer runs only on several GPUs (on the CPU accelerate "
-        "drops it and runs DDP), which autotune has not run; DeepSpeed is not installed",
+        "drops it and runs DDP), which autotune has not run",
+    ),
+    (
+        "zero_offload",
+        "ZeRO offload moves optimizer state to host memory to fit a GPU; autotune has "
+        "not run it on GPUs, and on the CPU the state is in host memory already",
     ),
 )
 
@@ -76,14 +83,20 @@ def offer(
     dataset: bool,
     fixed: Mapping[str, Any],
     asked: Mapping[str, tuple[Any, ...]],
+    nproc_per_node: int = 1,
+    own_deepspeed: bool = False,
 ) -> tuple[list[tuple[str, tuple[Any, ...]]], list[tuple[str, str]]]:
-    """(levers with the values to search, [(lever, why it is not searched)])."""
+    """(levers with the values to search, [(lever, why it is not searched)]).
+
+    `own_deepspeed`: the user's base arguments carry a DeepSpeed config of their own,
+    which every probe runs as given."""
     available: dict[str, tuple[tuple[Any, ...], str]] = {
         "torch_compile": _compile(device_kind),
         "attn_implementation": _attention(model, device_kind),
         "use_liger_kernel": _liger(model, device_kind),
         "padding_free": _padding_free(model, dataset),
         "dataloader_num_workers": _loader_workers(dataset),
+        "zero_stage": _zero(device_kind, nproc_per_node, own_deepspeed),
     }
     levers: list[tuple[str, tuple[Any, ...]]] = []
     reasons: list[tuple[str, str]] = list(NOT_BUILT)
@@ -193,3 +206,20 @@ def _loader_workers(dataset: bool) -> tuple[tuple[Any, ...], str]:
     if workers < 1:
         return (), "one core: no core to spare for a loader worker"
     return (0, workers), ""
+
+
+def _zero(kind: DeviceKind, nproc_per_node: int, own: bool) -> tuple[tuple[Any, ...], str]:
+    """DeepSpeed ZeRO stages 1-3 against plain DDP, for multi-process probes."""
+    if own:
+        return (), "your --base-args set deepspeed: every probe runs your config as given"
+    if nproc_per_node < 2:
+        return (), "ZeRO shards across processes: it needs --nproc-per-node 2 or more"
+    if importlib.util.find_spec("deepspeed") is None:
+        return (), "DeepSpeed is not installed (pip install deepspeed)"
+    if kind == DeviceKind.CPU:  # its collectives go through a C++ op built on first use
+        from autotune.hf.sharding import cpu_op_error
+
+        error = cpu_op_error()
+        if error:
+            return (), error
+    return (0, 1, 2, 3), ""

@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import importlib.util
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from autotune.core.enums import DeviceKind, Precision
 from autotune.core.errors import AutotuneError, UsageError
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate
+from autotune.hf.sharding import deepspeed_config
 
 # `activation_checkpointing` in current transformers; `gradient_checkpointing` before.
 CHECKPOINTING_FIELDS = ("activation_checkpointing", "gradient_checkpointing")
@@ -71,6 +73,8 @@ def tuned_arguments(
     if candidate.dataloader_num_workers:
         args["dataloader_num_workers"] = candidate.dataloader_num_workers
         args["dataloader_persistent_workers"] = True  # no new workers at each epoch
+    if candidate.zero_stage:
+        args["deepspeed"] = deepspeed_config(candidate.zero_stage)
     return args
 
 
@@ -241,8 +245,8 @@ def merge(user: dict[str, Any], tuned: dict[str, Any]) -> dict[str, Any]:
 def cli_flags(tuned: dict[str, Any]) -> str:
     """The tuned fields as HfArgumentParser command-line flags."""
     parts = []
-    for key, value in tuned.items():
-        text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+    for key, value in tuned.items():  # a dict (deepspeed) is one JSON word, quoted
+        text = shlex.quote(json.dumps(value)) if isinstance(value, (dict, list)) else str(value)
         parts.append(f"--{key} {text}")
     return " ".join(parts)
 

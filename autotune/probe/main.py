@@ -76,6 +76,8 @@ def _train(config: TrialConfig, index: int, phases: dict[str, float]) -> TrialRe
     from autotune.probe.flops import flops_per_sample
 
     phases["import"] = time.perf_counter() - tick
+    recipe = _recipe(config)
+    zero_init = _zero_init(config, recipe)  # alive while the model is built
     inherited = shared_model.take(config)  # built once by the fork server (#15)
     if inherited is not None:
         model, baseline = inherited
@@ -89,8 +91,8 @@ def _train(config: TrialConfig, index: int, phases: dict[str, float]) -> TrialRe
         set_seed(config.seed)
         model = build_model(config.model, attn_implementation=config.candidate.attn_implementation)
         phases["build"] = time.perf_counter() - tick
+    del zero_init
     attention = str(getattr(model.config, "_attn_implementation", "") or "")
-    recipe = _recipe(config)
     if config.parity_steps:
         from autotune.probe.parity import parity_run
 
@@ -128,6 +130,22 @@ def _recipe(config: TrialConfig) -> dict[str, Any]:
     return tuned_arguments(
         config.candidate, device_kind=config.device_kind, checkpointing_field=checkpointing_field()
     )
+
+
+def _zero_init(config: TrialConfig, recipe: dict[str, Any]) -> Any:
+    """Under ZeRO-3 the user's from_pretrained builds each process's shard of the weights,
+    never the whole model (transformers does so while a TrainingArguments with the config
+    is alive): the probe builds its model the same way, so its peak is the user's."""
+    from autotune.hf.sharding import zero_stage_of
+
+    if zero_stage_of(recipe) != 3:
+        return None
+    import deepspeed
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(**{**recipe, **_probe_only_arguments(config, 1)})
+    deepspeed.init_distributed()  # over the group args started: zero.Init counts its ranks
+    return args
 
 
 def _worst_case(
@@ -315,6 +333,19 @@ def prepare_environment(config: TrialConfig) -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(config.trial_dir) / "inductor-cache")
     if config.visible_devices:
         os.environ["CUDA_VISIBLE_DEVICES"] = config.visible_devices
+    if "deepspeed" in config.training_arguments and "WORLD_SIZE" not in os.environ:
+        _single_process_group()  # DeepSpeed starts a process group even for one process
+
+
+def _single_process_group() -> None:
+    """The environment torchrun gives a world of one, on a free local port."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

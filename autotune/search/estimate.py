@@ -17,6 +17,7 @@ from autotune.core.space import SearchSpace
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, ModelSpec, TrialRecord, TrialResult
 from autotune.core.units import format_size
+from autotune.hf.sharding import shards
 
 # The published rule (Hugging Face's single-GPU training guide): fp32 weights 4 bytes a
 # parameter, mixed precision 6 (fp32 master + 16-bit copy); gradients 4; optimizer state
@@ -63,9 +64,17 @@ def state_bytes(optim: str) -> int:
     return OPTIMIZER_STATE_BYTES.get(optim, DEFAULT_STATE_BYTES)
 
 
-def static_bytes(parameters: int, precision: str, optim: str) -> int:
-    """Weights + gradients + optimizer state: what any batch size needs."""
-    return parameters * (WEIGHT_BYTES[precision] + GRADIENT_BYTES + state_bytes(optim))
+def static_bytes(
+    parameters: int, precision: str, optim: str, split: tuple[int, int, int] = (1, 1, 1)
+) -> int:
+    """Weights + gradients + optimizer state: what any batch size needs, per process when
+    ZeRO splits them `split` ways (weights, gradients, optimizer state)."""
+    w, g, o = split
+    return (
+        parameters * WEIGHT_BYTES[precision] // w
+        + parameters * GRADIENT_BYTES // g
+        + (parameters * state_bytes(optim) // o)
+    )
 
 
 def activation_bytes(
@@ -107,11 +116,13 @@ def breakdown(
     candidate: Candidate,
     seq_len: int,
     target_len: int,
+    nproc_per_node: int = 1,
 ) -> Breakdown:
+    w, g, o = shards(candidate.zero_stage, nproc_per_node)  # per process under ZeRO
     return Breakdown(
-        weights=parameters * WEIGHT_BYTES[candidate.precision],
-        gradients=parameters * GRADIENT_BYTES,
-        optimizer_state=parameters * state_bytes(candidate.optim),
+        weights=parameters * WEIGHT_BYTES[candidate.precision] // w,
+        gradients=parameters * GRADIENT_BYTES // g,
+        optimizer_state=parameters * state_bytes(candidate.optim) // o,
         activations=activation_bytes(config, task, candidate, seq_len, target_len),
     )
 
@@ -133,23 +144,31 @@ def activation_scale(
 
 
 def check_budget(
-    parameters: int, precisions: Sequence[str], optimizers: Sequence[str], budget_bytes: int
+    parameters: int,
+    precisions: Sequence[str],
+    optimizers: Sequence[str],
+    budget_bytes: int,
+    *,
+    split: tuple[int, int, int] = (1, 1, 1),
 ) -> None:
-    """Refuse a budget that no config can meet, saying what would fit instead."""
+    """Refuse a budget that no config can meet, saying what would fit instead (`split`:
+    the most ZeRO splits weights, gradients and optimizer state across processes)."""
     millions = f"{parameters / 1e6:.0f}M parameters"
-    weights = parameters * WEIGHT_BYTES["fp32"]
+    weights = parameters * WEIGHT_BYTES["fp32"] // split[0]
     cheapest = min(OPTIMIZER_STATE_BYTES, key=state_bytes)
     if budget_bytes < weights:
         raise UsageError(
             f"--memory-budget {format_size(budget_bytes)} is below the {format_size(weights)} "
             f"the fp32 weights alone need ({millions}); training needs at least "
-            f"{format_size(static_bytes(parameters, 'fp32', cheapest))} with {cheapest} "
+            f"{format_size(static_bytes(parameters, 'fp32', cheapest, split))} with {cheapest} "
             "(weights, gradients, optimizer state) plus activations"
         )
-    need = min(static_bytes(parameters, p, o) for p in precisions for o in optimizers)
+    need = min(static_bytes(parameters, p, o, split) for p in precisions for o in optimizers)
     if need >= budget_bytes:
         fitting = [
-            o for o in OPTIMIZER_STATE_BYTES if static_bytes(parameters, "fp32", o) < budget_bytes
+            o
+            for o in OPTIMIZER_STATE_BYTES
+            if static_bytes(parameters, "fp32", o, split) < budget_bytes
         ]
         hint = (
             f"--optimizers {','.join(fitting)} would leave room"
@@ -191,6 +210,7 @@ def make_predictor(
             candidate,
             spec.seq_len,
             spec.target_len,
+            spec.nproc_per_node,
         )
 
     scale = activation_scale([(terms(r.candidate), r.result) for r in records], process)

@@ -19,6 +19,7 @@ from autotune.core.trial import LEVERS, ModelSpec
 from autotune.hf.corpus import SAMPLINGS, prepare
 from autotune.hf.levers import offer, parse_lever_options
 from autotune.hf.models import count_parameters, max_positions, resolve_model
+from autotune.hf.sharding import build_cpu_op, shards
 from autotune.hf.training_args import (
     BaseArguments,
     available_optimizers,
@@ -99,7 +100,8 @@ def build_spec(
     levers, not_offered = offer(
         model_spec, device_info.kind, dataset=dataset is not None,
         fixed={k: v for k, v in base.recipe.items() if k in LEVERS},
-        asked=parse_lever_options(o.levers),
+        asked=parse_lever_options(o.levers), nproc_per_node=layout.nproc_per_node,
+        own_deepspeed=bool(base.carried.get("deepspeed")),
     )  # fmt: skip
     space = derive_space(
         device_info,
@@ -113,7 +115,11 @@ def build_spec(
         not_offered=not_offered,
     )
     parameters = count_parameters(model_spec)
-    check_budget(parameters, space.precisions, space.optimizers, budget)
+    zero = max((v for n, vs in space.levers if n == "zero_stage" for v in vs), default=0)
+    check_budget(parameters, space.precisions, space.optimizers, budget,
+                 split=shards(zero, layout.nproc_per_node))  # fmt: skip
+    if zero and device_info.kind == DeviceKind.CPU:
+        build_cpu_op()  # once per machine; no probe pays it
     data = None
     if dataset is not None:  # the first write: every check above has passed
         data, seq_len, target_len = _tokenize(dataset, o, base, model_spec, space, target_len)

@@ -190,6 +190,16 @@ def script_changes(candidate: Candidate) -> list[str]:
             "batch without padding: Trainer(..., data_collator=DataCollatorWithFlattening()) "
             "(from transformers)"
         )
+    if candidate.zero_stage:
+        lines.append(
+            f"ZeRO stage {candidate.zero_stage} runs through DeepSpeed: pip install deepspeed "
+            "where you train (its config is the deepspeed field of the arguments file)"
+        )
+        if candidate.zero_stage == 3:
+            lines.append(
+                "build the model after TrainingArguments (from_pretrained then loads each "
+                "process's shard, as the probe did)"
+            )
     return lines
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from helpers import SPEC, cand, rec
@@ -9,6 +10,7 @@ from helpers import SPEC, cand, rec
 from autotune.core.enums import Outcome
 from autotune.core.parity import (
     FLOOR,
+    Arithmetic,
     Curve,
     Parity,
     ParityState,
@@ -142,3 +144,18 @@ def test_the_twin_runs_only_when_it_could_change_the_verdict() -> None:
     assert not needs_twin(beyond)
     loud = curve(6.0, 5.5, 5.2, 5.0, 4.9, 4.8, 4.8, 4.75)  # the twin: 3.9% of the progress
     assert judge(REFERENCE, close_call, tolerance(REFERENCE, loud)).status == Status.OK
+
+
+def test_zero_in_16_bits_is_its_own_arithmetic_and_in_fp32_the_same_as_ddp() -> None:
+    reference = cand(16)
+    fp32_zero = dataclasses.replace(reference, zero_stage=3)
+    assert Arithmetic.of(fp32_zero) == Arithmetic.of(reference)  # DDP's sums, sharded
+    assert {c.describe(): c.keeps_arithmetic for c in changes(reference, fp32_zero)} == {
+        "zero_stage default -> 3": True
+    }
+    bf16 = dataclasses.replace(reference, precision="bf16")
+    bf16_zero = dataclasses.replace(bf16, zero_stage=2)
+    assert Arithmetic.of(bf16_zero).key == "bf16|adamw_torch|deepspeed" != Arithmetic.of(bf16).key
+    assert {c.describe(): c.keeps_arithmetic for c in changes(bf16, bf16_zero)} == {
+        "zero_stage default -> 2": False  # DeepSpeed's 16-bit weights, fp32 master copies
+    }

@@ -3,6 +3,7 @@ and the one-batch check that padding-free batches leave the loss alone."""
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import pytest
@@ -103,3 +104,26 @@ def test_lever_options_narrow_the_search_or_are_refused_with_the_reason() -> Non
     for bad in ("fsdp=true", "torch_compile", "torch_compile=maybe", "dataloader_num_workers=x"):
         with pytest.raises(UsageError, match="--lever"):
             parse_lever_options([bad])
+
+
+def test_zero_is_offered_only_to_several_processes_with_deepspeed_and_says_why_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def zero(**kw: Any) -> tuple[Any, str]:
+        levers, reasons = offer(GPT2, DeviceKind.CPU, dataset=False, fixed={}, asked={}, **kw)
+        return dict(levers).get("zero_stage"), dict(reasons).get("zero_stage", "")
+
+    assert zero() == (None, "ZeRO shards across processes: it needs --nproc-per-node 2 or more")
+    assert "runs your config as given" in zero(nproc_per_node=2, own_deepspeed=True)[1]
+    with pytest.raises(UsageError, match=r"zero_stage=2: 2 is not available here .*2 or more"):
+        offer(GPT2, DeviceKind.CPU, dataset=False, fixed={}, asked={"zero_stage": (2,)})
+    pytest.importorskip("deepspeed")
+    assert zero(nproc_per_node=2) == ((0, 1, 2, 3), "")
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    assert zero(nproc_per_node=2) == (None, "DeepSpeed on the CPU builds a C++ op "
+                                            "(/nonexistent/g++ not found)")  # fmt: skip
+    monkeypatch.delenv("CXX")
+    real = importlib.util.find_spec
+    absent = lambda name, *a: None if name == "deepspeed" else real(name, *a)  # noqa: E731
+    monkeypatch.setattr(importlib.util, "find_spec", absent)
+    assert zero(nproc_per_node=2) == (None, "DeepSpeed is not installed (pip install deepspeed)")

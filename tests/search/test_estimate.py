@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from helpers import GIB, cand
 
@@ -10,6 +12,7 @@ from autotune.search.estimate import (
     Breakdown,
     activation_bytes,
     activation_scale,
+    breakdown,
     check_budget,
     static_bytes,
 )
@@ -57,3 +60,18 @@ def test_budget_that_only_an_8bit_optimizer_meets_says_so() -> None:
     with pytest.raises(UsageError, match=r"--optimizers .*adamw_bnb_8bit"):
         check_budget(params, ("fp32",), ("adamw_torch",), int(1.1e9))
     check_budget(params, ("fp32",), ("adamw_torch", "adamw_bnb_8bit"), int(1.1e9))
+
+
+def test_zero_splits_the_static_bytes_per_process_and_the_budget_check_knows_it() -> None:
+    zero3 = dataclasses.replace(cand(8), zero_stage=3)
+    ddp = breakdown(10**8, GPT2, "causal-lm", cand(8), 512, 0, nproc_per_node=2)
+    split = breakdown(10**8, GPT2, "causal-lm", zero3, 512, 0, nproc_per_node=2)
+    assert split.static * 2 == ddp.static and split.activations == ddp.activations
+    zero1 = breakdown(10**8, GPT2, "causal-lm", dataclasses.replace(cand(8), zero_stage=1),
+                      512, 0, nproc_per_node=2)  # fmt: skip
+    assert (zero1.weights, zero1.gradients) == (ddp.weights, ddp.gradients)
+    assert zero1.optimizer_state * 2 == ddp.optimizer_state
+    params = 100_000_000  # fp32 AdamW: 1.6 GB in one process, 0.8 GB in each of two
+    with pytest.raises(UsageError):
+        check_budget(params, ("fp32",), ("adamw_torch",), GIB)
+    check_budget(params, ("fp32",), ("adamw_torch",), GIB, split=(2, 2, 2))

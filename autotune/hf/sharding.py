@@ -1,0 +1,88 @@
+"""DeepSpeed ZeRO for multi-process probes: the config a stage exports, and the one-time
+build of the C++ op DeepSpeed's collectives use on the CPU.
+
+The exported config leaves batch sizes, clipping and precision to the Trainer ("auto":
+filled in from the TrainingArguments it sits in), sizes its buffers by the model
+("auto": from its hidden size, where DeepSpeed's defaults reserve 2 GB whatever the
+model) and names no optimizer, so the Trainer's own optimizer (the candidate's) is the
+one ZeRO shards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+from autotune.core.errors import UsageError
+
+BUILD_TIMEOUT_S = 600
+
+
+def deepspeed_config(stage: int) -> dict[str, Any]:
+    """The `deepspeed` field of TrainingArguments for a ZeRO stage (1-3)."""
+    if stage not in (1, 2, 3):
+        raise ValueError(f"ZeRO stage {stage}: stages are 1, 2 and 3")
+    zero: dict[str, Any] = {"stage": stage, "reduce_bucket_size": "auto"}
+    if stage == 3:
+        zero |= {"stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto"}
+    return {
+        "zero_optimization": zero,
+        "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "fp16": {"enabled": "auto"},
+        "bf16": {"enabled": "auto"},
+    }
+
+
+def zero_stage_of(arguments: dict[str, Any]) -> int:
+    """The ZeRO stage a recipe's inline `deepspeed` config runs (0: none, or a path)."""
+    config = arguments.get("deepspeed")
+    if not isinstance(config, dict):
+        return 0
+    stage = config.get("zero_optimization", {}).get("stage", 0)
+    return stage if isinstance(stage, int) else 0
+
+
+def shards(stage: int, nproc_per_node: int) -> tuple[int, int, int]:
+    """How many ways (weights, gradients, optimizer state) are split across processes:
+    stage 1 splits the optimizer state, 2 the gradients too, 3 the weights too."""
+    n = max(1, nproc_per_node)
+    return (n if stage >= 3 else 1, n if stage >= 2 else 1, n if stage >= 1 else 1)
+
+
+def cpu_op_error() -> str:
+    """Why DeepSpeed's shared-memory op cannot be built here ("" when it can)."""
+    compiler = os.environ.get("CXX") or "g++"
+    if shutil.which(compiler) is None:
+        return f"DeepSpeed on the CPU builds a C++ op ({compiler} not found)"
+    return ""
+
+
+def build_cpu_op() -> None:
+    """Build DeepSpeed's CPU communication op once (cached per machine), in a child, so
+    no probe pays the build in its timing or under its memory limit."""
+    code = (
+        "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B\n"
+        "b = B()\n"
+        "b.load(verbose=False) if b.is_compatible() else None\n"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True,
+            timeout=BUILD_TIMEOUT_S, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise UsageError(
+            f"building DeepSpeed's CPU op took over {BUILD_TIMEOUT_S} s; "
+            "leave ZeRO out with --lever zero_stage=0"
+        ) from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        raise UsageError(
+            f"DeepSpeed's CPU op did not build ({last}); leave ZeRO out with --lever zero_stage=0"
+        )

@@ -1,0 +1,60 @@
+"""The ZeRO config a stage exports: what the user's script reads, on the command line or
+from the arguments file, and what it splits across processes."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from autotune.core.enums import DeviceKind, Precision
+from autotune.core.errors import UsageError
+from autotune.core.trial import Candidate
+from autotune.hf.sharding import deepspeed_config, shards, zero_stage_of
+from autotune.hf.training_args import TUNED, cli_flags, tuned_arguments, validate
+
+
+def test_a_stage_exports_a_config_the_trainer_completes_and_no_optimizer_of_its_own() -> None:
+    for stage in (1, 2, 3):
+        config = deepspeed_config(stage)
+        assert config["zero_optimization"]["stage"] == stage
+        assert "optimizer" not in config  # the candidate's optimizer is the one sharded
+        autos = [k for k, v in config.items() if v == "auto"]
+        assert set(autos) == {"train_micro_batch_size_per_gpu", "train_batch_size",
+                              "gradient_accumulation_steps", "gradient_clipping"}  # fmt: skip
+        assert config["zero_optimization"]["reduce_bucket_size"] == "auto"  # not 2 GB
+    assert "stage3_prefetch_bucket_size" in deepspeed_config(3)["zero_optimization"]
+    with pytest.raises(ValueError, match="stages are 1, 2 and 3"):
+        deepspeed_config(0)
+
+
+def test_only_a_zero_candidate_writes_deepspeed_and_a_users_own_config_is_carried() -> None:
+    plain = Candidate(8, 2, Precision.BF16, False, "adamw_torch")
+    assert "deepspeed" not in tuned_arguments(plain, device_kind=DeviceKind.CPU)
+    zero = Candidate(8, 2, Precision.BF16, False, "adamw_torch", zero_stage=2)
+    args = tuned_arguments(zero, device_kind=DeviceKind.CPU)
+    assert zero_stage_of(args) == 2 and zero.describe().endswith(" zero2")
+    assert "deepspeed" not in TUNED  # a --base-args deepspeed config is the user's, kept
+    assert zero_stage_of({"deepspeed": "ds_config.json"}) == 0  # a path: not ours to read
+
+
+def test_the_command_line_form_parses_back_to_the_same_config() -> None:
+    pytest.importorskip("deepspeed")  # TrainingArguments reads the config with it
+    from transformers import HfArgumentParser, TrainingArguments
+
+    zero = Candidate(8, 2, Precision.FP32, False, "adamw_torch", zero_stage=3)
+    args = tuned_arguments(zero, device_kind=DeviceKind.CPU)
+    words = shlex.split(cli_flags({"deepspeed": args["deepspeed"]}))
+    parser = HfArgumentParser(TrainingArguments)  # type: ignore[arg-type]
+    (parsed,) = parser.parse_args_into_dataclasses([*words, "--output_dir", "x", "--use_cpu",
+                                                    "true"])  # fmt: skip
+    assert parsed.deepspeed == json.loads(json.dumps(args["deepspeed"]))
+    validate({**args, "output_dir": "x"}, error=UsageError, where="test")
+
+
+def test_each_stage_splits_one_more_kind_of_state() -> None:
+    assert shards(0, 4) == (1, 1, 1)
+    assert shards(1, 4) == (1, 1, 4)  # optimizer state
+    assert shards(2, 4) == (1, 4, 4)  # and gradients
+    assert shards(3, 4) == (4, 4, 4)  # and weights

@@ -1,0 +1,46 @@
+"""ZeRO through the real CLI on this CPU: two-process probes under gloo, a parity run
+of DeepSpeed's bf16 in one process, and an export the user's script loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import TINY_GPT2, autotune, write_model
+
+pytest.importorskip("deepspeed")
+
+
+@pytest.mark.slow
+def test_a_zero3_search_probes_checks_parity_and_exports_the_deepspeed_config(
+    tmp_path: Path,
+) -> None:
+    write_model(tmp_path / "tiny", TINY_GPT2)
+    done = autotune(
+        tmp_path, "search", "--model", "./tiny", "--device", "cpu",
+        "--lever", "torch_compile=false", "--lever", "attn_implementation=sdpa",
+        "--lever", "zero_stage=3", "--nproc-per-node", "2", "--global-batch-size", "32",
+        "--seq-len", "64", "--precisions", "fp32,bf16", "--optimizers", "adamw_torch",
+        "--checkpointing", "off", "--max-trials", "4", "--warmup-steps", "1",
+        "--measure-steps", "2", "--confirm-top", "0", "--parity-steps", "8",
+        "--memory-budget", "3GiB", "--quiet",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    # Two-process ZeRO-3 probes under a real 3 GiB limit per process
+    assert out.count(" ok       batch ") == 4 and " error " not in out, out
+    # DeepSpeed's bf16 is its own arithmetic, trained in one process beside the fp32 recipe
+    assert "parity  bf16-adamw_torch-deepspeed batch" in out, out
+    assert "parity  bf16 adamw_torch: ok" in out, out
+    args = json.loads((tmp_path / "studies" / "tiny.best.json").read_text())
+    summary = json.loads((tmp_path / "studies" / "tiny.best.summary.json").read_text())
+    assert summary["launch"] == "torchrun --nproc-per-node 2 your_script.py ARGS.json"
+    assert args["deepspeed"]["zero_optimization"]["stage"] == 3
+    assert any("pip install deepspeed" in line for line in summary["script_changes"])
+    from transformers import HfArgumentParser, TrainingArguments
+
+    parser = HfArgumentParser(TrainingArguments)  # type: ignore[arg-type]
+    (loaded,) = parser.parse_dict({**args, "output_dir": str(tmp_path / "out")})
+    micro, steps = loaded.per_device_train_batch_size, loaded.gradient_accumulation_steps
+    assert micro * steps * 2 == 32 and loaded.deepspeed == args["deepspeed"]
