@@ -27,7 +27,8 @@ def deepspeed_config(stage: int) -> dict[str, Any]:
         raise ValueError(f"ZeRO stage {stage}: stages are 1, 2 and 3")
     zero: dict[str, Any] = {"stage": stage, "reduce_bucket_size": "auto"}
     if stage == 3:
-        zero |= {"stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto"}
+        zero["stage3_prefetch_bucket_size"] = "auto"
+        zero["stage3_param_persistence_threshold"] = "auto"
     return {
         "zero_optimization": zero,
         "train_micro_batch_size_per_gpu": "auto",
