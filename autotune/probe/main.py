@@ -177,16 +177,16 @@ def _worst_case(
                       data_collator=_packed(config))  # fmt: skip
     timer.attach(trainer)
     tick = time.perf_counter()
+    timer.train_starts()
     output = trainer.train()
-    phases["train"] = time.perf_counter() - tick
+    ended = time.perf_counter()
+    phases["train"] = ended - tick
     del trainer
     result = _measured(config, timer, float(output.training_loss))
     if result.step_time_median_s is None:
         return result
     # Setup, compilation and slow first steps: all the warm-up cost beyond steady steps
-    one_time = phases["train"] - sum(result.step_times_s)
-    one_time -= timer.warmup_steps * result.step_time_median_s
-    return result.replace(one_time_s=round(max(0.0, one_time), 3),
+    return result.replace(one_time_s=round(timer.one_time_s(ended), 3),
                           warmup_steps=timer.warmup_steps,
                           measure_stop=timer.stop_reason)  # fmt: skip
 
@@ -329,6 +329,8 @@ def prepare_environment(config: TrialConfig) -> None:
     os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "system"
     for name in [n for n in os.environ if n.startswith("ACCELERATE_DYNAMO_")]:
         del os.environ[name]  # would compile behind the candidate's back
+    for name in ("ACCELERATE_USE_CPU", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP"):
+        os.environ.pop(name, None)  # the recipe says; ACCELERATE_USE_CPU drops DeepSpeed
     if config.candidate.torch_compile:  # a cold compile, as the user's first run pays it
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(config.trial_dir) / "inductor-cache")
     if config.visible_devices:

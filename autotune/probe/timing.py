@@ -53,6 +53,11 @@ class StepTimer(TrainerCallback):
         self.calibrating = True  # the initial run of skipped steps
         self.skipped: list[int] = []  # steps (1-based) the loss scaler skipped, after calibration
         self.calibration_steps = 0
+        self.train_called: float | None = None  # host time trainer.train() was called
+
+    def train_starts(self) -> None:
+        """Call just before trainer.train(): its setup counts in the one-time cost."""
+        self.train_called = self.marks.clock()
 
     def attach(self, trainer: Any) -> None:
         """Read the loss scale from the trainer's accelerator (fp16 only)."""
@@ -91,13 +96,21 @@ class StepTimer(TrainerCallback):
         self.stop_reason = self.schedule.stop_reason(measured, self.one_time_s())
         return bool(self.stop_reason)
 
-    def one_time_s(self) -> float:
-        """The warm-up's time beyond steady steps (from the first step's start)."""
+    def one_time_s(self, ended: float | None = None) -> float:
+        """What the run pays once: the trainer's setup before the first step (from
+        `train_starts`) and the warm-up's time beyond steady steps (a cold compilation,
+        slow first steps). The one definition: the early stop ranks by it while the run
+        goes on (host marks, the CPU's); after trainer.train() returned at host time
+        `ended`, the wall time less the timed and steady warm-up steps (exact on CUDA
+        too, where a step's host mark may run ahead of the device)."""
         measured = self.measured_step_times()
         if not measured or self.warmup is None:
             return 0.0
-        warm = self.marks.host_elapsed(self.warmup)
-        return max(0.0, warm - self.warmup * statistics.median(measured))
+        steady = self.warmup * statistics.median(measured)
+        if ended is not None and self.train_called is not None:
+            return max(0.0, ended - self.train_called - sum(measured) - steady)
+        setup = self.marks.began - self.train_called if self.train_called is not None else 0.0
+        return max(0.0, setup + self.marks.host_elapsed(self.warmup) - steady)
 
     def _skipped(self, optimizer: Any) -> bool:
         # accelerate's optimizer wrapper reports a skip (not for fused AdamW); a fall of

@@ -43,10 +43,18 @@ class TrialRow:
     parity_figures: str = ""
     one_time_s: float | None = None  # setup + compilation + slow first steps
     finish_s: float | None = None  # the user's --train-steps at this speed, one-time included
+    reused_from: str = ""  # "study S trial N": figures taken over, not probed in this study
 
 
 def explain(record: TrialRecord, spec: SearchSpec) -> str:
-    """Why a trial is not a candidate, in a few words ('' for a clean ok)."""
+    """Why a trial is not a candidate, in a few words ('' for a clean ok), and where its
+    figures came from when another study measured them."""
+    why = _why(record, spec)
+    reused = record.result.reused_from
+    return "; ".join(filter(None, (why, f"reused: {reused}" if reused else "")))
+
+
+def _why(record: TrialRecord, spec: SearchSpec) -> str:
     r = record.result
     if record.parity and record.parity.blocks_export:
         return record.parity.figures()
@@ -99,6 +107,7 @@ def trial_rows(
                 finish_s=_round(r.time_to_finish_s(spec.train_steps), 1)
                 if spec.train_steps
                 else None,
+                reused_from=r.reused_from,
             )
         )
     # The selected trial first, then the rest as ranked.

@@ -171,7 +171,10 @@ def test_a_ddp_probe_runs_under_torchrun_and_one_ranks_oom_fails_the_trial(
         assert result.samples_per_s and result.peak_memory_bytes
         assert result.versions["world_size"] == "2"
     else:
-        assert "can't allocate memory" in result.error  # torchrun stopped the other rank
+        # a real OOM (torch's allocator, or Python's where a library import is what tips
+        # it: accelerate imports DeepSpeed when it is installed); torchrun stopped the
+        # other rank
+        assert "can't allocate memory" in result.error or result.error.startswith("MemoryError")
 
 
 def _processes_mentioning(text: str) -> list[str]:

@@ -117,3 +117,22 @@ def test_a_two_rank_nccl_probe_runs_and_leaves_no_process(tmp_path: Path) -> Non
     result = run_trial(probe(tmp_path, "ddp", nproc_per_node=2), timeout_s=300)
     assert result.outcome == Outcome.OK, result.reason
     assert result.versions["world_size"] == "2"
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/dev/nvidia1"), reason="needs two GPUs for a 2-rank ZeRO probe"
+)
+@pytest.mark.parametrize("stage", [2, 3])
+def test_two_rank_zero_probes_run_on_gpus(tmp_path: Path, stage: int) -> None:
+    """Written against DeepSpeed's documented API; not yet run (no two-GPU machine)."""
+    pytest.importorskip("deepspeed")
+    from autotune.core.enums import DeviceKind
+    from autotune.hf.training_args import tuned_arguments
+
+    candidate = Candidate(8, 1, "bf16", False, "adamw_torch", zero_stage=stage)
+    args = tuned_arguments(candidate, device_kind=DeviceKind.CUDA)
+    config = probe(tmp_path, f"zero{stage}", candidate=candidate, nproc_per_node=2,
+                   training_arguments=args)  # fmt: skip
+    result = run_trial(config, timeout_s=600)
+    assert result.outcome == Outcome.OK, result.reason
+    assert result.versions["world_size"] == "2" and result.peak_memory_bytes

@@ -95,6 +95,18 @@ def test_a_schedule_ends_warm_up_when_steady_and_drops_a_clearly_slower_config()
     assert timer.one_time_s() == (60 + 9 + 6) - 3 * 5  # warm-up beyond 3 steady steps
 
 
+def test_the_one_time_cost_counts_the_trainers_setup_and_after_the_run_its_wall_time() -> None:
+    clock = Steps([4, 60, 9, 6, 5, 5, 5])  # 4 s of setup before the first step begins
+    timer = StepTimer(device_kind="cpu", warmup_steps=3, measure_steps=3, clock=clock)
+    timer.train_starts()
+    run(timer, 3 + 3)
+    assert timer.measured_step_times() == [5.0, 5.0, 5.0]
+    assert timer.one_time_s() == 4 + (60 + 9 + 6) - 3 * 5  # setup + warm-up beyond steady
+    # after train() returned, 2 s later: the wall time, the run's tail included
+    ended = clock.now + 2
+    assert timer.one_time_s(ended) == 4 + (60 + 9 + 6) - 3 * 5 + 2
+
+
 def test_a_scheduled_window_counts_a_skip_in_the_step_that_ended_warm_up() -> None:
     timer = StepTimer(device_kind="cpu", warmup_steps=3, clock=Steps([1.0] * 10),
                       schedule=Schedule(max_warmup=3, max_measure=4))  # fmt: skip

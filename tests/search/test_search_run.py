@@ -269,3 +269,8 @@ def test_a_new_budget_is_a_new_study_that_reuses_what_fits(
     assert "reused: study tiny trial 0 measured it" in again.stdout
     first = json.loads((work / "studies" / "tiny.best.json").read_text())
     assert json.loads((work / "studies" / "tiny-again.best.json").read_text()) == first
+    shown = autotune(work, "show", "--study", "tiny-again", "--format", "json")
+    rows = json.loads(shown.stdout)["trials"]
+    measured = [r for r in rows if r["outcome"] != "skipped"]  # skips: this study's rules
+    assert measured and all(r["reused_from"].startswith("study tiny trial ") for r in measured)
+    assert all("reused: study tiny trial " in r["why"] for r in measured)
