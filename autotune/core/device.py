@@ -52,3 +52,13 @@ def supported_precisions(device: DeviceInfo) -> tuple[Precision, ...]:
     if capability >= (8, 0):
         found.append(Precision.BF16)
     return tuple(found)
+
+
+def package_version(name: str) -> str:
+    """An installed distribution's version, without importing it ("none": not installed)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "none"

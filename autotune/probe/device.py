@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from autotune.core.device import DeviceInfo
+from autotune.core.device import DeviceInfo, package_version
 from autotune.core.enums import DeviceKind
 from autotune.core.errors import UsageError
 
@@ -371,6 +371,8 @@ def describe_environment(device_kind: str, index: int) -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "accelerate": accelerate.__version__,
+        # installed, it changes every probe (accelerate imports it) and runs ZeRO's
+        "deepspeed": package_version("deepspeed"),
         "python": platform.python_version(),
         "cpus": str(len(os.sched_getaffinity(0))),
         "device": device_name(device_kind, index),

@@ -18,26 +18,26 @@ windows. A reused measurement is never reused again: only originals carry.
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import os
 import platform
 
 import optuna
 
+from autotune.core.device import package_version
 from autotune.core.enums import Outcome
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord, TrialResult
 from autotune.store.keys import StudyAttr
 from autotune.store.store import StudyStore
 
-VERSIONED = ("torch", "transformers", "accelerate")
+VERSIONED = ("torch", "transformers", "accelerate", "deepspeed")
 MARGIN = 0.9  # a peak measured under a larger limit: reused below 90% of this one
 
 
 def current_versions() -> dict[str, str]:
     """What a probe of this environment records of it (without importing torch): the
     versions, and the cores it may use."""
-    found = {name: importlib.metadata.version(name) for name in VERSIONED}
+    found = {name: package_version(name) for name in VERSIONED}
     cores = str(len(os.sched_getaffinity(0)))
     return {**found, "python": platform.python_version(), "cpus": cores}
 

@@ -72,6 +72,9 @@ def test_nothing_is_reused_from_another_model_device_length_or_version(
     for name, spec in others.items():
         study(url, name, spec, {8: measured(1.0)})
     study(url, "old-torch", SPEC, {8: measured(1.0, torch="1.13.0")})
+    # DeepSpeed installed or not changes every probe (accelerate imports it when present)
+    other = "none" if current_versions()["deepspeed"] != "none" else "0.19.8"
+    study(url, "other-deepspeed", SPEC, {8: measured(1.0, deepspeed=other)})
     study(url, "concurrent", SPEC, {8: dataclasses.replace(measured(1.0), concurrent=2)})
     reuse = Reuse.gather(study(url, "new", SPEC, {}))
     assert len(reuse) == 0
