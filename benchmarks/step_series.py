@@ -29,7 +29,7 @@ MODELS = {
 COMMON = [
     "--precisions", "fp32,bf16", "--checkpointing", "on,off", "--fixed-steps",
     "--warmup-steps", "1", "--measure-steps", "14", "--max-trials", "16",
-    "--confirm-top", "0", "--parity", "off", "--quiet", *PLAIN,
+    "--confirm-top", "0", "--parity", "off", "--sampler", "random", "--quiet", *PLAIN,
 ]  # fmt: skip
 
 
