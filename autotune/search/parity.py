@@ -115,6 +115,12 @@ class ParityCheck:
                              learning_rate(self.spec), self.spec.seed)  # fmt: skip
         stored = self.store.parity()
         state = stored.retrying() if stored and stored.same_setup(wanted) else wanted
+        if state is wanted and self.run.reuse is not None:  # another study's, made alike
+            taken = self.run.reuse.parity_runs(wanted)
+            if taken is not None:
+                state = taken[1]
+                runs = sorted(state.curves, key=lambda k: (k != "reference", k))
+                self.run.observer.on_parity_reused(taken[0], [k.replace("|", " ") for k in runs])
         self.store.save_parity(state)  # also when no run is needed: the check was on
         arithmetics = len(self.spec.space.precisions) * len(self.spec.space.optimizers)
         for _ in range(arithmetics + 1):

@@ -25,6 +25,7 @@ import optuna
 
 from autotune.core.device import package_version
 from autotune.core.enums import Outcome
+from autotune.core.parity import ParityState
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord, TrialResult
 from autotune.store.keys import StudyAttr
@@ -49,6 +50,7 @@ class Source:
     name: str
     spec: SearchSpec
     records: tuple[TrialRecord, ...]
+    parity: ParityState | None = None  # its training-parity runs and verdicts
 
 
 class Reuse:
@@ -59,11 +61,17 @@ class Reuse:
         concurrent: int = 1, whole_windows: bool = False,
     ) -> None:  # fmt: skip
         self.found: dict[Candidate, TrialResult] = {}
+        # parity runs of a source whose probes are reused (so made with these versions)
+        self.parity: list[tuple[str, ParityState]] = []
         for source in sources:
+            taken = 0
             for record in source.records:
                 result = _reusable(record, source, spec, versions, concurrent, whole_windows)
                 if result is not None and record.candidate not in self.found:
                     self.found[record.candidate] = result
+                    taken += 1
+            if taken and source.parity is not None:
+                self.parity.append((source.name, source.parity.retrying()))
 
     @classmethod
     def gather(
@@ -86,15 +94,25 @@ class Reuse:
                 continue
             try:
                 study = optuna.load_study(study_name=summary.study_name, storage=store.storage)
-                records = StudyStore(study, store.storage, store.url, other).records()
+                found = StudyStore(study, store.storage, store.url, other)
+                records, parity = found.records(), found.parity()
             except (ValueError, TypeError, KeyError):  # results this version cannot read
                 continue
-            sources.append(Source(summary.study_name, other, tuple(records)))
+            sources.append(Source(summary.study_name, other, tuple(records), parity))
         return cls(store.spec, sources, versions=current_versions(), concurrent=concurrent,
                    whole_windows=whole_windows)  # fmt: skip
 
     def find(self, candidate: Candidate) -> TrialResult | None:
         return self.found.get(candidate)
+
+    def parity_runs(self, wanted: ParityState) -> tuple[str, ParityState] | None:
+        """Another study's parity runs made the way this one's would be (the reference's
+        arithmetic, steps, learning rate and seed; the same model, data and versions),
+        with its reference curve: (its name, its state)."""
+        for name, state in self.parity:
+            if state.same_setup(wanted) and "reference" in state.curves:
+                return name, state
+        return None
 
     def __len__(self) -> int:
         return len(self.found)

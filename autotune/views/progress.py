@@ -157,6 +157,10 @@ class Progress:
         self.console.print(f"parity  {label:<10} {candidate.describe()}  (training run)",
                            soft_wrap=True)  # fmt: skip
 
+    def on_parity_reused(self, study: str, runs: list[str]) -> None:
+        self.console.print(f"parity  reused: study {study}'s runs ({', '.join(runs)})",
+                           soft_wrap=True)  # fmt: skip
+
     def on_parity(self, candidate: Candidate, parity: Parity) -> None:
         self.console.print(f"parity  {candidate.precision} {candidate.optim}: {parity.figures()}",
                            soft_wrap=True)  # fmt: skip

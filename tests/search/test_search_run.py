@@ -256,7 +256,7 @@ def test_a_probe_past_the_trial_timeout_is_killed_and_the_search_goes_on(tmp_pat
 def test_a_new_budget_is_a_new_study_that_reuses_what_fits(
     searched_study: tuple[Path, list[str], str],
 ) -> None:
-    work, argv, _ = searched_study
+    work, argv, first_run = searched_study
     budget = argv[argv.index("--memory-budget") + 1]
     halved = [a if a != budget else f"{int(budget[:-1]) // 2}B" for a in argv]
     refused = autotune(work, *halved)
@@ -267,6 +267,9 @@ def test_a_new_budget_is_a_new_study_that_reuses_what_fits(
     assert again.returncode == 0, again.stdout + again.stderr
     assert "0 probe(s) this run" in again.stdout
     assert "reused: study tiny trial 0 measured it" in again.stdout
+    if "parity  reference" in first_run:  # its parity runs too: none trained again
+        assert "parity  reused: study tiny's runs (reference" in again.stdout
+        assert "(training run)" not in again.stdout
     first = json.loads((work / "studies" / "tiny.best.json").read_text())
     assert json.loads((work / "studies" / "tiny-again.best.json").read_text()) == first
     shown = autotune(work, "show", "--study", "tiny-again", "--format", "json")

@@ -8,6 +8,7 @@ from pathlib import Path
 from helpers import GIB, SPEC, cand
 
 from autotune.core.enums import Outcome
+from autotune.core.parity import Curve, Parity, ParityState, Status
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import TrialResult
 from autotune.search.selection import verdict
@@ -105,3 +106,27 @@ def test_a_reused_trial_is_not_a_probe_for_the_trial_cap(tmp_path: Path) -> None
     trial, candidate = store.ask()
     # --max-trials 1: the reused trial leaves room for this first probe
     assert store.claim(trial, candidate, 1, str(tmp_path / "t")) is None
+
+
+def test_parity_runs_are_reused_only_when_made_alike_with_the_same_versions(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    curve = Curve(((0, 5.0), (10, 4.0)), steps=10)
+    ran = ParityState(cand(8), steps=10, learning_rate=1e-4, seed=0,
+                      curves={"reference": curve, "bf16|adamw_torch": curve},
+                      verdicts={"bf16|adamw_torch": Parity(Status.OK)})  # fmt: skip
+    study(url, "first", SPEC, {8: measured(1.0)}).save_parity(ran)
+    study(url, "old", SPEC, {8: measured(1.0, torch="1.13.0")}).save_parity(ran)
+    reuse = Reuse.gather(study(url, "new", SPEC, {}))
+    wanted = ParityState(cand(16), steps=10, learning_rate=1e-4, seed=0)  # split aside
+    found = reuse.parity_runs(wanted)
+    assert found is not None and found[0] == "first"  # not "old": other versions
+    assert found[1].verdict(dataclasses.replace(cand(8), precision="bf16")) == Parity(Status.OK)
+    for other in ({"steps": 20}, {"seed": 1}, {"learning_rate": 1e-3}):
+        assert reuse.parity_runs(dataclasses.replace(wanted, **other)) is None
+    unfinished = dataclasses.replace(ran, curves={"reference": Curve((), error="OOM")})
+    alone = f"sqlite:///{tmp_path / 'failed.db'}"
+    study(alone, "failed", SPEC, {16: measured(1.0)}).save_parity(unfinished)
+    reuse = Reuse.gather(study(alone, "newer", SPEC, {}))
+    assert reuse.find(cand(16)) is not None and reuse.parity_runs(wanted) is None
