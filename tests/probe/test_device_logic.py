@@ -120,27 +120,31 @@ def test_a_device_nvml_cannot_answer_for_falls_through_to_torch(
 
 
 def test_a_probe_runs_what_its_recipe_says_whatever_accelerates_variables_say(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+    tmp_path: Any,
 ) -> None:
     """ACCELERATE_USE_CPU (set by `accelerate launch --cpu`) would drop DeepSpeed silently
     and put a GPU probe on the CPU; a one-process DeepSpeed run gets a world of one."""
+    import os
+
     from autotune.core.trial import Candidate, ModelSpec, TrialConfig
     from autotune.probe.main import prepare_environment
 
-    for name in ("ACCELERATE_USE_CPU", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DYNAMO_MODE"):
-        monkeypatch.setenv(name, "1")
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                 "MASTER_PORT", "ARROW_DEFAULT_MEMORY_POOL"):  # fmt: skip
-        monkeypatch.delenv(name, raising=False)  # and put back as they were after the test
     config = TrialConfig(
         number=0, trial_dir=str(tmp_path), model=ModelSpec("m", "local", "causal-lm", {}),
         candidate=Candidate(8, 1, "bf16", False, "adamw_torch", zero_stage=2), device="cpu",
         seq_len=8, target_len=0, memory_limit_bytes=None,
         training_arguments={"deepspeed": {"zero_optimization": {"stage": 2}}},
     )  # fmt: skip
-    prepare_environment(config)
-    import os
-
-    assert not any(n.startswith("ACCELERATE_") for n in os.environ)
-    assert (os.environ["WORLD_SIZE"], os.environ["RANK"]) == ("1", "0")
-    assert 0 < int(os.environ["MASTER_PORT"]) < 65536
+    saved = dict(os.environ)  # the probe's environment must not leak into later tests
+    try:
+        for name in ("WORLD_SIZE", "RANK", "MASTER_PORT"):
+            os.environ.pop(name, None)
+        for name in ("ACCELERATE_USE_CPU", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DYNAMO_MODE"):
+            os.environ[name] = "1"
+        prepare_environment(config)
+        assert not any(n.startswith("ACCELERATE_") for n in os.environ)
+        assert (os.environ["WORLD_SIZE"], os.environ["RANK"]) == ("1", "0")
+        assert 0 < int(os.environ["MASTER_PORT"]) < 65536
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
