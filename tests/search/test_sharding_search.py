@@ -21,16 +21,17 @@ def test_a_zero3_search_probes_checks_parity_and_exports_the_deepspeed_config(
         tmp_path, "search", "--model", "./tiny", "--device", "cpu",
         "--lever", "torch_compile=false", "--lever", "attn_implementation=sdpa",
         "--lever", "zero_stage=3", "--nproc-per-node", "2", "--global-batch-size", "32",
-        "--seq-len", "64", "--precisions", "fp32,bf16", "--optimizers", "adamw_torch",
-        "--checkpointing", "off", "--max-trials", "4", "--warmup-steps", "1",
+        "--seq-len", "64", "--precisions", "bf16", "--optimizers", "adamw_torch",
+        "--checkpointing", "off", "--max-trials", "2", "--warmup-steps", "1",
         "--measure-steps", "2", "--confirm-top", "0", "--parity-steps", "8",
-        "--memory-budget", "3GiB", "--quiet",
+        "--memory-budget", "3GiB", "--sampler", "random", "--quiet",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    # Two-process ZeRO-3 probes under a real 3 GiB limit per process
-    assert out.count(" ok       batch ") == 4 and " error " not in out, out
-    # DeepSpeed's bf16 is its own arithmetic, trained in one process beside the fp32 recipe
+    # Both configs (8x2, 16x1) probed: two-process ZeRO-3 under a real 3 GiB limit each
+    assert out.count(" ok       batch ") == 2 and " error " not in out, out
+    # DeepSpeed's bf16 is its own arithmetic, trained in one process beside the recipe
+    # (fp32 AdamW, the default), whichever config is faster
     assert "parity  bf16-adamw_torch-deepspeed batch" in out, out
     assert "parity  bf16 adamw_torch: ok" in out, out
     args = json.loads((tmp_path / "studies" / "tiny.best.json").read_text())
