@@ -153,6 +153,8 @@ def model_class(model: ModelSpec) -> Any:
 def _attention(model: ModelSpec, kind: DeviceKind) -> tuple[tuple[Any, ...], str]:
     from transformers.utils.import_utils import is_flash_attn_2_available
 
+    from autotune.hf.models import transformers_config
+
     cls = model_class(model)
     choices = ["eager"]
     why = []
@@ -164,11 +166,34 @@ def _attention(model: ModelSpec, kind: DeviceKind) -> tuple[tuple[Any, ...], str
         why.append("flash_attention_2 needs the flash-attn package and a CUDA GPU")
     else:
         choices.append("flash_attention_2")
-    if getattr(cls, "_supports_flex_attn", False) and kind == DeviceKind.CUDA:
-        choices.append("flex_attention")
-    elif getattr(cls, "_supports_flex_attn", False):
+    dropout = _attention_dropout(transformers_config(model.config))
+    if not getattr(cls, "_supports_flex_attn", False):
+        pass
+    elif kind != DeviceKind.CUDA:
         why.append("flex_attention has no backward pass on the CPU")
+    elif dropout:
+        # transformers' flex_attention_forward raises on any dropout > 0 in training
+        why.append(f"flex_attention does not train with attention dropout ({dropout})")
+    else:
+        choices.append("flex_attention")
     return tuple(choices), "; ".join(why)
+
+
+# Where configs keep the dropout their attention layers apply in training.
+_ATTENTION_DROPOUT = (
+    "attention_dropout", "attn_pdrop", "attention_probs_dropout_prob", "attn_dropout",
+    "dropout_rate",  # T5, mT5: one rate, attention included
+)  # fmt: skip
+
+
+def _attention_dropout(config: Any) -> str:
+    """'name = value' of the attention dropout a (transformers) config trains with, when
+    above 0, else ''. The defaults count: GPT-2's attn_pdrop is 0.1 unless set."""
+    for name in _ATTENTION_DROPOUT:
+        value = getattr(config, name, None)
+        if isinstance(value, int | float) and value > 0:
+            return f"{name} = {value}"
+    return ""
 
 
 def _liger(model: ModelSpec, kind: DeviceKind) -> tuple[tuple[Any, ...], str]:

@@ -66,6 +66,22 @@ def test_flex_attention_is_not_offered_on_the_cpu_where_it_has_no_backward() -> 
     assert "no backward pass on the CPU" in reasons["attn_implementation"]
 
 
+def test_flex_attention_is_offered_on_a_gpu_only_to_models_without_attention_dropout() -> None:
+    """transformers' flex attention raises in training on any attention dropout: mT5 (0.1
+    by default) failed its flex probe on an H100. The config's defaults count."""
+
+    def on_gpu(model: ModelSpec) -> tuple[tuple[Any, ...], str]:
+        levers, reasons = offer(model, DeviceKind.CUDA, dataset=False, fixed={}, asked={})
+        return dict(levers)["attn_implementation"], dict(reasons).get("attn_implementation", "")
+
+    assert "flex_attention" in on_gpu(LLAMA)[0]  # attention_dropout 0.0 by default
+    choices, why = on_gpu(T5)
+    assert "flex_attention" not in choices and "attention dropout (dropout_rate = 0.1)" in why
+    dropping = ModelSpec("llama", "local", "causal-lm", {**LLAMA.config, "attention_dropout": 0.1})
+    choices, why = on_gpu(dropping)
+    assert "flex_attention" not in choices and "(attention_dropout = 0.1)" in why
+
+
 def test_with_data_a_causal_lm_that_keeps_packed_sequences_apart_gets_padding_free() -> None:
     for model in (GPT2, LLAMA):
         levers, _ = offered(model, dataset=True)
