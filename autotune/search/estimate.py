@@ -40,6 +40,21 @@ OPTIMIZER_STATE_BYTES = {
     "lion_32bit": 4,
 }
 DEFAULT_STATE_BYTES = 8
+# What a config certainly holds at its first optimizer step, per parameter: a floor the
+# search skips on with no margin (the rule above plans; this one must never overstate).
+# The Trainer keeps fp32 weights under autocast, gradients take their dtype; Adafactor's
+# factored state, paged state (which may sit in host memory) and unknown optimizers
+# count 0. DeepSpeed's 16-bit engine keeps 16-bit weights and gradients.
+FLOOR_STATE_BYTES = {
+    "adamw_torch": 8,
+    "adamw_torch_fused": 8,
+    "adamw_bnb_8bit": 2,
+    "adamw_8bit": 2,
+    "adamw_torch_8bit": 2,
+    "adamw_torch_4bit": 1,
+    "lion_8bit": 1,
+    "lion_32bit": 4,
+}
 PROCESS_BYTES = {"cpu": 350 * 2**20, "cuda": 600 * 2**20}  # interpreter + libraries / context
 FAR_OVER = 1.5  # skip only what the estimate puts this far over the budget
 
@@ -125,6 +140,14 @@ def breakdown(
         optimizer_state=parameters * state_bytes(candidate.optim) // o,
         activations=activation_bytes(config, task, candidate, seq_len, target_len),
     )
+
+
+def floor_bytes(parameters: int, candidate: Candidate, nproc_per_node: int = 1) -> int:
+    """Bytes the weights, gradients and optimizer state certainly take per process."""
+    w, g, o = shards(candidate.zero_stage, nproc_per_node)
+    tensor = 2 if candidate.zero_stage and candidate.precision in ("fp16", "bf16") else 4
+    state = FLOOR_STATE_BYTES.get(candidate.optim, 0)
+    return parameters * tensor // w + parameters * tensor // g + parameters * state // o
 
 
 def activation_scale(
@@ -274,11 +297,19 @@ Verdictor = Callable[[Candidate], str | None]
 
 
 def far_over_budget(spec: SearchSpec, recs: list[TrialRecord]) -> Verdictor:
-    """The estimate's verdict on a candidate: a reason when it is far over the budget."""
+    """The estimate's verdict on a candidate: a reason when it cannot fit, either because
+    its weights, gradients and optimizer state alone exceed what a probe may use, or
+    because the estimate puts it far over the budget."""
     predict = make_predictor(spec, recs)
     limit = FAR_OVER * spec.memory_budget_bytes
 
     def over(candidate: Candidate) -> str | None:
+        floor = floor_bytes(spec.parameters or 0, candidate, spec.nproc_per_node)
+        if floor > spec.fit_limit_bytes:
+            return (
+                f"weights, gradients and optimizer state alone take {format_size(floor)}, "
+                f"over the {format_size(spec.fit_limit_bytes)} a probe may use"
+            )
         peak = predict(candidate)
         if peak is None or peak <= limit:
             return None

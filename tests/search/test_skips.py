@@ -46,22 +46,48 @@ def test_open_candidates_shrink_as_the_study_learns() -> None:
 
 
 def test_a_config_the_estimate_puts_far_over_the_budget_is_skipped_as_infeasible() -> None:
-    """SPEC's model given 2e9 parameters: fp32 AdamW needs 16 bytes each (32 GB) against
-    an 8 GiB budget, far over before any activation; a 1e8 model is not skipped."""
+    """SPEC's model given 1e9 parameters, 8 GiB: fp16 Adafactor by the published rule
+    (6 + 4 + 4 bytes each) is 14 GB, far over, though its certain floor (fp32 weights and
+    gradients, 8 GB) is not over; a 1e8 model is not skipped."""
     import dataclasses
 
     from helpers import SPEC
 
     from autotune.search.estimate import far_over_budget
 
-    huge = dataclasses.replace(SPEC, parameters=2_000_000_000)
-    over = far_over_budget(huge, [])
-    assert over(cand(8)) is not None and "far over the 8.0 GiB budget" in str(over(cand(8)))
-    skip = skip_reason(cand(8), [], SPACE, over)
+    big = dataclasses.replace(SPEC, parameters=1_000_000_000)
+    adafactor = SPACE.candidate(8, "fp16", False, "adafactor")
+    over = far_over_budget(big, [])
+    assert "far over the 8.0 GiB budget" in str(over(adafactor))
+    skip = skip_reason(adafactor, [], SPACE, over)
     assert skip is not None and skip.implies_oom and skip.reason.startswith("skipped: estimate")
     small = far_over_budget(dataclasses.replace(SPEC, parameters=100_000_000), [])
     assert small(cand(64)) is None
     assert far_over_budget(SPEC, [])(cand(8)) is None  # no parameter count: no verdict
+
+
+def test_a_config_whose_states_alone_exceed_what_a_probe_may_use_is_never_probed() -> None:
+    """300M parameters under a 4 GiB budget: AdamW's fp32 weights, gradients and state take
+    4.5 GiB for certain, whatever the precision, yet the 1.5x margin of the planning
+    estimate would have probed each (an OOM apiece). Adafactor (factored), 8-bit Adam
+    (2 bytes) and paged state (may sit in host memory) stay open."""
+    import dataclasses
+
+    from helpers import SPEC
+
+    from autotune.search.estimate import far_over_budget
+
+    mt5 = dataclasses.replace(SPEC, parameters=300_000_000, memory_budget_bytes=4 * 2**30)
+    over = far_over_budget(mt5, [])
+    for precision in ("fp32", "bf16", "fp16"):
+        for optim in ("adamw_torch", "adamw_torch_fused"):
+            why = over(SPACE.candidate(8, precision, True, optim))
+            assert why is not None and why.startswith("weights, gradients and optimizer state")
+            assert "4.5 GiB, over the 3.8 GiB a probe may use" in why
+    for optim in ("adafactor", "adamw_bnb_8bit", "paged_adamw_8bit"):
+        assert over(SPACE.candidate(8, "fp32", True, optim)) is None, optim
+    roomy = far_over_budget(dataclasses.replace(mt5, memory_budget_bytes=5 * 2**30), [])
+    assert roomy(SPACE.candidate(8, "fp32", True, "adamw_torch")) is None
 
 
 def test_a_config_another_worker_is_probing_is_not_proposed_again() -> None:
