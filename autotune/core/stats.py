@@ -75,4 +75,5 @@ def combine(original: TrialResult, confirmations: Sequence[TrialResult]) -> Tria
         peak_memory_bytes=max(peaks) if peaks else None,
         final_loss=confirmations[-1].final_loss,
         model_flops_per_s=flops_per_sample * samples_per_s if flops_per_sample else None,
+        pooled_runs=sum(run.pooled_runs for run in runs),
     )

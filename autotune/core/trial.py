@@ -206,6 +206,7 @@ class TrialResult:
     measure_stop: str = ""  # adaptive measurement: why the window closed
     # Measured by another study and taken over, not probed again ("study S trial N")
     reused_from: str = ""
+    pooled_runs: int = 1  # measured runs these figures pool (the probe + confirmations)
 
     def to_json(self) -> str:
         raw = dataclasses.asdict(self)

@@ -155,7 +155,7 @@ class StudyStore:
                     trial.number,
                     candidate,
                     combine(first, extra),
-                    len(pooled(first, extra)),
+                    sum(run.pooled_runs for run in pooled(first, extra)),
                     state.verdict(candidate) if state else None,
                 )
             )

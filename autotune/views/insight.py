@@ -73,7 +73,10 @@ def insight(
         for r in fitting(records, spec.fit_limit_bytes)
         if best is not None and (r.result.samples_per_s or 0.0) >= top * (1 - band)
     )
-    measured = [r for r in records if r.result.outcome != Outcome.SKIPPED]
+    # what this study ran: reused figures (with their confirmations) cost it nothing
+    measured = [
+        r for r in records if r.result.outcome != Outcome.SKIPPED and not r.result.reused_from
+    ]
     return Insight(
         best=best,
         reference=reference,

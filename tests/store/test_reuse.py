@@ -108,6 +108,23 @@ def test_a_reused_trial_is_not_a_probe_for_the_trial_cap(tmp_path: Path) -> None
     assert store.claim(trial, candidate, 1, str(tmp_path / "t")) is None
 
 
+def test_a_reused_finalist_keeps_its_confirmation_and_is_not_confirmed_again(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    first = study(url, "first", SPEC, {8: measured(1.0)})
+    (record,) = first.records()
+    confirmation = measured(1.1)
+    first.add_confirmation(record, confirmation, verdict(confirmation, SPEC, implied=False), "c")
+    assert first.records()[0].runs == 2
+    found = Reuse.gather(study(url, "probe", SPEC, {})).find(cand(8))
+    assert found is not None and found.pooled_runs == 2
+    again = study(url, "again", SPEC, {8: found})
+    (taken,) = again.records()
+    assert taken.runs == 2  # the confirm loop takes only finalists with fewer than 2 runs
+    assert taken.result.peak_memory_bytes == int(1.1 * GIB)  # the highest of both runs
+
+
 def test_parity_runs_are_reused_only_when_made_alike_with_the_same_versions(
     tmp_path: Path,
 ) -> None:

@@ -26,3 +26,15 @@ def test_the_winner_its_ties_and_what_it_changes_against_the_recipe() -> None:
     assert note(records[2], found) == "selected"
     assert note(records[1], found).startswith("tie: within")
     assert note(records[3], found) == "40% slower"
+
+
+def test_the_probing_cost_counts_what_this_study_ran_not_what_it_reused() -> None:
+    import dataclasses
+
+    ran = rec(0, cand(8), sps=10.0)
+    ran = dataclasses.replace(ran, result=ran.result.replace(phases_s={"wall": 30.0}))
+    taken = rec(1, cand(16), sps=12.0)
+    taken = dataclasses.replace(taken, runs=2, result=taken.result.replace(
+        phases_s={"wall": 40.0}, reused_from="study a trial 3", pooled_runs=2))  # fmt: skip
+    found = insight([ran, taken], SPEC)
+    assert (found.probes, found.probe_seconds) == (1, 30.0)
