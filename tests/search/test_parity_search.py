@@ -74,3 +74,34 @@ def test_the_reference_is_the_users_recipe_else_the_plain_default_at_the_largest
         "per_device_train_batch_size": 16}})  # fmt: skip
     assert reference_candidate(theirs, too_big).per_device_train_batch_size == 32
     assert reference_candidate(theirs, records).per_device_train_batch_size == 16
+
+
+def test_a_parity_run_trains_the_quickest_measured_config_of_the_finalists_arithmetic() -> None:
+    """A compiled finalist (25 s of compilation in its one-time cost) is judged by the
+    uncompiled run of its arithmetic, which finishes the parity steps first; a config
+    that does not fit, or of another arithmetic, is never the one trained."""
+    import dataclasses
+
+    from autotune.core.trial import Candidate, TrialRecord
+    from autotune.search.parity import quickest_alike
+
+    def timed(number: int, candidate: Candidate, step_s: float, one_time_s: float,
+              peak_gib: float = 1.0) -> TrialRecord:  # fmt: skip
+        r = rec(number, candidate, peak_gib=peak_gib)
+        return dataclasses.replace(r, result=r.result.replace(
+            step_time_median_s=step_s, one_time_s=one_time_s))  # fmt: skip
+
+    compiled = dataclasses.replace(cand(16, "bf16"), torch_compile=True)
+    plain = cand(8, "bf16")
+    records = [
+        timed(0, compiled, 0.8, 25.0),  # 25 + 20 x 0.8 = 41 s
+        timed(1, plain, 1.0, 2.0),  # 22 s
+        timed(2, cand(32, "bf16"), 0.5, 1.0, peak_gib=999.0),  # does not fit
+        timed(3, cand(64), 0.1, 0.0),  # fp32: another arithmetic
+    ]
+    limit = SPEC.fit_limit_bytes
+    assert quickest_alike(compiled, records, limit, steps=20) == plain
+    # over 200 steps the compiled run is quicker: 25 + 160 s against 202 s
+    assert quickest_alike(plain, records, limit, steps=200) == compiled
+    unmeasured = cand(16, "fp16")
+    assert quickest_alike(unmeasured, records, limit, steps=20) == unmeasured
