@@ -44,6 +44,8 @@ def losses(model: ModelSpec) -> tuple[float, float]:
 
     built = _small(model)
     built.eval()
+    if getattr(built, "loss_type", None) is None:  # the default, named: transformers warns
+        built.loss_type = "ForCausalLM"  # on the user's terminal when it must pick it
     vocab = min(model.vocab_size, 1000)
     generator = torch.Generator().manual_seed(0)
     sequences = [torch.randint(1, vocab, (n,), generator=generator).tolist() for n in LENGTHS]
