@@ -359,8 +359,8 @@ def estimate_command(
         optimizers=optimizers,
         installed_optimizers=available_optimizers(),
     )
-    parameters = count_parameters(model_spec)
-    return estimate_rows(model_spec, device_info.kind, space, parameters, batch, seq, target_len)
+    counted = count_parameters(model_spec)
+    return estimate_rows(model_spec, device_info.kind, space, counted, batch, seq, target_len)
 
 
 def doctor_command(*, device: str) -> Any:

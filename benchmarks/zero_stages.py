@@ -55,7 +55,7 @@ def probe(folder: Path, model: ModelSpec, batch: int, tokens: int, stage: int) -
         training_arguments=tuned_arguments(candidate, device_kind=DeviceKind.CPU),
     )  # fmt: skip
     result = run_trial(config, timeout_s=600)
-    params = count_parameters(model)
+    params = count_parameters(model).total
     return {
         "stage": stage,
         "outcome": str(result.outcome),

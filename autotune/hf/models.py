@@ -7,6 +7,7 @@ architecture presets bundled in `autotune/presets/`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -102,13 +103,28 @@ def auto_class(task: Task) -> Any:
     }[task]
 
 
-def count_parameters(spec: ModelSpec) -> int:
+@dataclasses.dataclass(frozen=True)
+class ParameterCount:
+    total: int
+    # In nn.Embedding modules (tied weights once): the Trainer gives these 32-bit state
+    # under bitsandbytes' 8-bit optimizers
+    embedding: int
+
+
+def count_parameters(spec: ModelSpec) -> ParameterCount:
     """Parameters of the model, built on the meta device (no memory, no weights)."""
     import torch
 
     with torch.device("meta"):
         model = build_model(spec)
-    return int(sum(p.numel() for p in model.parameters()))
+    embedding = {
+        id(p): p.numel()
+        for module in model.modules()
+        if isinstance(module, torch.nn.Embedding)
+        for p in module.parameters()
+    }
+    return ParameterCount(int(sum(p.numel() for p in model.parameters())),
+                          int(sum(embedding.values())))  # fmt: skip
 
 
 def max_positions(config: dict[str, Any]) -> int | None:

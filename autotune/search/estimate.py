@@ -17,6 +17,7 @@ from autotune.core.space import SearchSpace
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, ModelSpec, TrialRecord, TrialResult
 from autotune.core.units import format_size
+from autotune.hf.models import ParameterCount
 from autotune.hf.sharding import shards
 
 # The published rule (Hugging Face's single-GPU training guide): fp32 weights 4 bytes a
@@ -40,6 +41,12 @@ OPTIMIZER_STATE_BYTES = {
     "lion_32bit": 4,
 }
 DEFAULT_STATE_BYTES = 8
+# Under bitsandbytes' 8-bit optimizers the Trainer keeps 32-bit state for nn.Embedding
+# weights (transformers' create_optimizer registers optim_bits=32 for each): their bytes
+# a parameter. On mT5, embeddings are 128M of 172M parameters, and 8-bit Adam ran out of
+# memory where Adafactor fitted, on the CPU and on an H100.
+EMBEDDING_STATE_BYTES = {"adamw_bnb_8bit": 8, "adamw_8bit": 8, "paged_adamw_8bit": 8,
+                         "lion_8bit": 4}  # fmt: skip
 # What a config certainly holds at its first optimizer step, per parameter: a floor the
 # search skips on with no margin (the rule above plans; this one must never overstate).
 # The Trainer keeps fp32 weights under autocast, gradients take their dtype; Adafactor's
@@ -79,8 +86,21 @@ def state_bytes(optim: str) -> int:
     return OPTIMIZER_STATE_BYTES.get(optim, DEFAULT_STATE_BYTES)
 
 
+def optimizer_state(parameters: int, optim: str, embedding: int = 0) -> int:
+    """The optimizer's state in bytes; `embedding` of the parameters in nn.Embedding."""
+    if optim in EMBEDDING_STATE_BYTES:
+        return (parameters - embedding) * state_bytes(optim) + embedding * (
+            EMBEDDING_STATE_BYTES[optim]
+        )
+    return parameters * state_bytes(optim)
+
+
 def static_bytes(
-    parameters: int, precision: str, optim: str, split: tuple[int, int, int] = (1, 1, 1)
+    parameters: int,
+    precision: str,
+    optim: str,
+    split: tuple[int, int, int] = (1, 1, 1),
+    embedding: int = 0,
 ) -> int:
     """Weights + gradients + optimizer state: what any batch size needs, per process when
     ZeRO splits them `split` ways (weights, gradients, optimizer state)."""
@@ -88,7 +108,7 @@ def static_bytes(
     return (
         parameters * WEIGHT_BYTES[precision] // w
         + parameters * GRADIENT_BYTES // g
-        + (parameters * state_bytes(optim) // o)
+        + optimizer_state(parameters, optim, embedding) // o
     )
 
 
@@ -132,22 +152,29 @@ def breakdown(
     seq_len: int,
     target_len: int,
     nproc_per_node: int = 1,
+    embedding: int = 0,
 ) -> Breakdown:
     w, g, o = shards(candidate.zero_stage, nproc_per_node)  # per process under ZeRO
     return Breakdown(
         weights=parameters * WEIGHT_BYTES[candidate.precision] // w,
         gradients=parameters * GRADIENT_BYTES // g,
-        optimizer_state=parameters * state_bytes(candidate.optim) // o,
+        optimizer_state=optimizer_state(parameters, candidate.optim, embedding) // o,
         activations=activation_bytes(config, task, candidate, seq_len, target_len),
     )
 
 
-def floor_bytes(parameters: int, candidate: Candidate, nproc_per_node: int = 1) -> int:
+def floor_bytes(
+    parameters: int, candidate: Candidate, nproc_per_node: int = 1, embedding: int = 0
+) -> int:
     """Bytes the weights, gradients and optimizer state certainly take per process."""
     w, g, o = shards(candidate.zero_stage, nproc_per_node)
     tensor = 2 if candidate.zero_stage and candidate.precision in ("fp16", "bf16") else 4
-    state = FLOOR_STATE_BYTES.get(candidate.optim, 0)
-    return parameters * tensor // w + parameters * tensor // g + parameters * state // o
+    optim = candidate.optim
+    if optim in FLOOR_STATE_BYTES and optim in EMBEDDING_STATE_BYTES:
+        state = optimizer_state(parameters, optim, embedding)
+    else:
+        state = parameters * FLOOR_STATE_BYTES.get(optim, 0)
+    return parameters * tensor // w + parameters * tensor // g + state // o
 
 
 def activation_scale(
@@ -173,6 +200,7 @@ def check_budget(
     budget_bytes: int,
     *,
     split: tuple[int, int, int] = (1, 1, 1),
+    embedding: int = 0,
 ) -> None:
     """Refuse a budget that no config can meet, saying what would fit instead (`split`:
     the most ZeRO splits weights, gradients and optimizer state across processes)."""
@@ -186,12 +214,14 @@ def check_budget(
             f"{format_size(static_bytes(parameters, 'fp32', cheapest, split))} with {cheapest} "
             "(weights, gradients, optimizer state) plus activations"
         )
-    need = min(static_bytes(parameters, p, o, split) for p in precisions for o in optimizers)
+    need = min(
+        static_bytes(parameters, p, o, split, embedding) for p in precisions for o in optimizers
+    )
     if need >= budget_bytes:
         fitting = [
             o
             for o in OPTIMIZER_STATE_BYTES
-            if static_bytes(parameters, "fp32", o, split) < budget_bytes
+            if static_bytes(parameters, "fp32", o, split, embedding) < budget_bytes
         ]
         hint = (
             f"--optimizers {','.join(fitting)} would leave room"
@@ -234,6 +264,7 @@ def make_predictor(
             spec.seq_len,
             spec.target_len,
             spec.nproc_per_node,
+            spec.embedding_parameters,
         )
 
     scale = activation_scale([(terms(r.candidate), r.result) for r in records], process)
@@ -282,7 +313,7 @@ def estimate_rows(
     model: ModelSpec,
     device_kind: str,
     space: SearchSpace,
-    parameters: int,
+    counted: ParameterCount,
     batch: int,
     seq_len: int,
     target_len: int,
@@ -292,12 +323,13 @@ def estimate_rows(
         for optim in space.optimizers:
             for ckpt in (False, True):
                 candidate = space.candidate(batch, precision, ckpt, optim)
-                b = breakdown(parameters, model.config, model.task, candidate, seq_len, target_len)
+                b = breakdown(counted.total, model.config, model.task, candidate, seq_len,
+                              target_len, embedding=counted.embedding)  # fmt: skip
                 rows.append(EstimateRow(candidate, b))
     return Estimate(
         model.name,
         str(model.task),
-        parameters,
+        counted.total,
         batch,
         seq_len,
         target_len,
@@ -317,7 +349,8 @@ def far_over_budget(spec: SearchSpec, recs: list[TrialRecord]) -> Verdictor:
     limit = FAR_OVER * spec.memory_budget_bytes
 
     def over(candidate: Candidate) -> str | None:
-        floor = floor_bytes(spec.parameters or 0, candidate, spec.nproc_per_node)
+        floor = floor_bytes(spec.parameters or 0, candidate, spec.nproc_per_node,
+                            spec.embedding_parameters)  # fmt: skip
         if floor > spec.fit_limit_bytes:
             return (
                 f"weights, gradients and optimizer state alone take {format_size(floor)}, "

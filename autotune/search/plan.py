@@ -114,10 +114,11 @@ def build_spec(
         levers=levers,
         not_offered=not_offered,
     )
-    parameters = count_parameters(model_spec)
+    counted = count_parameters(model_spec)
     zero = max((v for n, vs in space.levers if n == "zero_stage" for v in vs), default=0)
-    check_budget(parameters, space.precisions, space.optimizers, budget,
-                 split=shards(zero, layout.nproc_per_node))  # fmt: skip
+    check_budget(counted.total, space.precisions, space.optimizers, budget,
+                 split=shards(zero, layout.nproc_per_node),
+                 embedding=counted.embedding)  # fmt: skip
     if zero and device_info.kind == DeviceKind.CPU:
         build_cpu_op()  # once per machine; no probe pays it
     data = None
@@ -127,7 +128,8 @@ def build_spec(
         model=model_spec, device=device_info, space=space, seq_len=seq_len,
         target_len=target_len, memory_budget_bytes=budget, headroom=o.headroom,
         warmup_steps=o.warmup_steps, measure_steps=o.measure_steps, seed=o.seed,
-        base_arguments=base.carried, recipe_settings=base.recipe, parameters=parameters,
+        base_arguments=base.carried, recipe_settings=base.recipe, parameters=counted.total,
+        embedding_parameters=counted.embedding,
         nproc_per_node=layout.nproc_per_node, data=data,
         checkpointing_field=checkpointing_field(),
         train_steps=_train_steps(o.train_steps, base),

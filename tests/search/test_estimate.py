@@ -22,7 +22,9 @@ GPT2 = {"n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257}
 
 def test_parameter_count_of_presets_without_allocating() -> None:
     # gpt2 as published: 124,439,808 parameters (tied embeddings).
-    assert count_parameters(resolve_model("gpt2")) == 124_439_808
+    counted = count_parameters(resolve_model("gpt2"))
+    # wte (50257 x 768, tied with the head) and wpe (1024 x 768) are the embeddings
+    assert (counted.total, counted.embedding) == (124_439_808, 50257 * 768 + 1024 * 768)
 
 
 def test_bytes_per_parameter_follow_the_published_rule() -> None:
@@ -95,3 +97,19 @@ def test_zero_splits_the_static_bytes_per_process_and_the_budget_check_knows_it(
     with pytest.raises(UsageError):
         check_budget(params, ("fp32",), ("adamw_torch",), GIB)
     check_budget(params, ("fp32",), ("adamw_torch",), GIB, split=(2, 2, 2))
+
+
+def test_8bit_optimizers_keep_32bit_state_for_embeddings_as_the_trainer_does() -> None:
+    """transformers' create_optimizer registers optim_bits=32 for every nn.Embedding
+    under bitsandbytes' 8-bit optimizers: on mT5-small's shape (128M of 172M parameters
+    in the embedding) 8-bit Adam then holds 1.0 GiB of state, not 0.3."""
+    from autotune.search.estimate import optimizer_state
+
+    total, embedding = 172_000_000, 128_000_000
+    assert optimizer_state(total, "adamw_bnb_8bit", embedding) == 44_000_000 * 2 + embedding * 8
+    assert optimizer_state(total, "lion_8bit", embedding) == 44_000_000 + embedding * 4
+    assert optimizer_state(total, "adamw_torch", embedding) == total * 8  # no override
+    assert optimizer_state(total, "adamw_torch_8bit", embedding) == total * 2  # torchao
+    assert static_bytes(total, "fp32", "adamw_bnb_8bit", embedding=embedding) == (
+        total * 8 + 44_000_000 * 2 + embedding * 8
+    )
