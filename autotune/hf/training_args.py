@@ -255,13 +255,18 @@ def validate(fields: dict[str, Any], *, error: type[AutotuneError], where: str) 
     """Parse the fields the way the user's script will (HfArgumentParser), and check that
     every value survives; raise `error` naming `where` and the first problem."""
     from transformers import HfArgumentParser, TrainingArguments
+    from transformers.utils import logging as hf_logging
 
     parser = HfArgumentParser(TrainingArguments)  # type: ignore[arg-type]
-    try:
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity(hf_logging.ERROR)  # its warnings speak of this machine ("no Ampere GPU
+    try:  # detected here" for torch_compile), not of the file being checked
         (parsed,) = parser.parse_dict(fields)
     except (ValueError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise error(f"{where}: TrainingArguments refuses it: {first}") from None
+    finally:
+        hf_logging.set_verbosity(before)
     for key, value in fields.items():
         got = getattr(parsed, key)
         if got != value and str(got) != str(value):

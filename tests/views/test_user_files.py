@@ -80,3 +80,15 @@ def test_fields_an_earlier_export_wrote_do_not_leak_into_the_next(tmp_path: Path
     )  # fmt: skip
     again = json.loads(out.read_text())
     assert "use_cpu" not in again and again["tf32"] is False
+
+
+def test_checking_an_export_prints_nothing_of_this_machine(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """The main job ended with transformers' "speedups for torchdynamo ... not detected
+    here" on the user's terminal: the check of a compiled config's arguments, not news."""
+    from autotune.hf.training_args import validate
+
+    validate({"torch_compile": True, "per_device_train_batch_size": 8}, error=ExportError,
+             where="test")  # fmt: skip
+    assert capfd.readouterr().err == ""
