@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import importlib.util
 import json
+import logging
 import shlex
 from pathlib import Path
 from typing import Any
@@ -259,8 +260,10 @@ def validate(fields: dict[str, Any], *, error: type[AutotuneError], where: str) 
 
     parser = HfArgumentParser(TrainingArguments)  # type: ignore[arg-type]
     before = hf_logging.get_verbosity()
-    hf_logging.set_verbosity(hf_logging.ERROR)  # its warnings speak of this machine ("no Ampere GPU
-    try:  # detected here" for torch_compile), not of the file being checked
+    # errors only: its warnings speak of this machine ("no Ampere GPU detected here" for
+    # torch_compile), not of the file being checked
+    hf_logging.set_verbosity(logging.ERROR)
+    try:
         (parsed,) = parser.parse_dict(fields)
     except (ValueError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
