@@ -129,9 +129,11 @@ PLAIN_LEVERS = (
 
 
 def worker_search_args(max_trials: int) -> list[str]:
-    """A small search on ./tiny (8 configs) for the tests that run several workers."""
+    """A small search on ./tiny (8 configs) for the tests that run several workers. These
+    test coordination, and some share one PostgreSQL server: --no-reuse keeps one test's
+    study from taking over what another's measured."""
     return [
-        "search", "--model", "./tiny", "--device", "cpu",
+        "search", "--model", "./tiny", "--device", "cpu", "--no-reuse",
         *PLAIN_LEVERS, "--global-batch-size", "16",
         "--seq-len", "64", "--precisions", "fp32,bf16", "--optimizers", "adamw_torch,adafactor",
         "--checkpointing", "off", "--max-trials", str(max_trials), "--warmup-steps", "1",

@@ -8,6 +8,7 @@ is the caller's (commands), so a worker that only explores writes nothing else.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import random
 import time
@@ -101,6 +102,18 @@ class SearchRun:
 
     # ---- exploring ------------------------------------------------------------------
 
+    def take_over(self) -> int:
+        """Record every config another study measured alike and this one has not (lever
+        4: a rerun under a new budget reuses every trial that fits it, not only those its
+        sampler happens to propose); how many."""
+        if self.reuse is None or not len(self.reuse):
+            return 0
+        judge = functools.partial(verdict, spec=self.spec, implied=False)
+        taken = self.store.take_over(self.reuse.found, judge)
+        for number, candidate, result in taken:
+            self.observer.on_trial_end(number, candidate, result)
+        return len(taken)
+
     def explore(self, deadline: Deadline, *, wait_for_others: bool) -> str:
         """Propose and probe until a limit stops it; returns why it stopped.
 
@@ -168,12 +181,6 @@ class SearchRun:
     def _step(self, recs: list[TrialRecord], busy: dict[Candidate, int], over: Verdictor) -> None:
         """Ask for one proposal; skip it or probe it."""
         trial, candidate = self.store.ask()
-        mine = any(r.candidate == candidate for r in recs) or candidate in busy
-        reused = self.reuse.find(candidate) if self.reuse and not mine else None
-        if reused is not None:  # measured alike by another study: not probed again
-            self.store.tell(trial, reused, verdict(reused, self.spec, implied=False))
-            self.observer.on_trial_end(trial.number, candidate, reused)
-            return
         skip = skip_reason(candidate, recs, self.spec.space, over, busy)
         if skip is not None:
             result = TrialResult(Outcome.SKIPPED, reason=skip.reason)
@@ -375,6 +382,7 @@ def run_search(
     stop = ""
     try:
         if explore:
+            run.take_over()
             share = limits.search_share if limits.confirm_top and confirm else 1.0
             stop = run.explore(deadline.share(share), wait_for_others=confirm)
         if confirm:  # parity first: only configs that may be exported are confirmed

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import optuna
@@ -258,6 +258,41 @@ class StudyStore:
                 raise
             return False
         return True
+
+    def take_over(
+        self, found: Mapping[Candidate, TrialResult], judge: Callable[[TrialResult], Verdict]
+    ) -> list[tuple[int, Candidate, TrialResult]]:
+        """Record other studies' measurements of configs this study has neither measured
+        nor is probing, each as a finished trial of its own: (number, config, result).
+
+        Added, not asked for: neither the queue's order nor the sampler decides what is
+        taken over, and the sampler learns from all of it before its first proposal. On
+        SQLite under the ask lock, so two workers starting together add each once."""
+        taken = []
+        with _locked(coordination.sqlite_lock_path(self.url)):
+            known = {r.candidate for r in self.records()} | set(self.in_flight())
+            for candidate, result in found.items():
+                if candidate not in known:
+                    number = self._add_finished(candidate, result, judge(result))
+                    taken.append((number, candidate, result))
+        return taken
+
+    @transient_retry
+    def _add_finished(self, candidate: Candidate, result: TrialResult, verdict: Verdict) -> int:
+        state = TrialState.COMPLETE if verdict.values is not None else TrialState.FAIL
+        constraint = verdict.constraint_gib
+        trial = optuna.trial.create_trial(
+            params=candidate_params(candidate, self.spec.space),
+            distributions=distributions(self.spec.space),
+            values=list(verdict.values) if verdict.values is not None else None,
+            state=state,
+            user_attrs=self._attributes(candidate, result, verdict),
+            constraints={CONSTRAINT_NAME: constraint} if constraint is not None else None,
+        )
+        made = self.storage.create_new_trial(
+            compat.study_id(self.storage, self.study), template_trial=trial
+        )
+        return int(self.storage.get_trial_number_from_id(made))
 
     @transient_retry
     def fail_and_requeue(self, trial: optuna.Trial, candidate: Candidate, why: str) -> None:

@@ -262,8 +262,8 @@ def test_a_new_budget_is_a_new_study_that_reuses_what_fits(
     refused = autotune(work, *halved)
     assert refused.returncode == 1
     assert "what it measured that still holds under the new budget is reused" in refused.stderr
-    # the same measurements under another name: taken over, none probed again
-    again = autotune(work, *argv, "--study", "tiny-again", "--confirm-top", "0")
+    # the same measurements under another name: all taken over, none probed or confirmed again
+    again = autotune(work, *argv, "--study", "tiny-again")
     assert again.returncode == 0, again.stdout + again.stderr
     assert "0 probe(s) this run" in again.stdout
     assert "reused: study tiny trial 0 measured it" in again.stdout

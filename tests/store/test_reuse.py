@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 from helpers import GIB, SPEC, cand
@@ -96,6 +97,28 @@ def test_a_nan_needs_the_same_seed_and_a_whole_window_search_takes_only_whole_wi
     new = study(url, "fixed", SPEC, {})
     assert Reuse.gather(new).find(cand(16)) is not None
     assert Reuse.gather(new, whole_windows=True).find(cand(16)) is None
+
+
+def test_a_new_study_takes_over_every_reusable_config_before_its_sampler_proposes(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    study(url, "first", SPEC, {8: measured(1.0), 16: measured(2.0),
+                               32: measured(7.0, Outcome.OOM)})  # fmt: skip
+    new = study(url, "new", SPEC, {16: measured(2.5)})  # its own measurement of 16 stays
+    reuse = Reuse.gather(new)
+    judge = functools.partial(verdict, spec=SPEC, implied=False)
+    taken = new.take_over(reuse.found, judge)
+    assert sorted(c.per_device_train_batch_size for _, c, _ in taken) == [8, 32]
+    records = {r.candidate.per_device_train_batch_size: r for r in new.records()}
+    assert records[8].result.reused_from == "study first trial 0"
+    assert records[32].result.outcome == Outcome.OOM  # the sampler learns the wall too
+    assert records[16].result.reused_from == "" and records[16].result.peak_memory_bytes == int(
+        2.5 * GIB
+    )
+    assert new.waiting() == 0 and new.in_flight() == {}  # recorded, not queued
+    assert all(t.state.is_finished() for t in new.study.get_trials())
+    assert new.take_over(reuse.found, judge) == []  # a second worker adds nothing again
 
 
 def test_a_reused_trial_is_not_a_probe_for_the_trial_cap(tmp_path: Path) -> None:
