@@ -6,7 +6,7 @@ import pytest
 from helpers import GIB, cand
 
 from autotune.core.errors import UsageError
-from autotune.core.trial import Outcome, TrialResult
+from autotune.core.trial import Outcome, TrialRecord, TrialResult
 from autotune.hf.models import count_parameters, resolve_model
 from autotune.search.estimate import (
     Breakdown,
@@ -50,6 +50,26 @@ def test_activation_scale_is_the_most_optimistic_fit() -> None:
     ]
     assert activation_scale(runs, process_bytes=0) == 1.0
     assert activation_scale([], process_bytes=0) is None
+
+
+def test_the_process_term_is_what_the_probes_measured_before_training() -> None:
+    """On an H100 the context was 676 MiB where the typical figure says 600."""
+    from helpers import rec
+
+    from autotune.search.estimate import PROCESS_BYTES, process_bytes
+
+    def with_baseline(number: int, baseline: dict[str, int]) -> TrialRecord:
+        record = rec(number, cand(8))
+        return dataclasses.replace(record, result=record.result.replace(baseline=baseline))
+
+    mib = 2**20
+    cuda = [with_baseline(0, {"context_bytes": 676 * mib}), with_baseline(1, {}),
+            with_baseline(2, {"context_bytes": 680 * mib}),
+            with_baseline(3, {"context_bytes": 670 * mib})]  # fmt: skip
+    assert process_bytes("cuda", cuda) == 676 * mib
+    assert process_bytes("cuda", []) == PROCESS_BYTES["cuda"]
+    cpu = [with_baseline(0, {"rss_bytes": 420 * mib, "vmdata_bytes": 1300 * mib})]
+    assert process_bytes("cpu", cpu) == 420 * mib  # the peak counts the resident set
 
 
 def test_budget_below_the_weights_is_refused_with_the_estimate() -> None:
