@@ -32,6 +32,7 @@ class SearchSpec:
     recipe_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     parameters: int = 0  # counted on the meta device; 0 when unknown
     embedding_parameters: int = 0  # of those, in nn.Embedding modules
+    largest_parameter: int = 0  # elements of the biggest single tensor
     nproc_per_node: int = 1  # DDP processes per probe (torchrun); the space is per process
     data: DataSpec | None = None  # the user's dataset (--dataset), tokenized once
     # The installed transformers' name for the switch (read once, where it is imported).

@@ -109,6 +109,7 @@ class ParameterCount:
     # In nn.Embedding modules (tied weights once): the Trainer gives these 32-bit state
     # under bitsandbytes' 8-bit optimizers
     embedding: int
+    largest: int = 0  # the biggest single tensor: optimizers that step one at a time copy it
 
 
 def count_parameters(spec: ModelSpec) -> ParameterCount:
@@ -123,8 +124,8 @@ def count_parameters(spec: ModelSpec) -> ParameterCount:
         if isinstance(module, torch.nn.Embedding)
         for p in module.parameters()
     }
-    return ParameterCount(int(sum(p.numel() for p in model.parameters())),
-                          int(sum(embedding.values())))  # fmt: skip
+    sizes = [p.numel() for p in model.parameters()]
+    return ParameterCount(int(sum(sizes)), int(sum(embedding.values())), int(max(sizes, default=0)))
 
 
 def max_positions(config: dict[str, Any]) -> int | None:

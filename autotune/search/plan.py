@@ -129,7 +129,7 @@ def build_spec(
         target_len=target_len, memory_budget_bytes=budget, headroom=o.headroom,
         warmup_steps=o.warmup_steps, measure_steps=o.measure_steps, seed=o.seed,
         base_arguments=base.carried, recipe_settings=base.recipe, parameters=counted.total,
-        embedding_parameters=counted.embedding,
+        embedding_parameters=counted.embedding, largest_parameter=counted.largest,
         nproc_per_node=layout.nproc_per_node, data=data,
         checkpointing_field=checkpointing_field(),
         train_steps=_train_steps(o.train_steps, base),

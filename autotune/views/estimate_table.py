@@ -20,6 +20,7 @@ COLUMNS = (
     "gradients",
     "optimizer",
     "activations",
+    "optimizer step",
     "total",
 )
 
@@ -46,6 +47,7 @@ def print_estimate(estimate: Estimate) -> None:
             format_size(b.gradients),
             format_size(b.optimizer_state),
             format_size(b.activations),
+            format_size(b.step),
             format_size(b.total),
         )
     Console(width=160).print(table)
@@ -62,6 +64,7 @@ def estimate_json(estimate: Estimate) -> str:
             "gradients_bytes": r.breakdown.gradients,
             "optimizer_state_bytes": r.breakdown.optimizer_state,
             "activations_bytes": r.breakdown.activations,
+            "optimizer_step_bytes": r.breakdown.step,  # temporaries, after activations free
             "total_bytes": r.breakdown.total,
         }
         for r in e.rows

@@ -3,7 +3,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from helpers import GIB, cand
+from helpers import GIB, SPEC, cand, rec
 
 from autotune.core.errors import UsageError
 from autotune.core.trial import Outcome, TrialRecord, TrialResult
@@ -39,6 +39,45 @@ def test_activations_grow_with_batch_and_shrink_with_checkpointing() -> None:
     assert activation_bytes(GPT2, "causal-lm", cand(16), 512, 0) == 2 * small
     assert activation_bytes(GPT2, "causal-lm", cand(8, ckpt=True), 512, 0) < small / 2
     assert activation_bytes(GPT2, "causal-lm", cand(8, "bf16"), 512, 0) < small
+
+
+def test_the_peak_is_backward_or_the_optimizer_step_whichever_is_larger() -> None:
+    """An H100 probe of mT5-small (172M parameters, a 128M shared embedding) under a 4 GiB
+    budget: 8x2 fp32 Adafactor peaked at 3.72 GiB, and every fp32 AdamW run out of memory
+    at the 3.8 GiB limit, whatever its batch: the optimizer step's temporaries, not the
+    activations, set those peaks."""
+    from autotune.search.estimate import make_predictor
+
+    counted = count_parameters(resolve_model("google/mt5-small"))
+    assert counted.largest == 250112 * 512  # the shared embedding
+    device = dataclasses.replace(SPEC.device, kind="cuda", name="NVIDIA H100 80GB HBM3")
+    model = resolve_model("google/mt5-small")
+    spec = dataclasses.replace(SPEC, model=model, device=device, seq_len=64, target_len=16,
+                               memory_budget_bytes=4 * GIB, parameters=counted.total,
+                               embedding_parameters=counted.embedding,
+                               largest_parameter=counted.largest)  # fmt: skip
+    one = cand(1)  # 1x16 in that search; accumulation changes no term
+    adamw = breakdown(counted.total, model.config, model.task, one, 64, 16, largest=counted.largest,
+                      device_kind="cuda")  # fmt: skip
+    assert adamw.step == 4 * counted.total > adamw.activations  # foreach: a copy of all
+    assert adamw.total == adamw.static + adamw.step
+    on_cpu = breakdown(counted.total, model.config, model.task, one, 64, 16,
+                       largest=counted.largest, device_kind="cpu")  # fmt: skip
+    assert on_cpu.step == 2 * 4 * counted.largest  # a tensor at a time
+    fused = dataclasses.replace(one, optim="adamw_torch_fused")
+    assert breakdown(counted.total, model.config, model.task, fused, 64, 16,
+                     largest=counted.largest, device_kind="cuda").step == 0  # fmt: skip
+    predict = make_predictor(spec, [])  # before any probe: no activation term
+    adafactor = dataclasses.replace(cand(8), optim="adafactor")
+    assert 0.9 * 3.72 * GIB < predict(adafactor) <= spec.fit_limit_bytes  # it took 3.72
+    # after that probe (its CUDA context measured at 676 MiB): 1x16 AdamW cannot fit
+    fitted = rec(0, adafactor, peak_gib=3.72)
+    fitted = dataclasses.replace(
+        fitted, result=fitted.result.replace(baseline={"context_bytes": 708_837_376})
+    )
+    predict = make_predictor(spec, [fitted])
+    assert predict(one) > spec.fit_limit_bytes  # it ran out of memory
+    assert predict(adafactor) <= spec.fit_limit_bytes
 
 
 def test_activation_scale_is_the_most_optimistic_fit() -> None:
