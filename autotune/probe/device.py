@@ -363,14 +363,17 @@ def _proc_status_kib(field: str) -> int:
 
 
 def describe_environment(device_kind: str, index: int) -> dict[str, Any]:
-    import accelerate
+    """What a result was measured with. The versions are read as a search reads them
+    before reusing a result (store/reuse.py, without importing torch): from the installed
+    metadata, where a CUDA wheel of torch says 2.11.0 and torch.__version__ 2.11.0+cu130
+    (seen on an H100; nothing measured there was ever reused)."""
     import torch
-    import transformers
 
     return {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "accelerate": accelerate.__version__,
+        "torch": package_version("torch"),
+        "torch_build": torch.__version__,
+        "transformers": package_version("transformers"),
+        "accelerate": package_version("accelerate"),
         # installed, it changes every probe (accelerate imports it) and runs ZeRO's
         "deepspeed": package_version("deepspeed"),
         "python": platform.python_version(),

@@ -63,3 +63,19 @@ def test_cuda_budget_caps_the_allocator() -> None:
 def test_cuda_device_detection() -> None:
     gpu = detect_device("cuda:0")
     assert gpu.kind == "cuda" and gpu.capability is not None and gpu.total_memory_bytes > GIB
+
+
+def test_a_probe_records_its_versions_as_a_reusing_search_reads_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A CUDA wheel's torch says 2.11.0+cu130 where its metadata says 2.11.0 (an H100):
+    recorded from torch.__version__, no result there was ever reused."""
+    import torch
+
+    from autotune.probe.device import describe_environment
+    from autotune.store.reuse import current_versions
+
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    recorded = describe_environment("cpu", 0)
+    assert {k: recorded[k] for k in current_versions()} == current_versions()
+    assert recorded["torch_build"] == "2.11.0+cu130"  # the build, kept for the record
