@@ -40,14 +40,17 @@ def run_probe(config: TrialConfig) -> TrialResult:
     started = time.perf_counter()
     index = int(os.environ.get("LOCAL_RANK", config.device_index))  # a DDP rank: its GPU
     phases: dict[str, float] = {}
+    # what the process held before training; kept by an out-of-memory too, whose context
+    # tells the memory predictor what the next probe's process will take
+    baseline: dict[str, Any] = {}
     try:
         if config.memory_limit_bytes is not None:
             hardware.enforce_memory_budget(config.device_kind, index, config.memory_limit_bytes)
-        result = _train(config, index, phases)
+        result = _train(config, index, phases, baseline)
     except BaseException as exc:  # classify every failure; KeyboardInterrupt re-raised
         if isinstance(exc, KeyboardInterrupt):
             raise
-        result = _failure(exc, config)
+        result = _failure(exc, config).replace(baseline=dict(baseline))
     gc.collect()
     try:
         versions = hardware.describe_environment(config.device_kind, index)
@@ -67,7 +70,9 @@ def run_probe(config: TrialConfig) -> TrialResult:
     )
 
 
-def _train(config: TrialConfig, index: int, phases: dict[str, float]) -> TrialResult:
+def _train(
+    config: TrialConfig, index: int, phases: dict[str, float], baseline: dict[str, Any]
+) -> TrialResult:
     tick = time.perf_counter()
     import transformers.trainer  # noqa: F401 - the heaviest import, before the baseline
     from transformers import set_seed
@@ -80,13 +85,13 @@ def _train(config: TrialConfig, index: int, phases: dict[str, float]) -> TrialRe
     zero_init = _zero_init(config, recipe)  # alive while the model is built
     inherited = shared_model.take(config)  # built once by the fork server (#15)
     if inherited is not None:
-        model, baseline = inherited
+        model, measured = inherited
         if config.device_kind != "cpu":  # the context: this process's own
-            baseline = hardware.baseline(config.device_kind, index)
-        baseline["model"] = "inherited from the fork server"
+            measured = hardware.baseline(config.device_kind, index)
+        baseline.update(measured, model="inherited from the fork server")
         phases["build"] = 0.0
-    else:
-        baseline = hardware.baseline(config.device_kind, index)  # after imports, before the model
+    else:  # after imports, before the model
+        baseline.update(hardware.baseline(config.device_kind, index))
         tick = time.perf_counter()
         set_seed(config.seed)
         model = build_model(config.model, attn_implementation=config.candidate.attn_implementation)
@@ -99,9 +104,9 @@ def _train(config: TrialConfig, index: int, phases: dict[str, float]) -> TrialRe
         tick = time.perf_counter()
         result = parity_run(config, model, recipe)
         phases["train"] = time.perf_counter() - tick
-        return result.replace(baseline=baseline)
+        return result.replace(baseline=dict(baseline))
     result = _worst_case(config, model, recipe, phases).replace(
-        baseline=baseline, attention=attention
+        baseline=dict(baseline), attention=attention
     )
     per_sample = flops_per_sample(model, config.model.task, config.seq_len, config.target_len)
     if config.data_path and result.outcome == Outcome.OK:

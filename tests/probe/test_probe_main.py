@@ -74,6 +74,8 @@ def test_real_out_of_memory_under_rlimit_data(tmp_path: Path, tiny_gpt2: Path) -
     # The peak it reached on its way to the limit is recorded (resident memory, which
     # can sit a little above the data-segment limit that stopped it).
     assert 400 * MIB < (result.peak_memory_bytes or 0) < 1200 * MIB
+    # what the process held before training, kept: the memory predictor's process term
+    assert (result.baseline.get("rss_bytes") or 0) > 100 * MIB
 
 
 def test_nan_loss_is_unstable(tmp_path: Path) -> None:
