@@ -208,14 +208,16 @@ def activation_scale(
     """How far the analytic activations are from this study's measured peaks.
 
     The smallest ratio over clean runs: the most optimistic fit, so the estimate errs
-    towards "might fit" and never talks the search out of a config that would. (A peak
-    set by the optimizer step overstates its ratio; the smallest still bounds.)
+    towards "might fit" and never talks the search out of a config that would. A peak
+    the optimizer step may have set (no more above the static terms than the step's
+    temporaries) says nothing of the activations and is left out.
     """
     ratios = [
         (r.peak_memory_bytes - process_bytes - b.static) / b.activations
         for b, r in measured
         if r.outcome == Outcome.OK and r.peak_memory_bytes and b.activations > 0
-    ]
+        and r.peak_memory_bytes - process_bytes - b.static > b.step
+    ]  # fmt: skip
     return max(0.0, min(ratios)) if ratios else None
 
 

@@ -1,4 +1,5 @@
-"""The study loop: propose, skip what is known, probe in a child, record; then confirm.
+"""The study loop: take over what other studies measured alike, then propose, skip
+what is known, probe in a child, record; then confirm.
 
 One `SearchRun` per search process. `explore` proposes and probes until a limit stops
 it; `confirm` measures the finalists again, longer. Selecting and exporting the winner
@@ -187,8 +188,8 @@ class SearchRun:
             self.store.tell(trial, result, verdict(result, self.spec, implied=skip.implies_oom))
             if skip.implies_oom:
                 self.observer.on_trial_end(trial.number, candidate, result)
-            else:  # steer the next ask to a config still open
-                self._steer(trial.number, recs, over, busy)
+            elif not self.store.was_queued(trial):  # the sampler's repeat: steer the next ask
+                self._steer(trial.number, recs, over, busy)  # to a config still open
             return
         config = self.trial_config(trial.number, candidate, str(trial.number),
                                    adaptive=self.limits.adaptive,

@@ -40,3 +40,10 @@ def heartbeat_interval(storage: RDBStorage) -> int:
     if interval is None:
         raise RuntimeError("the storage was opened without heartbeats")
     return int(interval)
+
+
+def was_queued(storage: RDBStorage, trial: int) -> bool:
+    """Whether the trial came from the queue (enqueue_trial: a first guess, a proposal,
+    a re-queued config) rather than from the sampler: Optuna's enqueue_trial marks it
+    with the system attribute fixed_params."""
+    return "fixed_params" in storage.get_trial_system_attrs(trial)

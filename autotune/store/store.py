@@ -159,7 +159,7 @@ class StudyStore:
                     state.verdict(candidate) if state else None,
                 )
             )
-        return found
+        return _one_per_config(found)
 
     @transient_retry
     def parity(self) -> ParityState | None:
@@ -184,6 +184,11 @@ class StudyStore:
     def waiting(self) -> int:
         """Configs queued (first guesses, proposals) and not yet asked for."""
         return len(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+    @transient_retry
+    def was_queued(self, trial: optuna.Trial) -> bool:
+        """The trial came from the queue, not from the sampler."""
+        return compat.was_queued(self.storage, self._id(trial.number))
 
     @transient_retry
     def is_empty(self) -> bool:
@@ -262,17 +267,25 @@ class StudyStore:
     def take_over(
         self, found: Mapping[Candidate, TrialResult], judge: Callable[[TrialResult], Verdict]
     ) -> list[tuple[int, Candidate, TrialResult]]:
-        """Record other studies' measurements of configs this study has neither measured
-        nor is probing, each as a finished trial of its own: (number, config, result).
+        """Record other studies' measurements of configs of this study's space that it has
+        neither measured nor is probing, each as a finished trial of its own: (number,
+        config, result). (Another study may have searched other optimizers, or another
+        global batch: those configs are not this study's.)
 
         Added, not asked for: neither the queue's order nor the sampler decides what is
         taken over, and the sampler learns from all of it before its first proposal. On
         SQLite under the ask lock, so two workers starting together add each once."""
         taken = []
         with _locked(coordination.sqlite_lock_path(self.url)):
-            known = {r.candidate for r in self.records()} | set(self.in_flight())
+            # running first (claimed or only asked for), so a probe that ends meanwhile
+            # is seen in the records; on a server without the lock, records() keeps one
+            # record per config where two workers still raced
+            running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            known = {candidate_of(self.spec.space, t.params) for t in running}
+            known |= {r.candidate for r in self.records()}
+            space = set(self.spec.space.candidates())
             for candidate, result in found.items():
-                if candidate not in known:
+                if candidate in space and candidate not in known:
                     number = self._add_finished(candidate, result, judge(result))
                     taken.append((number, candidate, result))
         return taken
@@ -362,6 +375,22 @@ class StudyStore:
 
     def _id(self, number: int) -> int:
         return compat.trial_id(self.storage, self.study, number)
+
+
+def _one_per_config(records: list[TrialRecord]) -> list[TrialRecord]:
+    """Drop a measurement taken over from another study where the study has its own of
+    that config, or took it over already: two workers starting together on a server
+    without the SQLite lock may both take it over, or one take over what another is
+    probing."""
+    own = {r.candidate for r in records if not r.result.reused_from}
+    kept, taken = [], set()
+    for record in records:
+        if record.result.reused_from:
+            if record.candidate in own or record.candidate in taken:
+                continue
+            taken.add(record.candidate)
+        kept.append(record)
+    return kept
 
 
 class TrialLost(Exception):

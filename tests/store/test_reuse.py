@@ -119,6 +119,38 @@ def test_a_new_study_takes_over_every_reusable_config_before_its_sampler_propose
     assert new.waiting() == 0 and new.in_flight() == {}  # recorded, not queued
     assert all(t.state.is_finished() for t in new.study.get_trials())
     assert new.take_over(reuse.found, judge) == []  # a second worker adds nothing again
+    # another study's config outside this space (another global batch: 8x4, not 8x8)
+    wider = dataclasses.replace(SPEC.space, global_batch_size=32)
+    other = study(url, "wider", dataclasses.replace(SPEC, space=wider), {8: measured(1.0)})
+    (foreign,) = [r.candidate for r in other.records()]
+    assert new.take_over({foreign: measured(1.0)}, judge) == []
+
+
+def test_a_config_has_one_record_when_workers_raced_to_take_it_over(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    a = dataclasses.replace(measured(1.0), reused_from="study a trial 0")
+    b = dataclasses.replace(measured(1.5), reused_from="study a trial 0")
+    store = study(url, "new", SPEC, {8: a, 16: b})
+    store.enqueue(cand(8))  # a second worker took 8 over too (no lock on a server)
+    trial, _ = store.ask()
+    store.tell(trial, a, verdict(a, SPEC, implied=False))
+    store.enqueue(cand(16))  # and another probed 16 meanwhile: its own figure wins
+    trial, _ = store.ask()
+    store.tell(trial, measured(2.0), verdict(measured(2.0), SPEC, implied=False))
+    records = store.records()
+    assert sorted(r.candidate.per_device_train_batch_size for r in records) == [8, 16]
+    (sixteen,) = [r for r in records if r.candidate.per_device_train_batch_size == 16]
+    assert sixteen.result.reused_from == "" and sixteen.result.peak_memory_bytes == 2 * GIB
+
+
+def test_a_queued_trial_is_told_from_a_sampled_one(tmp_path: Path) -> None:
+    """A first guess already taken over is dropped without steering the next ask to a
+    random config: the sampler, which learned from what was taken over, proposes next."""
+    store = study(f"sqlite:///{tmp_path / 'studies.db'}", "new", SPEC, {})
+    store.enqueue(cand(8))
+    queued, _ = store.ask()
+    sampled, _ = store.ask()
+    assert store.was_queued(queued) and not store.was_queued(sampled)
 
 
 def test_a_reused_trial_is_not_a_probe_for_the_trial_cap(tmp_path: Path) -> None:
