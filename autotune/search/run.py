@@ -103,17 +103,13 @@ class SearchRun:
 
     # ---- exploring ------------------------------------------------------------------
 
-    def take_over(self) -> int:
+    def take_over(self) -> None:
         """Record every config another study measured alike and this one has not (lever
-        4: a rerun under a new budget reuses every trial that fits it, not only those its
-        sampler happens to propose); how many."""
-        if self.reuse is None or not len(self.reuse):
-            return 0
-        judge = functools.partial(verdict, spec=self.spec, implied=False)
-        taken = self.store.take_over(self.reuse.found, judge)
-        for number, candidate, result in taken:
-            self.observer.on_trial_end(number, candidate, result)
-        return len(taken)
+        4: a rerun reuses every trial that fits, not only what its sampler proposes)."""
+        if self.reuse is not None and len(self.reuse):
+            judge = functools.partial(verdict, spec=self.spec, implied=False)
+            for number, candidate, result in self.store.take_over(self.reuse.found, judge):
+                self.observer.on_trial_end(number, candidate, result)
 
     def explore(self, deadline: Deadline, *, wait_for_others: bool) -> str:
         """Propose and probe until a limit stops it; returns why it stopped.

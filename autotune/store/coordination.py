@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import fcntl
 import os
 import socket
 import sys
@@ -24,7 +25,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.core.enums import Outcome
-from autotune.core.trial import Candidate
+from autotune.core.trial import Candidate, TrialRecord
 from autotune.store import compat
 from autotune.store.keys import Attr
 from autotune.store.retry import transient_retry
@@ -205,3 +206,35 @@ def sqlite_lock_path(url: str) -> Path | None:
     if not url.startswith("sqlite:///"):
         return None
     return Path(url.removeprefix("sqlite:///") + ".lock")
+
+
+@contextlib.contextmanager
+def sqlite_turn(url: str) -> Iterator[None]:
+    """This worker's turn on a SQLite study (through its lock file); on a server, no
+    wait (the server locks rows itself)."""
+    path = sqlite_lock_path(url)
+    if path is None:
+        yield
+        return
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def one_per_config(records: list[TrialRecord]) -> list[TrialRecord]:
+    """Drop a measurement taken over from another study where the study has its own of
+    that config, or took it over already: two workers starting together on a server
+    without the SQLite lock may both take it over, or one take over what another is
+    probing."""
+    own = {r.candidate for r in records if not r.result.reused_from}
+    kept, taken = [], set()
+    for record in records:
+        if record.result.reused_from:
+            if record.candidate in own or record.candidate in taken:
+                continue
+            taken.add(record.candidate)
+        kept.append(record)
+    return kept

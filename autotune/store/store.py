@@ -9,7 +9,6 @@ optuna-dashboard shows the Pareto front.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -159,7 +158,7 @@ class StudyStore:
                     state.verdict(candidate) if state else None,
                 )
             )
-        return _one_per_config(found)
+        return coordination.one_per_config(found)
 
     @transient_retry
     def parity(self) -> ParityState | None:
@@ -208,8 +207,7 @@ class StudyStore:
         PostgreSQL and MySQL lock the row in between, SQLite does not, and two workers on
         one SQLite file were seen taking the same trial. On SQLite the workers take turns
         through a lock file beside the database."""
-        lock = coordination.sqlite_lock_path(self.url)
-        with _locked(lock):
+        with coordination.sqlite_turn(self.url):
             trial = self.study.ask(distributions(self.spec.space))
         return trial, candidate_of(self.spec.space, trial.params)
 
@@ -276,7 +274,7 @@ class StudyStore:
         taken over, and the sampler learns from all of it before its first proposal. On
         SQLite under the ask lock, so two workers starting together add each once."""
         taken = []
-        with _locked(coordination.sqlite_lock_path(self.url)):
+        with coordination.sqlite_turn(self.url):
             # running first (claimed or only asked for), so a probe that ends meanwhile
             # is seen in the records; on a server without the lock, records() keeps one
             # record per config where two workers still raced
@@ -377,22 +375,6 @@ class StudyStore:
         return compat.trial_id(self.storage, self.study, number)
 
 
-def _one_per_config(records: list[TrialRecord]) -> list[TrialRecord]:
-    """Drop a measurement taken over from another study where the study has its own of
-    that config, or took it over already: two workers starting together on a server
-    without the SQLite lock may both take it over, or one take over what another is
-    probing."""
-    own = {r.candidate for r in records if not r.result.reused_from}
-    kept, taken = [], set()
-    for record in records:
-        if record.result.reused_from:
-            if record.candidate in own or record.candidate in taken:
-                continue
-            taken.add(record.candidate)
-        kept.append(record)
-    return kept
-
-
 class TrialLost(Exception):
     """The trial was finished by another worker (which judged it abandoned and re-queued
     its config): this worker drops it and asks again."""
@@ -414,16 +396,3 @@ def _already_finished(exc: BaseException) -> bool:
     if isinstance(exc, optuna.exceptions.UpdateFinishedTrialError):
         return True
     return str(exc).startswith("Cannot tell a")
-
-
-@contextlib.contextmanager
-def _locked(path: Any) -> Iterator[None]:
-    if path is None:
-        yield
-        return
-    with open(path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
