@@ -151,11 +151,13 @@ class ParityCheck:
         cap, so a gap inside the floor passes and one beyond the cap fails whatever the
         twin would show."""
         curves = dict(state.curves)
-        if "reference" not in curves:
-            curves["reference"] = self._curve("reference", state.reference)
+        records = self.store.records()
+        if "reference" not in curves:  # the recipe's arithmetic, as quickly as measured
+            alike = quickest_alike(state.reference, records, self.spec.fit_limit_bytes,
+                                   self.steps)  # fmt: skip
+            curves["reference"] = self._curve("reference", alike)
         key = Arithmetic.of(candidate).key
-        trained = quickest_alike(candidate, self.store.records(), self.spec.fit_limit_bytes,
-                                 self.steps)  # fmt: skip
+        trained = quickest_alike(candidate, records, self.spec.fit_limit_bytes, self.steps)
         curves[key] = self._curve(key.replace("|", "-"), trained)
         tol = tolerance(curves["reference"], curves.get("twin"))
         verdict = judge(curves["reference"], curves[key], tol)
@@ -190,11 +192,12 @@ class ParityCheck:
 def quickest_alike(
     candidate: Candidate, records: Sequence[TrialRecord], fit_limit_bytes: int, steps: int
 ) -> Candidate:
-    """What the parity run of this candidate's arithmetic trains: of the measured configs
-    that fit and share it, the one that would finish `steps` steps first, one-time cost
-    included. A verdict holds for the arithmetic (the batch split, checkpointing and
-    kernels only round differently, which the twin calibrates), so a compiled finalist
-    is judged without paying its compilation again."""
+    """What the parity run of this candidate's arithmetic (or the reference's) trains: of
+    the measured configs that fit and share it, the one that would finish `steps` steps
+    first, one-time cost included. A verdict holds for the arithmetic (the batch split,
+    checkpointing and kernels only round differently, which the twin calibrates), so a
+    compiled finalist is judged without paying its compilation again, and the recipe's
+    plain fp32 AdamW reference trains as fused AdamW where that was measured quicker."""
     arithmetic = Arithmetic.of(candidate)
     timed = [
         (seconds, r.candidate)

@@ -105,3 +105,38 @@ def test_a_parity_run_trains_the_quickest_measured_config_of_the_finalists_arith
     assert quickest_alike(plain, records, limit, steps=200) == compiled
     unmeasured = cand(16, "fp16")
     assert quickest_alike(unmeasured, records, limit, steps=20) == unmeasured
+
+
+def test_the_reference_run_trains_the_quickest_measured_config_of_the_recipes_arithmetic() -> None:
+    """The main job's reference (16x1 fp32 AdamW, never probed) took 475 s; 16x1 fp32
+    fused AdamW, the same arithmetic, was measured 25% quicker than the plain 8x2."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from autotune.core.enums import Objective
+    from autotune.core.parity import Curve, ParityState
+    from autotune.core.trial import Candidate
+    from autotune.search.parity import ParityCheck
+
+    fused = dataclasses.replace(cand(16), optim="adamw_torch_fused")
+    records = [
+        dataclasses.replace(r, result=r.result.replace(step_time_median_s=64 / sps))
+        for r, sps in ((rec(0, cand(8), sps=1.51), 1.51), (rec(1, fused, sps=1.89), 1.89),
+                       (rec(2, cand(8, "bf16"), sps=3.0), 3.0))
+    ]  # fmt: skip
+    store = SimpleNamespace(records=lambda: records)
+    observer = SimpleNamespace(on_parity=lambda candidate, verdict: None)
+    run = SimpleNamespace(store=store, spec=SPEC, observer=observer)
+    check = ParityCheck(run, steps=20, top=1, objective=Objective.THROUGHPUT)  # type: ignore[arg-type]
+    trained: dict[str, Candidate] = {}
+    curve = Curve(((0, 5.0), (20, 4.0)), steps=20)
+
+    def fake_curve(label: str, candidate: Candidate) -> Curve:
+        trained[label] = candidate
+        return curve
+
+    check._curve = fake_curve  # type: ignore[method-assign]
+    state = ParityState(cand(16), steps=20, learning_rate=1e-3, seed=0)
+    check._judge(state, cand(8, "bf16"))
+    assert trained["reference"] == fused
+    assert trained["bf16-adamw_torch"] == cand(8, "bf16")
