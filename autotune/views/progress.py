@@ -58,7 +58,7 @@ def trial_line(
     note = result.reason + short_step_note(result, device_kind) + measure_note(result)
     if result.reused_from:
         note = f"reused: {result.reused_from} measured it; " + note
-    note = note.lstrip("; ")
+    note = note.strip("; ")
     reason = f"  ({note})" if note else ""
     return f"trial {number:>3} {result.outcome.value:<8} {candidate.describe()}{figures}{reason}"
 

@@ -11,7 +11,7 @@ from autotune.core.enums import Outcome
 from autotune.core.trial import TrialResult
 from autotune.search.deadline import Deadline
 from autotune.search.run import SearchLimits
-from autotune.views.progress import Progress, time_left
+from autotune.views.progress import Progress, time_left, trial_line
 
 LIMITS = SearchLimits(max_trials=10, confirm_top=2)
 
@@ -36,3 +36,12 @@ def test_each_probe_line_says_which_probe_of_how_many_and_warns_when_long() -> N
     assert "probe 3 of 80" in text and "probe 4 of 80, about" in text
     assert "note: at 1m00s a probe, this search will take about" in text
     assert "--time-budget" in text
+
+
+def test_a_reused_trial_says_where_it_was_measured() -> None:
+    reused = TrialResult(Outcome.OK, samples_per_s=10.0, reused_from="study a trial 3")
+    assert trial_line(7, cand(8), reused).endswith("(reused: study a trial 3 measured it)")
+    oom = TrialResult(Outcome.OOM, reason="out of memory", reused_from="study a trial 4")
+    assert trial_line(8, cand(32), oom).endswith(
+        "(reused: study a trial 4 measured it; out of memory)"
+    )
