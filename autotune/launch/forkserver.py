@@ -60,7 +60,7 @@ def serve(
     # torch.cuda.is_available() through NVML: cudaGetDeviceCount would initialise the
     # driver, which a forked child cannot use (torch's documented fork-safe check)
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    from autotune.probe import device
+    from autotune.probe import device, fork_pages
 
     try:
         importlib.import_module(PRELOAD[0])  # torch
@@ -71,8 +71,7 @@ def serve(
         _reply(replies, {"ready": False, "error": "out of memory while importing"})
         return
 
-    # The children report peaks as a fresh process would (see untouched_library_bytes).
-    os.environ[device.FORK_RSS_FILE_ENV] = str(device.file_backed_bytes())
+    fork_pages.remember()  # so that the children report peaks as a fresh process would
     built = _build_shared(shared) if shared else None
     _reply(replies, {"ready": True, "cuda_initialized": device.cuda_initialized(),
                      "shared_model": built})  # fmt: skip

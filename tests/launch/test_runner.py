@@ -236,6 +236,6 @@ def test_a_forked_probe_reports_the_peak_a_fresh_process_would(
         server.close()
     assert fresh.peak_memory_bytes and forked.peak_memory_bytes
     gap = abs(forked.peak_memory_bytes - fresh.peak_memory_bytes) / fresh.peak_memory_bytes
-    # within 10%: a fresh clone's full suite once measured 8.6% (570 MB forked against
-    # 623 MB fresh), where alone the two agree within a few percent
-    assert gap < 0.10, (fresh.peak_memory_bytes, forked.peak_memory_bytes)
+    # within 5%: page by page the two agreed within 0.6% alone; comparing per-library
+    # totals instead had let a forked peak fall 10.3% below a fresh one on CI
+    assert gap < 0.05, (fresh.peak_memory_bytes, forked.peak_memory_bytes)
