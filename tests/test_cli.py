@@ -283,12 +283,16 @@ def test_estimate_as_json_for_scripts(capsys: pytest.CaptureFixture[str]) -> Non
     for row in data["rows"]:  # the peak: backward's activations or the optimizer's step
         static = sum(row[k] for k in ("weights_bytes", "gradients_bytes",
                                       "optimizer_state_bytes"))  # fmt: skip
-        moment = max(row["activations_bytes"], row["optimizer_step_bytes"])
+        moment = max(row["activations_bytes"], row["optimizer_step_bytes"],
+                     row["embedding_gradient_bytes"])  # fmt: skip
         assert row["total_bytes"] == static + moment
     # AdamW on the CPU steps a tensor at a time: two copies of the largest, gpt2's
     # 50257 x 768 embedding
     adamw = next(r for r in data["rows"] if r["optim"] == "adamw_torch")
     assert adamw["optimizer_step_bytes"] == 2 * 4 * 50257 * 768
+    # the tied embedding (input and output layer): its two gradients and their sum at
+    # backward's end, one of which becomes the gradient (no accumulation at --batch 8)
+    assert adamw["embedding_gradient_bytes"] == 2 * 4 * 50257 * 768
 
 
 def test_search_help_groups_its_options(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,28 +1,27 @@
 """Analytic memory estimates, before anything runs, and refined by what has run.
 
-Three parts kept apart: pure arithmetic (bytes per parameter, activation bytes from the
-architecture), the I/O (counting parameters on the meta device, which allocates
-nothing), and the fit of the activation term to the peaks a study has measured.
+Pure arithmetic (bytes per parameter, activation bytes from the architecture), apart
+from the I/O (counting parameters on the meta device, which allocates nothing); the fit
+of the activation term to the peaks a study has measured is in memory_verdict.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from autotune.core.enums import Outcome, Task
+from autotune.core.enums import Task
 from autotune.core.errors import UsageError
 from autotune.core.space import SearchSpace
-from autotune.core.spec import SearchSpec
-from autotune.core.trial import Candidate, ModelSpec, TrialRecord, TrialResult
+from autotune.core.trial import Candidate, ModelSpec
 from autotune.core.units import format_size
 from autotune.hf.models import ParameterCount
 from autotune.hf.sharding import shards
 
 # The published rule (Hugging Face's single-GPU training guide): fp32 weights 4 bytes a
 # parameter, mixed precision 6 (fp32 master + 16-bit copy); gradients 4; optimizer state
-# 8 for AdamW, 2 for 8-bit Adam, about 4 for Adafactor.
+# 8 for AdamW, 2 for 8-bit Adam, about 4 for Adafactor (1 here: see below).
 WEIGHT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 6, "bf16": 6}
 GRADIENT_BYTES = 4
 OPTIMIZER_STATE_BYTES = {
@@ -33,7 +32,9 @@ OPTIMIZER_STATE_BYTES = {
     "paged_adamw_8bit": 2,
     "adamw_torch_8bit": 2,
     "adamw_torch_4bit": 1,
-    "adafactor": 4,
+    # The Trainer's Adafactor (beta1 None) keeps a factored second moment, rows and
+    # columns, for each matrix: 0.07 GiB on mT5-small's 172M parameters on an H100
+    "adafactor": 1,
     "sgd": 0,
     "adagrad": 4,
     "rmsprop": 4,
@@ -84,6 +85,22 @@ def step_bytes(parameters: int, largest: int, optim: str, device_kind: str) -> i
     return 0
 
 
+def embedding_grad_bytes(config: dict[str, Any], task: str, largest: int, accumulation: int) -> int:
+    """Backward's last moment, once the activations are freed: the input embedding's dense
+    gradients (4 bytes each; `largest` stands for the embedding). A weight used twice, an
+    encoder-decoder's shared embedding or one tied to the output layer, gets a gradient
+    from each use and their sum: three copies alive, one of which stays as the gradient
+    unless the step accumulates into an earlier one. Used once, its gradient is a
+    temporary only when added to an accumulated one. An H100 measured mT5-small (one
+    0.48 GiB embedding, shared; the output layer tied to it as transformers 5.23 builds
+    it): 2 copies above the gradients at 16x1, 3 at 8x2 to 1x16, whatever the batch."""
+    shared = bool(config.get("is_encoder_decoder", task == Task.SEQ2SEQ))  # BART-cls too
+    tied = bool(config.get("tie_word_embeddings", True)) and task != Task.CLASSIFICATION
+    uses = 1 + shared + tied
+    copies = 3 if uses > 1 else 1
+    return 4 * largest * (copies - (accumulation == 1))
+
+
 @dataclasses.dataclass(frozen=True)
 class Breakdown:
     weights: int
@@ -91,14 +108,20 @@ class Breakdown:
     optimizer_state: int
     activations: int
     step: int = 0  # the optimizer step's temporaries (step_bytes), after activations free
+    embedding_grads: int = 0  # backward's end (embedding_grad_bytes), activations freed
 
     @property
     def static(self) -> int:
         return self.weights + self.gradients + self.optimizer_state
 
     @property
+    def after_activations(self) -> int:
+        """The larger moment once the activations are freed: backward's end or the step."""
+        return max(self.step, self.embedding_grads)
+
+    @property
     def total(self) -> int:
-        return self.static + max(self.activations, self.step)
+        return self.static + max(self.activations, self.after_activations)
 
 
 def state_bytes(optim: str) -> int:
@@ -185,6 +208,9 @@ def breakdown(
         optimizer_state=optimizer_state(parameters, candidate.optim, embedding) // o,
         activations=activation_bytes(config, task, candidate, seq_len, target_len),
         step=step,
+        embedding_grads=0  # ZeRO accumulates in its own (sharded, maybe 16-bit) buffers
+        if candidate.zero_stage
+        else embedding_grad_bytes(config, task, largest, candidate.gradient_accumulation_steps),
     )
 
 
@@ -200,25 +226,6 @@ def floor_bytes(
     else:
         state = parameters * FLOOR_STATE_BYTES.get(optim, 0)
     return parameters * tensor // w + parameters * tensor // g + state // o
-
-
-def activation_scale(
-    measured: Sequence[tuple[Breakdown, TrialResult]], process_bytes: int
-) -> float | None:
-    """How far the analytic activations are from this study's measured peaks.
-
-    The smallest ratio over clean runs: the most optimistic fit, so the estimate errs
-    towards "might fit" and never talks the search out of a config that would. A peak
-    the optimizer step may have set (no more above the static terms than the step's
-    temporaries) says nothing of the activations and is left out.
-    """
-    ratios = [
-        (r.peak_memory_bytes - process_bytes - b.static) / b.activations
-        for b, r in measured
-        if r.outcome == Outcome.OK and r.peak_memory_bytes and b.activations > 0
-        and r.peak_memory_bytes - process_bytes - b.static > b.step
-    ]  # fmt: skip
-    return max(0.0, min(ratios)) if ratios else None
 
 
 def check_budget(
@@ -270,57 +277,6 @@ def _first(config: dict[str, Any], *keys: str, default: int) -> int:
     return default
 
 
-def make_predictor(
-    spec: SearchSpec, records: Sequence[TrialRecord]
-) -> Callable[[Candidate], int | None]:
-    """Predicted peak of a candidate from the analytic terms and this study's probes.
-
-    The peak is the larger of two moments: backward, with the activations, and the
-    optimizer step, with its temporaries once the activations are freed. Before any
-    clean probe the activation term is left out (an optimistic estimate), so only a
-    config whose weights, gradients, optimizer state and step alone are far over the
-    budget is skipped.
-    """
-    if not spec.parameters:
-        return lambda candidate: None
-    process = process_bytes(spec.device.kind, records)
-
-    def terms(candidate: Candidate) -> Breakdown:
-        return breakdown(
-            spec.parameters,
-            spec.model.config,
-            spec.model.task,
-            candidate,
-            spec.seq_len,
-            spec.target_len,
-            spec.nproc_per_node,
-            spec.embedding_parameters,
-            spec.largest_parameter,
-            spec.device.kind,
-        )
-
-    scale = activation_scale([(terms(r.candidate), r.result) for r in records], process)
-
-    def predict(candidate: Candidate) -> int:
-        b = terms(candidate)
-        return int(process + b.static + max((scale or 0.0) * b.activations, b.step))
-
-    return predict
-
-
-def process_bytes(device_kind: str, records: Sequence[TrialRecord]) -> int:
-    """What a probe process holds before training: the median its probes measured (CUDA:
-    the context, 676 MiB on an H100 where the typical figure says 600; CPU: the
-    resident set after the imports), else the typical figure."""
-    key = "context_bytes" if device_kind == "cuda" else "rss_bytes"
-    seen = sorted(
-        int(value)
-        for r in records
-        if isinstance(value := r.result.baseline.get(key), int | float) and value > 0
-    )
-    return seen[len(seen) // 2] if seen else PROCESS_BYTES.get(device_kind, 0)
-
-
 @dataclasses.dataclass(frozen=True)
 class EstimateRow:
     candidate: Candidate
@@ -369,30 +325,3 @@ def estimate_rows(
         PROCESS_BYTES[device_kind],
         tuple(rows),
     )
-
-
-Verdictor = Callable[[Candidate], str | None]
-
-
-def far_over_budget(spec: SearchSpec, recs: list[TrialRecord]) -> Verdictor:
-    """The estimate's verdict on a candidate: a reason when it cannot fit, either because
-    its weights, gradients and optimizer state alone exceed what a probe may use, or
-    because the estimate puts it far over the budget."""
-    predict = make_predictor(spec, recs)
-    limit = FAR_OVER * spec.memory_budget_bytes
-
-    def over(candidate: Candidate) -> str | None:
-        floor = floor_bytes(spec.parameters or 0, candidate, spec.nproc_per_node,
-                            spec.embedding_parameters)  # fmt: skip
-        if floor > spec.fit_limit_bytes:
-            return (
-                f"weights, gradients and optimizer state alone take {format_size(floor)}, "
-                f"over the {format_size(spec.fit_limit_bytes)} a probe may use"
-            )
-        peak = predict(candidate)
-        if peak is None or peak <= limit:
-            return None
-        budget = format_size(spec.memory_budget_bytes)
-        return f"estimate {format_size(peak)} is far over the {budget} budget"
-
-    return over

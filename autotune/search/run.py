@@ -28,7 +28,7 @@ from autotune.launch.runner import Launcher
 from autotune.probe import device
 from autotune.probe.shared_model import model_to_share
 from autotune.search.deadline import Deadline
-from autotune.search.estimate import Verdictor, far_over_budget
+from autotune.search.memory_verdict import far_over_budget
 from autotune.search.parity import ParityCheck
 from autotune.search.propose import Proposal, next_config
 from autotune.search.selection import (
@@ -38,7 +38,7 @@ from autotune.search.selection import (
     select_best,
     verdict,
 )
-from autotune.search.skips import open_candidates, skip_reason
+from autotune.search.skips import Verdictor, open_candidates, skip_reason
 from autotune.store.reuse import Reuse
 from autotune.store.store import StudyStore, TrialLost
 

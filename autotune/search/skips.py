@@ -6,11 +6,35 @@ Pure functions over the study's records, so the rules are tested without probing
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from autotune.core.enums import Outcome
 from autotune.core.space import SearchSpace
 from autotune.core.trial import Candidate, TrialRecord
+
+
+class Verdictor(Protocol):
+    """The memory estimate's verdicts (search.memory_verdict.EstimateVerdicts)."""
+
+    def __call__(self, candidate: Candidate) -> str | None:
+        """Why the candidate cannot fit (skip it as infeasible), or None."""
+
+    def fits(self, candidate: Candidate) -> bool:
+        """Whether the estimate says it fits."""
+
+
+class NoEstimate:
+    """No verdict: nothing is ruled out, everything may fit."""
+
+    def __call__(self, candidate: Candidate) -> str | None:
+        return None
+
+    def fits(self, candidate: Candidate) -> bool:
+        return True
+
+
+NO_ESTIMATE = NoEstimate()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +47,7 @@ def skip_reason(
     candidate: Candidate,
     records: Sequence[TrialRecord],
     space: SearchSpace,
-    predicted_over: Callable[[Candidate], str | None] = lambda c: None,
+    predicted_over: Verdictor = NO_ESTIMATE,
     in_flight: Mapping[Candidate, int] | None = None,
 ) -> Skip | None:
     """Why this proposal need not run, or None when it must be probed.
@@ -46,11 +70,11 @@ def skip_reason(
     over = predicted_over(candidate)
     if over is not None:
         return Skip(f"skipped: {over}", implies_oom=True)
-    if not fallback_open(candidate, records, space):
+    if not fallback_open(candidate, records, space, predicted_over):
         smallest = space.micro_batches[0]
         return Skip(
             f"batch {candidate.per_device_train_batch_size} is a fallback, tried only once "
-            f"batch {smallest} runs out of memory",
+            f"batch {smallest} runs out of memory or is estimated not to fit",
             implies_oom=False,
         )
     return None
@@ -66,18 +90,37 @@ def smallest_oom(candidate: Candidate, records: Sequence[TrialRecord]) -> TrialR
     return min(ooms, key=lambda r: r.candidate.per_device_train_batch_size, default=None)
 
 
-def fallback_open(candidate: Candidate, records: Sequence[TrialRecord], space: SearchSpace) -> bool:
-    """A regular batch is always open; a fallback (1, 2, 4) once 8 ran out of memory."""
-    if candidate.per_device_train_batch_size in space.micro_batches:
+def fallback_open(
+    candidate: Candidate,
+    records: Sequence[TrialRecord],
+    space: SearchSpace,
+    estimate: Verdictor = NO_ESTIMATE,
+) -> bool:
+    """A regular batch is always open; a fallback (1, 2, 4) once its family's batch 8 ran
+    out of memory, or, 8 not yet measured, once the estimate (fitted to the study's
+    peaks) says 8 will not fit and the fallback will: waiting for each family's own OOM
+    at 8 spent a probe per family where memory binds, and left the fallbacks of most
+    families unexplored."""
+    batch = candidate.per_device_train_batch_size
+    if batch in space.micro_batches:
         return True
+    smallest = space.micro_batches[0]
     oom = smallest_oom(candidate, records)
-    return oom is not None and oom.candidate.per_device_train_batch_size <= space.micro_batches[0]
+    if oom is not None and oom.candidate.per_device_train_batch_size <= smallest:
+        return True
+    steps = candidate.gradient_accumulation_steps * batch // smallest
+    regular = dataclasses.replace(
+        candidate, per_device_train_batch_size=smallest, gradient_accumulation_steps=steps
+    )
+    if any(r.candidate == regular and r.result.outcome == Outcome.OK for r in records):
+        return False  # measured: 8 fits, and a measurement outranks the estimate
+    return not estimate.fits(regular) and estimate.fits(candidate)
 
 
 def open_candidates(
     space: SearchSpace,
     records: Sequence[TrialRecord],
-    predicted_over: Callable[[Candidate], str | None] = lambda c: None,
+    predicted_over: Verdictor = NO_ESTIMATE,
     in_flight: Mapping[Candidate, int] | None = None,
 ) -> list[Candidate]:
     """Candidates neither measured, ruled out, nor being probed: what is left to search."""

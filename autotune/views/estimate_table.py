@@ -20,6 +20,7 @@ COLUMNS = (
     "gradients",
     "optimizer",
     "activations",
+    "embedding grads",
     "optimizer step",
     "total",
 )
@@ -47,6 +48,7 @@ def print_estimate(estimate: Estimate) -> None:
             format_size(b.gradients),
             format_size(b.optimizer_state),
             format_size(b.activations),
+            format_size(b.embedding_grads),
             format_size(b.step),
             format_size(b.total),
         )
@@ -64,7 +66,9 @@ def estimate_json(estimate: Estimate) -> str:
             "gradients_bytes": r.breakdown.gradients,
             "optimizer_state_bytes": r.breakdown.optimizer_state,
             "activations_bytes": r.breakdown.activations,
-            "optimizer_step_bytes": r.breakdown.step,  # temporaries, after activations free
+            # temporaries once the activations are freed: backward's end, the step
+            "embedding_gradient_bytes": r.breakdown.embedding_grads,
+            "optimizer_step_bytes": r.breakdown.step,
             "total_bytes": r.breakdown.total,
         }
         for r in e.rows

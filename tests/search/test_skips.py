@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from helpers import SPACE, cand, rec
 
-from autotune.core.trial import Outcome
+from autotune.core.trial import Candidate, Outcome
 from autotune.search.skips import open_candidates, skip_reason
 
 
@@ -35,6 +35,66 @@ def test_fallback_batches_open_only_once_8_runs_out_of_memory() -> None:
     assert other_family is not None and "fallback" in other_family.reason
 
 
+class Says:
+    """A memory estimate that says exactly these configs will not fit."""
+
+    def __init__(self, *too_big: Candidate) -> None:
+        self.too_big = set(too_big)
+
+    def __call__(self, candidate: Candidate) -> str | None:
+        return None
+
+    def fits(self, candidate: Candidate) -> bool:
+        return candidate not in self.too_big
+
+
+def test_fallback_batches_open_once_the_estimate_says_8_will_not_fit() -> None:
+    """Where memory binds, waiting for each family's own OOM at 8 spent a probe per
+    family and left most families' fallbacks unexplored (the families benchmark: the
+    best config, batch 4 in bf16, never probed in 8 probes)."""
+    records = [rec(1, cand(8), Outcome.OOM, peak_gib=5.0)]
+    assert skip_reason(cand(4, "bf16"), records, SPACE, Says(cand(8, "bf16"))) is None
+    assert (
+        skip_reason(cand(2, "bf16", ckpt=True), records, SPACE, Says(cand(8, "bf16"))) is not None
+    )
+    assert skip_reason(cand(4, "bf16"), records, SPACE, Says(cand(16, "bf16"))) is not None
+    left = open_candidates(SPACE, records, Says(cand(8, "bf16")))
+    assert {cand(b, "bf16") for b in (1, 2, 4)} <= set(left)
+
+
+def test_the_estimate_opens_no_fallback_it_says_fits_no_better_or_that_8_was_measured_to_fit() -> (
+    None
+):
+    """A fallback opens only where the estimate says 8 will not fit and it will; a
+    measurement of 8 that fitted outranks the estimate."""
+    records = [rec(1, cand(8), Outcome.OOM, peak_gib=5.0)]
+    both = Says(cand(8, "bf16"), cand(4, "bf16"))
+    assert skip_reason(cand(4, "bf16"), records, SPACE, both) is not None
+    measured = [*records, rec(2, cand(8, "bf16"), Outcome.OK)]
+    assert skip_reason(cand(4, "bf16"), measured, SPACE, Says(cand(8, "bf16"))) is not None
+
+
+def test_the_fitted_estimate_opens_the_fallbacks_of_a_family_whose_8_cannot_fit() -> None:
+    """The real verdict: one clean probe at batch 2 fits the activation term; a budget
+    between its batch-2 and batch-8 predictions opens bf16's fallbacks, a roomy one not."""
+    import dataclasses
+
+    from helpers import SPEC
+
+    from autotune.search.memory_verdict import far_over_budget, make_predictor
+
+    spec = dataclasses.replace(SPEC, parameters=10_000_000)
+    records = [rec(1, cand(2), Outcome.OK, peak_gib=3.0)]
+    predict = make_predictor(spec, records)
+    low, high = predict(cand(2, "bf16")), predict(cand(8, "bf16"))
+    assert low is not None and high is not None and low < high
+    tight = dataclasses.replace(spec, memory_budget_bytes=int((low + high) / 2 / 0.95))
+    assert skip_reason(cand(4, "bf16"), records, SPACE, far_over_budget(tight, records)) is None
+    roomy = dataclasses.replace(spec, memory_budget_bytes=int(2 * high / 0.95))
+    closed = skip_reason(cand(4, "bf16"), records, SPACE, far_over_budget(roomy, records))
+    assert closed is not None and "estimated not to fit" in closed.reason
+
+
 def test_open_candidates_shrink_as_the_study_learns() -> None:
     everything = len(open_candidates(SPACE, []))
     assert everything == SPACE.size
@@ -46,16 +106,17 @@ def test_open_candidates_shrink_as_the_study_learns() -> None:
 
 
 def test_a_config_the_estimate_puts_far_over_the_budget_is_skipped_as_infeasible() -> None:
-    """SPEC's model given 1e9 parameters, 8 GiB: fp16 Adafactor by the published rule
-    (6 + 4 + 4 bytes each) is 14 GB, far over, though its certain floor (fp32 weights and
-    gradients, 8 GB) is not over; a 1e8 model is not skipped."""
+    """SPEC's model given 1e9 parameters (the largest tensor 250M), 8 GiB: fp16 Adafactor
+    (6 + 4 + 1 bytes each, 10.2 GiB) with backward's end (the tied embedding's three
+    copies, 2.8 GiB) and the process is 13.4 GiB, far over, though its certain floor (fp32
+    weights and gradients, 7.5 GiB) is not over; a 1e8 model is not skipped."""
     import dataclasses
 
     from helpers import SPEC
 
-    from autotune.search.estimate import far_over_budget
+    from autotune.search.memory_verdict import far_over_budget
 
-    big = dataclasses.replace(SPEC, parameters=1_000_000_000)
+    big = dataclasses.replace(SPEC, parameters=1_000_000_000, largest_parameter=250_000_000)
     adafactor = SPACE.candidate(8, "fp16", False, "adafactor")
     over = far_over_budget(big, [])
     assert "far over the 8.0 GiB budget" in str(over(adafactor))
@@ -75,7 +136,7 @@ def test_a_config_whose_states_alone_exceed_what_a_probe_may_use_is_never_probed
 
     from helpers import SPEC
 
-    from autotune.search.estimate import far_over_budget
+    from autotune.search.memory_verdict import far_over_budget
 
     mt5 = dataclasses.replace(SPEC, parameters=300_000_000, memory_budget_bytes=4 * 2**30)
     over = far_over_budget(mt5, [])

@@ -1,0 +1,152 @@
+"""The memory estimate refined by a study's probes, and its verdicts on a candidate as the
+skip rules and proposals use them.
+
+Two questions with two thresholds: whether a config is so far over the budget that
+probing it would only waste an out-of-memory launch (skip it), and whether the estimate,
+fitted to this study's probes, says it fits at all (propose it before those that do not;
+open the smaller fallback batches of a family whose batch 8 does not).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from autotune.core.enums import Outcome
+from autotune.core.spec import SearchSpec
+from autotune.core.trial import Candidate, TrialRecord, TrialResult
+from autotune.core.units import format_size
+from autotune.search.estimate import FAR_OVER, PROCESS_BYTES, Breakdown, breakdown, floor_bytes
+
+# An out-of-memory run's peak was above this share of the limit at least: the CPU's
+# limit counts reserved data pages, a few percent above the resident set the peaks count
+OOM_SLACK = 0.9
+
+
+@dataclasses.dataclass(frozen=True)
+class EstimateVerdicts:
+    """The verdicts of the estimate refined by a study's records (skips.Verdictor)."""
+
+    spec: SearchSpec
+    predict: Callable[[Candidate], int | None]
+    # what a skip (a verdict no later probe revisits) may rest on: clean runs only, not
+    # the bound an out-of-memory run sets, which blames every unexplained byte on the
+    # activations (an OOM set off by something the model leaves out would skip for good
+    # configs of other families that fit)
+    predict_for_skip: Callable[[Candidate], int | None]
+
+    def __call__(self, candidate: Candidate) -> str | None:
+        """A reason when the candidate cannot fit: its weights, gradients and optimizer
+        state alone exceed what a probe may use, or the estimate puts it far over."""
+        spec = self.spec
+        floor = floor_bytes(spec.parameters or 0, candidate, spec.nproc_per_node,
+                            spec.embedding_parameters)  # fmt: skip
+        if floor > spec.fit_limit_bytes:
+            return (
+                f"weights, gradients and optimizer state alone take {format_size(floor)}, "
+                f"over the {format_size(spec.fit_limit_bytes)} a probe may use"
+            )
+        peak = self.predict_for_skip(candidate)
+        if peak is None or peak <= FAR_OVER * spec.memory_budget_bytes:
+            return None
+        budget = format_size(spec.memory_budget_bytes)
+        return f"estimate {format_size(peak)} is far over the {budget} budget"
+
+    def fits(self, candidate: Candidate) -> bool:
+        """The estimate's verdict: the predicted peak within what a probe may use. Its
+        activation term is the most optimistic fit to the study's peaks (before a clean
+        probe, the least scale the OOM probes imply), so a config it says does not fit
+        very likely does not."""
+        peak = self.predict(candidate)
+        return peak is None or peak <= self.spec.fit_limit_bytes
+
+
+def far_over_budget(spec: SearchSpec, recs: Sequence[TrialRecord]) -> EstimateVerdicts:
+    """The verdicts with the estimate refined by the study's records so far."""
+    return EstimateVerdicts(
+        spec, make_predictor(spec, recs), make_predictor(spec, recs, from_ooms=False)
+    )
+
+
+def make_predictor(
+    spec: SearchSpec, records: Sequence[TrialRecord], *, from_ooms: bool = True
+) -> Callable[[Candidate], int | None]:
+    """Predicted peak of a candidate from the analytic terms and this study's probes.
+
+    The peak is the largest of three moments: backward, with the activations; its end,
+    with the embedding's gradients, and the optimizer step, with its temporaries, both
+    once the activations are freed. Before any clean probe the activation term is the
+    least the out-of-memory probes imply (`from_ooms`), else left out (an optimistic
+    estimate).
+    """
+    if not spec.parameters:
+        return lambda candidate: None
+    process = process_bytes(spec.device.kind, records)
+
+    def terms(candidate: Candidate) -> Breakdown:
+        return breakdown(
+            spec.parameters,
+            spec.model.config,
+            spec.model.task,
+            candidate,
+            spec.seq_len,
+            spec.target_len,
+            spec.nproc_per_node,
+            spec.embedding_parameters,
+            spec.largest_parameter,
+            spec.device.kind,
+        )
+
+    measured = [(terms(r.candidate), r.result) for r in records]
+    scale = activation_scale(measured, process, spec.fit_limit_bytes if from_ooms else 0)
+
+    def predict(candidate: Candidate) -> int:
+        b = terms(candidate)
+        return int(process + b.static + max((scale or 0.0) * b.activations, b.after_activations))
+
+    return predict
+
+
+def process_bytes(device_kind: str, records: Sequence[TrialRecord]) -> int:
+    """What a probe process holds before training: the median its probes measured (CUDA:
+    the context, 676 MiB on an H100 where the typical figure says 600; CPU: the
+    resident set after the imports), else the typical figure."""
+    key = "context_bytes" if device_kind == "cuda" else "rss_bytes"
+    seen = sorted(
+        int(value)
+        for r in records
+        if isinstance(value := r.result.baseline.get(key), int | float) and value > 0
+    )
+    return seen[len(seen) // 2] if seen else PROCESS_BYTES.get(device_kind, 0)
+
+
+def activation_scale(
+    measured: Sequence[tuple[Breakdown, TrialResult]], process_bytes: int, limit_bytes: int = 0
+) -> float | None:
+    """How far the analytic activations are from this study's measured peaks.
+
+    The smallest ratio over clean runs: the most optimistic fit, so the estimate errs
+    towards "might fit" and never talks the search out of a config that would. A peak
+    the optimizer step or backward's end may have set (no more above the static terms
+    than their temporaries) says nothing of the activations and is left out.
+
+    Before any clean run, out-of-memory runs bound it from below: the smallest scale
+    that puts each over OOM_SLACK of `limit_bytes` (where its static terms and their
+    temporaries alone would not), so the first OOM already tells which configs of other
+    families cannot fit either.
+    """
+    ratios = [
+        (r.peak_memory_bytes - process_bytes - b.static) / b.activations
+        for b, r in measured
+        if r.outcome == Outcome.OK and r.peak_memory_bytes and b.activations > 0
+        and r.peak_memory_bytes - process_bytes - b.static > b.after_activations
+    ]  # fmt: skip
+    if ratios:
+        return max(0.0, min(ratios))
+    room = OOM_SLACK * limit_bytes - process_bytes
+    bounds = [
+        (room - b.static) / b.activations
+        for b, r in measured
+        if r.outcome == Outcome.OOM and b.activations > 0 and room - b.static > b.after_activations
+    ]
+    return max(bounds) if bounds else None

@@ -1,0 +1,97 @@
+"""The estimate fitted to a study's probes, and the verdicts the search takes from it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from helpers import GIB, SPEC, cand, rec
+
+from autotune.core.trial import Outcome, TrialRecord, TrialResult
+from autotune.search.estimate import PROCESS_BYTES, Breakdown
+from autotune.search.memory_verdict import (
+    OOM_SLACK,
+    activation_scale,
+    far_over_budget,
+    make_predictor,
+    process_bytes,
+)
+
+
+def test_activation_scale_is_the_most_optimistic_fit() -> None:
+    b = Breakdown(weights=GIB, gradients=GIB, optimizer_state=0, activations=GIB)
+    runs = [
+        (b, TrialResult(Outcome.OK, peak_memory_bytes=4 * GIB)),  # 2 GiB of activations
+        (b, TrialResult(Outcome.OK, peak_memory_bytes=3 * GIB)),  # 1 GiB
+        (b, TrialResult(Outcome.OOM, peak_memory_bytes=9 * GIB)),  # not a clean run
+    ]
+    assert activation_scale(runs, process_bytes=0) == 1.0
+    assert activation_scale([], process_bytes=0) is None
+    # a peak the optimizer step may have set (1 GiB of its temporaries, 1 GiB above the
+    # static terms) says nothing of the activations: left out, not read as a scale of 1
+    stepped = Breakdown(weights=GIB, gradients=GIB, optimizer_state=0, activations=GIB // 8,
+                        step=GIB)  # fmt: skip
+    assert activation_scale([(stepped, TrialResult(Outcome.OK, peak_memory_bytes=3 * GIB))],
+                            process_bytes=0) is None  # fmt: skip
+
+
+def test_the_process_term_is_what_the_probes_measured_before_training() -> None:
+    """On an H100 the context was 676 MiB where the typical figure says 600."""
+
+    def with_baseline(number: int, baseline: dict[str, int]) -> TrialRecord:
+        record = rec(number, cand(8))
+        return dataclasses.replace(record, result=record.result.replace(baseline=baseline))
+
+    mib = 2**20
+    cuda = [with_baseline(0, {"context_bytes": 676 * mib}), with_baseline(1, {}),
+            with_baseline(2, {"context_bytes": 680 * mib}),
+            with_baseline(3, {"context_bytes": 670 * mib})]  # fmt: skip
+    assert process_bytes("cuda", cuda) == 676 * mib
+    assert process_bytes("cuda", []) == PROCESS_BYTES["cuda"]
+    cpu = [with_baseline(0, {"rss_bytes": 420 * mib, "vmdata_bytes": 1300 * mib})]
+    assert process_bytes("cpu", cpu) == 420 * mib  # the peak counts the resident set
+
+
+def test_before_a_clean_run_an_oom_bounds_the_activations_from_below() -> None:
+    """The smallest scale that puts the OOM run over the limit: optimistic, but enough to
+    say that a config with twice its activations cannot fit either."""
+    b = Breakdown(weights=GIB, gradients=GIB, optimizer_state=0, activations=GIB)
+    oom = (b, TrialResult(Outcome.OOM))
+    limit = int(4 * GIB / OOM_SLACK)  # room for 2 GiB of activations above the statics
+    assert activation_scale([oom], process_bytes=0, limit_bytes=limit) == pytest.approx(2.0)
+    assert activation_scale([oom], process_bytes=0) is None  # no limit, no bound
+    # a clean run's ratio outranks any bound: it measured the activations
+    clean = (b, TrialResult(Outcome.OK, peak_memory_bytes=int(2.5 * GIB)))
+    assert activation_scale([oom, clean], process_bytes=0, limit_bytes=limit) == 0.5
+    # an OOM its static terms and the optimizer step already explain bounds nothing
+    stepped = Breakdown(weights=GIB, gradients=GIB, optimizer_state=0, activations=GIB,
+                        step=3 * GIB)  # fmt: skip
+    assert activation_scale([(stepped, TrialResult(Outcome.OOM))], process_bytes=0,
+                            limit_bytes=limit) is None  # fmt: skip
+
+
+def test_after_the_first_guess_runs_out_of_memory_a_bigger_one_is_judged_not_to_fit() -> None:
+    """Under a budget that binds, the default (8x2 fp32) ran out of memory: the estimate
+    now says 16x1 fp32, with twice its activations, cannot fit, and still lets bf16 at 8
+    (half the activations) and checkpointing be tried."""
+    spec = dataclasses.replace(SPEC, parameters=10_000_000)
+    base = far_over_budget(spec, [])
+    assert base.fits(cand(16)) and base.fits(cand(8))  # nothing measured: all may fit
+    records = [rec(0, cand(8), Outcome.OOM)]
+    verdicts = far_over_budget(spec, records)
+    assert not verdicts.fits(cand(16))
+    assert verdicts.fits(cand(8, ckpt=True))
+    predict = make_predictor(spec, records)
+    assert predict(cand(8, "bf16")) < predict(cand(8))  # type: ignore[operator]
+
+
+def test_an_oom_bound_reorders_proposals_but_never_skips_a_config_for_good() -> None:
+    """An OOM at bf16 with checkpointing (small modelled activations) implies a large
+    scale for every family; a skip is never revisited, so it rests on clean runs only."""
+    spec = dataclasses.replace(SPEC, parameters=10_000_000)
+    records = [rec(0, cand(8, "bf16", ckpt=True), Outcome.OOM)]
+    predict = make_predictor(spec, records)
+    assert predict(cand(8)) > 1.5 * spec.memory_budget_bytes  # type: ignore[operator]
+    verdicts = far_over_budget(spec, records)
+    assert not verdicts.fits(cand(8))  # proposed after what may fit
+    assert verdicts(cand(8)) is None  # but not skipped
