@@ -1,0 +1,411 @@
+#!/usr/bin/env python
+"""Search efficiency across model families and budgets, every method run for real.
+
+For each of three small models (a causal LM, a seq2seq model, an encoder classifier)
+and two memory budgets (one that leaves the whole space free, one under which the
+unconstrained best does not fit), on this machine's CPU:
+
+1. the exhaustive grid: every config of the space probed once under the budget, then
+   the top configs probed again until each has 3 measurements; the truth is the best
+   median, and a config whose measured range reaches the best's is a tie (a tie found
+   counts as found);
+2. four methods, each with the same trial budget (15% of the grid's probes) and 3
+   seeds, each run for real and charged its real probe time, OOM launches included:
+   `autotune search` with its defaults (the model of step time, adaptive measurement,
+   confirmation; every probe it launches counts, confirmations included), and plain
+   Optuna TPE, random and GP samplers driving the same probe (fixed windows), each
+   selecting the best of its own measurements.
+
+Every selected config is scored by the grid's truth. Prints the figures, writes
+benchmarks/families.json and appends a section to benchmarks/RESULTS.md.
+
+    pip install -e ".[bench]"   # scipy, for the GP sampler
+    python benchmarks/families.py            # about an hour on 2 cores, alone
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+from _common import machine, save
+from search_efficiency import score  # samples/s within the limit, as the search judges
+
+from autotune.core.space import SearchSpace, batch_choices
+from autotune.core.trial import Candidate, ModelSpec, TrialConfig, TrialResult
+from autotune.hf.models import resolve_model
+from autotune.launch.forkserver import ForkServer
+from autotune.launch.runner import run_trial
+from autotune.probe.shared_model import SharedModel
+
+MIB = 2**20
+GENEROUS = 16 * 2**30
+GLOBAL_BATCH, SEQ_LEN, TARGET_LEN = 16, 128, 16
+WARMUP, MEASURE = 2, 3
+PRECISIONS = ("fp32", "bf16")
+OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adafactor")
+SEEDS = (0, 1, 2)
+SHARE = 0.15
+REPEATS = 3
+TOP = 5
+SMALL = {"vocab_size": 4096, "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0}
+FAMILIES: dict[str, dict[str, Any]] = {
+    "causal LM (gpt2)": {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "n_embd": 128,
+        "n_layer": 4,
+        "n_head": 4,
+        "n_positions": 512,
+        **SMALL,
+    },
+    "seq2seq (t5)": {
+        "model_type": "t5",
+        "architectures": ["T5ForConditionalGeneration"],
+        "d_model": 128,
+        "d_ff": 512,
+        "d_kv": 32,
+        "num_layers": 2,
+        "num_decoder_layers": 2,
+        "num_heads": 4,
+        "decoder_start_token_id": 0,
+        **SMALL,
+    },
+    "encoder classifier (bert)": {
+        "model_type": "bert",
+        "architectures": ["BertForSequenceClassification"],
+        "hidden_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "intermediate_size": 512,
+        "max_position_embeddings": 512,
+        "num_labels": 2,
+        **SMALL,
+    },
+}
+Key = tuple[int, str, bool, str]
+
+
+def key_of(c: Candidate) -> Key:
+    return (c.per_device_train_batch_size, str(c.precision), c.activation_checkpointing, c.optim)
+
+
+def candidate(key: Key) -> Candidate:
+    batch, precision, ckpt, optim = key
+    return Candidate(
+        batch, GLOBAL_BATCH // batch, precision, ckpt, optim, attn_implementation="sdpa"
+    )
+
+
+def space() -> SearchSpace:
+    regular, fallback = batch_choices(GLOBAL_BATCH)
+    return SearchSpace(GLOBAL_BATCH, regular, fallback, PRECISIONS, (False, True), OPTIMIZERS)
+
+
+class Prober:
+    """Probes of one model under one limit, through a fork server that built it once."""
+
+    def __init__(self, model: ModelSpec, limit: int, work: Path) -> None:
+        self.model, self.limit, self.work, self.count = model, limit, work, 0
+        started = time.monotonic()
+        self.server = ForkServer(
+            work / f"server-{limit}.log", data_limit=limit, shared=SharedModel(model, 0, "sdpa")
+        )
+        self.start_s = time.monotonic() - started
+
+    def __call__(self, key: Key) -> TrialResult:
+        self.count += 1
+        config = TrialConfig(
+            number=self.count,
+            trial_dir=str(self.work / "probes" / str(self.count)),
+            model=self.model,
+            candidate=candidate(key),
+            device="cpu",
+            seq_len=SEQ_LEN,
+            target_len=TARGET_LEN,
+            memory_limit_bytes=self.limit,
+            warmup_steps=WARMUP,
+            measure_steps=MEASURE,
+        )
+        return run_trial(config, timeout_s=600, server=self.server)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def measure_grid(prober: Prober) -> dict[str, Any]:
+    """Every config once, then the top ones until each has REPEATS measurements."""
+    started = time.monotonic()
+    runs: dict[Key, list[TrialResult]] = {
+        key_of(c): [prober(key_of(c))] for c in space().candidates()
+    }
+    ranked = sorted(runs, key=lambda k: score(runs[k][0], prober.limit), reverse=True)
+    for key in [k for k in ranked[:TOP] if score(runs[k][0], prober.limit) > 0]:
+        runs[key] += [prober(key) for _ in range(REPEATS - 1)]
+    speeds = {k: [score(r, prober.limit) for r in rs] for k, rs in runs.items()}
+    medians = {k: statistics.median(v) for k, v in speeds.items()}
+    best = max(medians, key=lambda k: medians[k])
+    ties = [k for k, v in speeds.items() if len(v) > 1 and max(v) >= min(speeds[best])]
+    return {
+        "wall_s": time.monotonic() - started,
+        "runs": runs,
+        "medians": medians,
+        "best": best,
+        "ties": ties,
+        "fit": sum(score(rs[0], prober.limit) > 0 for rs in runs.values()),
+        "peaks": {k: rs[0].peak_memory_bytes or 0 for k, rs in runs.items()},
+    }
+
+
+def ratio(found: Key | None, grid: dict[str, Any]) -> float:
+    if found is None:
+        return 0.0
+    if found in grid["ties"]:
+        return 1.0
+    return min(1.0, grid["medians"][found] / grid["medians"][grid["best"]])
+
+
+def plain(name: str, prober: Prober, trials: int, seed: int) -> dict[str, Any]:
+    """A plain Optuna sampler proposing configs, each probed for real."""
+    samplers = {
+        "tpe": lambda: optuna.samplers.TPESampler(seed=seed, n_startup_trials=3, multivariate=True),
+        "random": lambda: optuna.samplers.RandomSampler(seed=seed),
+        "gp": lambda: optuna.samplers.GPSampler(seed=seed, n_startup_trials=3),
+    }
+    study = optuna.create_study(direction="maximize", sampler=samplers[name]())
+    sp = space()
+    measured: dict[Key, float] = {}
+    started = time.monotonic()
+
+    def objective(trial: optuna.Trial) -> float:
+        key = (
+            trial.suggest_categorical("batch", list(sp.all_batches)),
+            trial.suggest_categorical("precision", list(PRECISIONS)),
+            trial.suggest_categorical("checkpointing", [False, True]),
+            trial.suggest_categorical("optim", list(OPTIMIZERS)),
+        )
+        value = score(prober(key), prober.limit)
+        measured[key] = max(measured.get(key, 0.0), value)
+        return value
+
+    study.optimize(objective, n_trials=trials)
+    best = max(measured, key=lambda k: measured[k])
+    return {
+        "found": best if measured[best] > 0 else None,
+        "probes": trials,
+        "wall_s": time.monotonic() - started + prober.start_s,
+    }
+
+
+def autotune(model_dir: Path, work: Path, budget: int, trials: int, seed: int) -> dict[str, Any]:
+    """`autotune search` with its defaults, in a fresh directory (nothing to reuse)."""
+    run_dir = Path(tempfile.mkdtemp(dir=work))
+    argv = [
+        sys.executable,
+        "-m",
+        "autotune",
+        "search",
+        "--model",
+        str(model_dir),
+        "--device",
+        "cpu",
+        "--study",
+        "bench",
+        "--memory-budget",
+        f"{budget // MIB}MiB",
+        "--seed",
+        str(seed),
+        "--global-batch-size",
+        str(GLOBAL_BATCH),
+        "--seq-len",
+        str(SEQ_LEN),
+        "--target-len",
+        str(TARGET_LEN),
+        "--precisions",
+        ",".join(PRECISIONS),
+        "--optimizers",
+        ",".join(OPTIMIZERS),
+        "--lever",
+        "torch_compile=false",
+        "--lever",
+        "attn_implementation=sdpa",
+        "--warmup-steps",
+        str(WARMUP),
+        "--measure-steps",
+        str(MEASURE),
+        "--max-trials",
+        str(trials - 2),
+        "--confirm-top",
+        "1",
+        "--parity",
+        "off",
+        "--no-reuse",
+        "--quiet",
+    ]
+    started = time.monotonic()
+    done = subprocess.run(
+        argv,
+        cwd=run_dir,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    wall = time.monotonic() - started
+    best_file = run_dir / "studies" / "bench.best.json"
+    study = optuna.load_study(
+        study_name="bench", storage=f"sqlite:///{run_dir}/studies/autotune.db"
+    )
+    probes = sum(
+        1
+        for t in study.trials
+        if t.user_attrs.get("outcome") not in (None, "skipped")
+        and not t.user_attrs.get("reused_from")
+    )
+    found = None
+    if done.returncode == 0 and best_file.exists():
+        best = json.loads(best_file.read_text())
+        found = (
+            best["per_device_train_batch_size"],
+            "bf16" if best.get("bf16") else "fp16" if best.get("fp16") else "fp32",
+            bool(best.get("activation_checkpointing", best.get("gradient_checkpointing"))),
+            best["optim"],
+        )
+    return {
+        "found": found,
+        "probes": probes,
+        "wall_s": wall,
+        "exit": done.returncode,
+        "stderr": done.stderr[-400:] if done.returncode else "",
+    }
+
+
+def binding_budget(grid: dict[str, Any]) -> int:
+    """A budget under which the unconstrained best config is judged not to fit."""
+    return int(grid["peaks"][grid["best"]] * 0.98 / 0.95) // MIB * MIB
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--no-append", action="store_true", help="do not touch RESULTS.md")
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    figures: dict[str, Any] = {
+        **machine(),
+        "space": len(list(space().candidates())),
+        "seeds": list(SEEDS),
+        "settings": [],
+    }
+    trials = max(3, int(figures["space"] * SHARE))
+    figures["trial_budget"] = trials
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for family, config in FAMILIES.items():
+            model_dir = work / config["model_type"]
+            model_dir.mkdir()
+            (model_dir / "config.json").write_text(json.dumps(config))
+            model = resolve_model(str(model_dir))
+            budget = GENEROUS
+            for label in ("memory free", "memory binds"):
+                prober = Prober(model, int(budget * 0.95), work)
+                try:
+                    grid = measure_grid(prober)
+                    while grid["fit"] < 3:  # too tight to compare searches: loosen by 10%
+                        prober.close()
+                        budget = int(budget * 1.1) // MIB * MIB
+                        prober = Prober(model, int(budget * 0.95), work)
+                        grid = measure_grid(prober)
+                    row: dict[str, Any] = {
+                        "family": family,
+                        "budget": label,
+                        "budget_mib": budget // MIB,
+                        "grid_wall_s": round(grid["wall_s"], 1),
+                        "fit": grid["fit"],
+                        "best": list(grid["best"]),
+                        "ties": [list(k) for k in grid["ties"]],
+                        "best_samples_per_s": round(grid["medians"][grid["best"]], 2),
+                        "grid": {
+                            "|".join(map(str, k)): [round(score(r, prober.limit), 2) for r in rs]
+                            for k, rs in grid["runs"].items()
+                        },
+                        "methods": {},
+                    }
+                    print(
+                        f"{family}, {label}: grid",
+                        {k: v for k, v in row.items() if k != "grid"},
+                        flush=True,
+                    )
+                    for name in ("autotune", "tpe", "random", "gp"):
+                        outs = []
+                        for seed in SEEDS:
+                            out = (
+                                autotune(model_dir, work, budget, trials, seed)
+                                if name == "autotune"
+                                else plain(name, prober, trials, seed)
+                            )
+                            out["ratio"] = round(ratio(out["found"], grid), 3)
+                            outs.append(out)
+                            print(f"  {name} seed {seed}: {out}", flush=True)
+                        row["methods"][name] = [
+                            {
+                                **o,
+                                "found": o["found"] and list(o["found"]),
+                                "wall_s": round(o["wall_s"], 1),
+                            }
+                            for o in outs
+                        ]
+                    figures["settings"].append(row)
+                finally:
+                    prober.close()
+                budget = binding_budget(grid)
+    save("families", figures, markdown(figures), not args.no_append)
+
+
+def markdown(f: dict[str, Any]) -> str:
+    names = ("autotune", "tpe", "random", "gp")
+    lines = []
+    for row in f["settings"]:
+        cells = []
+        for name in names:
+            outs = row["methods"][name]
+            ratios = [o["ratio"] for o in outs]
+            cells.append(
+                f"{statistics.mean(ratios):.3f} / {min(ratios):.3f} "
+                f"({statistics.mean(o['probes'] for o in outs):.1f} probes, "
+                f"{statistics.mean(o['wall_s'] for o in outs):.0f} s)"
+            )
+        lines.append(
+            f"| {row['family']} | {row['budget']} ({row['budget_mib']} MiB; "
+            f"{row['fit']} fit) | {row['grid_wall_s']:.0f} s, "
+            f"{len(row['ties'])} tied | " + " | ".join(cells) + " |"
+        )
+    means = {n: [o["ratio"] for r in f["settings"] for o in r["methods"][n]] for n in names}
+    summary = " | ".join(f"{statistics.mean(v):.3f} / {min(v):.3f}" for v in means.values())
+    return f"""
+## Search efficiency across model families and budgets ({f["date"]})
+
+Machine: {f["machine"]}; {f["versions"]}. Command: `python benchmarks/families.py`, alone.
+Space: {f["space"]} configs (global batch {GLOBAL_BATCH}, {SEQ_LEN} tokens; batch x
+{"/".join(PRECISIONS)} x checkpointing x {"/".join(OPTIMIZERS)}). Each method: {f["trial_budget"]}
+probes ({f["trial_budget"] / f["space"]:.0%} of the grid's), seeds {f["seeds"]}, run for real.
+Cells: mean / worst best-found over grid-best (a config tied with the grid's best counts
+as found), then mean probes and wall per search.
+
+| family | budget | grid | autotune | plain TPE | random | GP |
+| --- | --- | --- | --- | --- | --- | --- |
+{chr(10).join(lines)}
+| all | | | {summary} |
+"""
+
+
+if __name__ == "__main__":
+    main()
