@@ -131,8 +131,9 @@ def activation_scale(
     than their temporaries) says nothing of the activations and is left out.
 
     Before any clean run, out-of-memory runs bound it from below: the smallest scale
-    that puts each over OOM_SLACK of `limit_bytes` (where its static terms and their
-    temporaries alone would not), so the first OOM already tells which configs of other
+    that puts each over what it held when it failed (its recorded peak, at least
+    OOM_SLACK of `limit_bytes`; where its static terms and their temporaries alone
+    would not), so the first OOM already tells which configs of other
     families cannot fit either.
     """
     ratios = [
@@ -143,10 +144,22 @@ def activation_scale(
     ]  # fmt: skip
     if ratios:
         return max(0.0, min(ratios))
-    room = OOM_SLACK * limit_bytes - process_bytes
+    if limit_bytes <= 0:
+        return None
+    held = [(b, reached) for b, r in measured if (reached := oom_reached(r, limit_bytes))]
     bounds = [
-        (room - b.static) / b.activations
-        for b, r in measured
-        if r.outcome == Outcome.OOM and b.activations > 0 and room - b.static > b.after_activations
+        (reached - process_bytes - b.static) / b.activations
+        for b, reached in held
+        if b.activations > 0 and reached - process_bytes - b.static > b.after_activations
     ]
     return max(bounds) if bounds else None
+
+
+def oom_reached(result: TrialResult, limit_bytes: int) -> float | None:
+    """What an out-of-memory run held at least when it failed: the peak it recorded (in
+    the currency of every other peak), or OOM_SLACK of the limit if that says more. None
+    for a run the allocator did not stop (no error, no peak: a SIGKILL from outside, the
+    kernel's OOM killer taking the host's memory, says nothing of this probe's)."""
+    if result.outcome != Outcome.OOM or not (result.error or result.peak_memory_bytes):
+        return None
+    return max(OOM_SLACK * limit_bytes, float(result.peak_memory_bytes or 0))

@@ -56,17 +56,25 @@ def test_before_a_clean_run_an_oom_bounds_the_activations_from_below() -> None:
     """The smallest scale that puts the OOM run over the limit: optimistic, but enough to
     say that a config with twice its activations cannot fit either."""
     b = Breakdown(weights=GIB, gradients=GIB, optimizer_state=0, activations=GIB)
-    oom = (b, TrialResult(Outcome.OOM))
+    oom = (b, TrialResult(Outcome.OOM, error="RuntimeError: DefaultCPUAllocator: can't allocate"))
     limit = int(4 * GIB / OOM_SLACK)  # room for 2 GiB of activations above the statics
     assert activation_scale([oom], process_bytes=0, limit_bytes=limit) == pytest.approx(2.0)
     assert activation_scale([oom], process_bytes=0) is None  # no limit, no bound
+    # the peak the OOM run recorded, where it says more than the slack: it held that much
+    held = (b, TrialResult(Outcome.OOM, peak_memory_bytes=int(4.5 * GIB)))
+    assert activation_scale([held], process_bytes=0, limit_bytes=limit) == pytest.approx(2.5)
+    low = (b, TrialResult(Outcome.OOM, peak_memory_bytes=3 * GIB))
+    assert activation_scale([low], process_bytes=0, limit_bytes=limit) == pytest.approx(2.0)
+    # a SIGKILL from outside (the host's OOM killer): no error, no peak, no bound
+    killed = (b, TrialResult(Outcome.OOM, reason="killed by SIGKILL under the memory limit"))
+    assert activation_scale([killed], process_bytes=0, limit_bytes=limit) is None
     # a clean run's ratio outranks any bound: it measured the activations
     clean = (b, TrialResult(Outcome.OK, peak_memory_bytes=int(2.5 * GIB)))
     assert activation_scale([oom, clean], process_bytes=0, limit_bytes=limit) == 0.5
     # an OOM its static terms and the optimizer step already explain bounds nothing
     stepped = Breakdown(weights=GIB, gradients=GIB, optimizer_state=0, activations=GIB,
                         step=3 * GIB)  # fmt: skip
-    assert activation_scale([(stepped, TrialResult(Outcome.OOM))], process_bytes=0,
+    assert activation_scale([(stepped, oom[1])], process_bytes=0,
                             limit_bytes=limit) is None  # fmt: skip
 
 
