@@ -31,14 +31,9 @@ from autotune.search.deadline import Deadline
 from autotune.search.memory_verdict import far_over_budget
 from autotune.search.parity import ParityCheck
 from autotune.search.propose import Proposal, next_config
-from autotune.search.selection import (
-    fitting,
-    incumbent_cost,
-    ranked,
-    select_best,
-    verdict,
-)
+from autotune.search.selection import fitting, incumbent_cost, ranked, select_best, verdict
 from autotune.search.skips import Verdictor, open_candidates, skip_reason
+from autotune.store.keys import Attr
 from autotune.store.reuse import Reuse
 from autotune.store.store import StudyStore, TrialLost
 
@@ -178,7 +173,8 @@ class SearchRun:
     def _step(self, recs: list[TrialRecord], busy: dict[Candidate, int], over: Verdictor) -> None:
         """Ask for one proposal; skip it or probe it."""
         trial, candidate = self.store.ask()
-        skip = skip_reason(candidate, recs, self.spec.space, over, busy)
+        skip = skip_reason(candidate, recs, self.spec.space, over, busy,
+                           first_guess=bool(trial.user_attrs.get(Attr.FIRST_GUESS)))  # fmt: skip
         if skip is not None:
             result = TrialResult(Outcome.SKIPPED, reason=skip.reason)
             self.store.tell(trial, result, verdict(result, self.spec, implied=skip.implies_oom))
@@ -342,7 +338,7 @@ def prepare_store(*, spec: SearchSpec, study_name: str, storage: str, sampler: s
     store.recover_stale()
     if store.is_empty():  # a worker starting at this moment may do it too
         for seed in seed_candidates(spec.space, spec.device, spec.tokens_per_sample):
-            store.enqueue(seed)
+            store.enqueue(seed, first_guess=True)
     return store
 
 

@@ -49,10 +49,16 @@ def skip_reason(
     space: SearchSpace,
     predicted_over: Verdictor = NO_ESTIMATE,
     in_flight: Mapping[Candidate, int] | None = None,
+    *,
+    first_guess: bool = False,
 ) -> Skip | None:
     """Why this proposal need not run, or None when it must be probed.
 
     `in_flight` maps configs other workers are probing now to their trial numbers.
+    `first_guess`: queued before any probe (the recipe, the usual fast settings); once
+    the estimate, fitted to the probes since, says it will not fit, it waits (left open,
+    not ruled out) for the proposals to reach it, instead of spending a launch on an
+    out-of-memory the estimate expects (the recipe's OOM bounds the activations).
     """
     for record in records:
         if record.candidate == candidate:
@@ -70,6 +76,8 @@ def skip_reason(
     over = predicted_over(candidate)
     if over is not None:
         return Skip(f"skipped: {over}", implies_oom=True)
+    if first_guess and not predicted_over.fits(candidate):
+        return Skip("first guess deferred: the estimate says it will not fit", implies_oom=False)
     if not fallback_open(candidate, records, space, predicted_over):
         smallest = space.micro_batches[0]
         return Skip(

@@ -14,6 +14,7 @@ class Attr(enum.StrEnum):
     CONFIRMS = "confirms"  # on a confirmation run: the number of the trial it confirms
     REUSED = "reused_from"  # figures taken over from another study: not a probe
     CLAIM = "claim"  # the config a running trial probes (see coordination.claim_key)
+    FIRST_GUESS = "first_guess"  # queued before any probe: core.space.seed_candidates
     HOST = "host"
     PID = "pid"
     WORKER = "worker"  # a random id per searching process: unique across containers

@@ -196,8 +196,9 @@ class StudyStore:
     # ---- the queue ------------------------------------------------------------------
 
     @transient_retry
-    def enqueue(self, candidate: Candidate) -> None:
-        self.study.enqueue_trial(candidate_params(candidate, self.spec.space))
+    def enqueue(self, candidate: Candidate, *, first_guess: bool = False) -> None:
+        attrs = {str(Attr.FIRST_GUESS): True} if first_guess else None  # probes may rule it out
+        self.study.enqueue_trial(candidate_params(candidate, self.spec.space), user_attrs=attrs)
 
     @transient_retry
     def ask(self) -> tuple[optuna.Trial, Candidate]:

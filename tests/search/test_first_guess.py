@@ -1,0 +1,99 @@
+"""The first guesses queued before any probe, against what the probes since have shown."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from helpers import SPEC
+from optuna.trial import TrialState
+
+from autotune.core.enums import Outcome
+from autotune.core.space import SearchSpace
+from autotune.core.spec import SearchSpec
+from autotune.core.trial import Candidate, TrialConfig, TrialResult
+from autotune.search.deadline import Deadline
+from autotune.search.memory_verdict import far_over_budget
+from autotune.search.run import SearchLimits, SearchRun, prepare_store
+from autotune.search.skips import open_candidates
+from autotune.store.keys import Attr
+from autotune.store.store import StudyStore
+
+GIB = 2**30
+
+
+class OutOfMemory:
+    """A launcher whose every probe runs out of memory at the limit, as the allocator
+    reports it; it keeps what it was asked to run."""
+
+    def __init__(self) -> None:
+        self.ran: list[Candidate] = []
+
+    def run(self, config: TrialConfig, timeout_s: float) -> TrialResult:
+        self.ran.append(config.candidate)
+        return TrialResult(
+            Outcome.OOM, reason="out of memory", error="RuntimeError: DefaultCPUAllocator: can't "
+            "allocate memory", peak_memory_bytes=config.memory_limit_bytes,
+        )  # fmt: skip
+
+
+class Quiet:
+    def __getattr__(self, name: str) -> object:
+        return lambda *args, **kwargs: None
+
+
+def search(tmp_path: Path, spec: SearchSpec, launcher: OutOfMemory) -> StudyStore:
+    """Queue the first guesses and explore two probes, the model proposing."""
+    url = f"sqlite:///{tmp_path / 'autotune.db'}"
+    store = prepare_store(spec=spec, study_name="first-guess", storage=url, sampler="model")
+    limits = SearchLimits(max_trials=2, propose=True, confirm_top=0)
+    run = SearchRun(store=store, study_dir=tmp_path, limits=limits, observer=Quiet(),  # type: ignore[arg-type]
+                    launcher=launcher)  # type: ignore[arg-type]  # fmt: skip
+    run.explore(Deadline.after(None), wait_for_others=False)
+    return store
+
+
+def test_a_queued_first_guess_the_recipes_oom_rules_out_waits_instead_of_running(
+    tmp_path: Path,
+) -> None:
+    """Where memory binds: the recipe (8 fp32) runs out of memory, so the estimate's
+    activation term is bounded, and the queued fast guess (32 fp32 fused, four times the
+    activations) is deferred, not launched into a certain OOM, and stays open."""
+    space = SearchSpace(global_batch_size=64, micro_batches=(8, 16, 32, 64),
+                        fallback_batches=(1, 2, 4), precisions=("fp32", "bf16"),
+                        checkpointing=(False, True),
+                        optimizers=("adamw_torch", "adamw_torch_fused"))  # fmt: skip
+    spec = dataclasses.replace(SPEC, space=space, parameters=10_000_000,
+                               memory_budget_bytes=2 * GIB)  # fmt: skip
+    recipe, fast = (space.candidate(8, "fp32", False, "adamw_torch"),
+                    space.candidate(32, "fp32", False, "adamw_torch_fused"))  # fmt: skip
+    launcher = OutOfMemory()
+    store = search(tmp_path, spec, launcher)
+
+    assert launcher.ran[0] == recipe
+    assert len(launcher.ran) == 2 and fast not in launcher.ran
+    trials = store.study.get_trials(deepcopy=False)
+    deferred = [t for t in trials if "first guess deferred" in t.user_attrs.get(Attr.REASON, "")]
+    assert len(deferred) == 1 and deferred[0].state == TrialState.PRUNED
+    assert deferred[0].params["optim"] == "adamw_torch_fused"
+    records = store.records()
+    assert fast in open_candidates(space, records, far_over_budget(spec, records))
+
+
+def test_a_first_guess_runs_where_nothing_has_ruled_it_out(tmp_path: Path) -> None:
+    """Without a budget that binds, both first guesses are probed, in their order."""
+    space = SearchSpace(global_batch_size=64, micro_batches=(8, 16, 32, 64),
+                        fallback_batches=(1, 2, 4), precisions=("fp32",), checkpointing=(False,),
+                        optimizers=("adamw_torch", "adamw_torch_fused"))  # fmt: skip
+    spec = dataclasses.replace(SPEC, space=space, parameters=10_000)
+
+    class Fits(OutOfMemory):
+        def run(self, config: TrialConfig, timeout_s: float) -> TrialResult:
+            self.ran.append(config.candidate)
+            return TrialResult(Outcome.OK, samples_per_s=10.0, step_time_median_s=6.4,
+                               peak_memory_bytes=GIB // 2, step_times_s=(6.4,) * 3)  # fmt: skip
+
+    launcher = Fits()
+    search(tmp_path, spec, launcher)
+    assert launcher.ran == [space.candidate(8, "fp32", False, "adamw_torch"),
+                            space.candidate(32, "fp32", False, "adamw_torch_fused")]  # fmt: skip
