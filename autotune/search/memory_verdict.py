@@ -10,6 +10,7 @@ open the smaller fallback batches of a family whose batch 8 does not).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 
 from autotune.core.enums import Outcome
@@ -63,9 +64,7 @@ class EstimateVerdicts:
 
 def far_over_budget(spec: SearchSpec, recs: Sequence[TrialRecord]) -> EstimateVerdicts:
     """The verdicts with the estimate refined by the study's records so far."""
-    return EstimateVerdicts(
-        spec, make_predictor(spec, recs), make_predictor(spec, recs, from_ooms=False)
-    )
+    return EstimateVerdicts(spec, *_predictors(spec, recs))
 
 
 def make_predictor(
@@ -79,10 +78,22 @@ def make_predictor(
     least the out-of-memory probes imply (`from_ooms`), else left out (an optimistic
     estimate).
     """
+    with_ooms, clean_only = _predictors(spec, records)
+    return with_ooms if from_ooms else clean_only
+
+
+Predictor = Callable[[Candidate], int | None]
+
+
+def _predictors(spec: SearchSpec, records: Sequence[TrialRecord]) -> tuple[Predictor, Predictor]:
+    """make_predictor's two predictors (with the OOM bound, and from clean runs only),
+    sharing the process term and each config's analytic terms (computed once a round:
+    the skip rules and the proposals ask for every config of the space)."""
     if not spec.parameters:
-        return lambda candidate: None
+        return (lambda candidate: None), (lambda candidate: None)
     process = process_bytes(spec.device.kind, records)
 
+    @functools.cache
     def terms(candidate: Candidate) -> Breakdown:
         return breakdown(
             spec.parameters,
@@ -98,13 +109,19 @@ def make_predictor(
         )
 
     measured = [(terms(r.candidate), r.result) for r in records]
-    scale = activation_scale(measured, process, spec.fit_limit_bytes if from_ooms else 0)
 
-    def predict(candidate: Candidate) -> int:
-        b = terms(candidate)
-        return int(process + b.static + max((scale or 0.0) * b.activations, b.after_activations))
+    def predictor(scale: float | None) -> Predictor:
+        def predict(candidate: Candidate) -> int:
+            b = terms(candidate)
+            peak = b.static + max((scale or 0.0) * b.activations, b.after_activations)
+            return int(process + peak)
 
-    return predict
+        return predict
+
+    return (
+        predictor(activation_scale(measured, process, spec.fit_limit_bytes)),
+        predictor(activation_scale(measured, process)),
+    )
 
 
 def process_bytes(device_kind: str, records: Sequence[TrialRecord]) -> int:

@@ -30,7 +30,6 @@ import numpy as np
 from autotune.core.enums import Objective
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
-from autotune.search.memory_verdict import far_over_budget
 from autotune.search.selection import incumbent_cost, record_cost
 
 NOISE = 0.03  # a predicted gain below 3% is within what measurement noise hides
@@ -163,14 +162,14 @@ def propose(
 
 def next_config(
     spec: SearchSpec, records: Sequence[TrialRecord], open_configs: Sequence[Candidate], *,
-    concurrent: int, objective: Objective,
+    fits: Callable[[Candidate], bool], concurrent: int, objective: Objective,
 ) -> Proposal:  # fmt: skip
     """The search's next proposal: the cost selection ranks by, the memory estimate's
-    verdict, and the incumbent among configs measured alike."""
+    verdict (`fits`: the round's, search.memory_verdict), and the incumbent among configs
+    measured alike."""
     incumbent = incumbent_cost(records, fit_limit_bytes=spec.fit_limit_bytes,
                                train_steps=spec.train_steps, concurrent=concurrent,
                                objective=objective)  # fmt: skip
     return propose(records, open_configs,
                    lambda r: record_cost(r, spec.train_steps, objective),
-                   fits=far_over_budget(spec, records).fits,
-                   incumbent_s=incumbent)  # fmt: skip
+                   fits=fits, incumbent_s=incumbent)  # fmt: skip

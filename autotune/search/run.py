@@ -162,7 +162,7 @@ class SearchRun:
         if not self.limits.propose:
             return None
         return next_config(self.spec, recs, open_candidates(self.spec.space, recs, over, busy),
-                           concurrent=self.limits.concurrent,
+                           fits=over.fits, concurrent=self.limits.concurrent,
                            objective=self.limits.objective)  # fmt: skip
 
     def _pause(self) -> None:
