@@ -13,6 +13,10 @@ recorded series by the tests:
   measured step, when even the fastest step is clearly slower than the incumbent (only
   contenders pay for the whole window, in the spirit of successive halving). Without an
   incumbent it stops when the band is tight. `max_measure` steps end it in any case.
+- Fast steps are measured for a time: but for the clearly slower, no window closes
+  before its steps last `min_window_s` (or `most` steps are in). Three 80 ms steps are a
+  quarter of a second, where one slow step (the host's other work) moves the median by
+  half; a second of them ranks on a dozen.
 
 Costs compare in seconds: with the user's run length (`train_steps`), the time to finish
 it (the one-time cost + steps x step time, as selection ranks); else the step time.
@@ -37,6 +41,13 @@ class Schedule:
     min_measure: int = 3
     incumbent_s: float | None = None  # the incumbent's cost (see the module docstring)
     train_steps: int = 0  # the user's run length: costs are times to finish it
+    min_window_s: float = 0.0  # no window shorter than this (but for the clearly slower)
+    most: int = 0  # ... unless this many steps are in (0: max_measure)
+
+    @property
+    def longest(self) -> int:
+        """The most measured steps a probe may take."""
+        return max(self.max_measure, self.most)
 
     def warmup_steps(
         self, durations: Sequence[float], *, calibration_steps: int = 0, calibrating: bool = False
@@ -63,12 +74,13 @@ class Schedule:
         n = len(measured)
         if n == 0:
             return ""
-        if n >= self.max_measure:
+        short = sum(measured) < self.min_window_s and n < self.longest  # fast steps: more
+        if n >= self.max_measure and not short:
             return "full window"
         if self.incumbent_s is not None:
             if self._cost(min(measured), one_time_s) > self.incumbent_s * (1.0 + SLOWER):
                 return "clearly slower than the best so far"
-        if n < self.min_measure:
+        if n < self.min_measure or short:
             return ""
         lo, hi = min(measured), max(measured)
         if (hi - lo) > TIGHT * _median(measured):

@@ -33,6 +33,8 @@ from autotune.probe import shared_model
 from autotune.probe.ranks import RESULT_NAME, rank_result_name
 
 MAX_STEPS_BY_TIME = 500  # a time-based window never runs longer than this
+CPU_WINDOW_S = 1.0  # a search's CPU probe times fast steps for at least a second...
+CPU_WINDOW_STEPS = 20  # ... or this many of them (core/schedule.py)
 
 
 def run_probe(config: TrialConfig) -> TrialResult:
@@ -163,7 +165,9 @@ def _worst_case(
     from autotune.probe.timing import StepTimer
 
     by_time = config.min_measure_s > 0
-    steps = config.warmup_steps + (MAX_STEPS_BY_TIME if by_time else config.measure_steps)
+    schedule = _schedule(config)
+    measured = schedule.longest if schedule else config.measure_steps
+    steps = config.warmup_steps + (MAX_STEPS_BY_TIME if by_time else measured)
     dataset = WorstCaseDataset(
         task=config.model.task, length=steps * config.global_batch_size,
         seq_len=config.seq_len, target_len=config.target_len,
@@ -176,7 +180,7 @@ def _worst_case(
         warmup_steps=config.warmup_steps,
         measure_steps=config.measure_steps,
         min_window_s=config.min_measure_s,
-        schedule=_schedule(config),
+        schedule=schedule,
     )
     trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[timer],
                       data_collator=_packed(config))  # fmt: skip
@@ -208,6 +212,8 @@ def _schedule(config: TrialConfig) -> Schedule | None:
         min_measure=min(3, config.measure_steps),
         incumbent_s=config.incumbent_s,
         train_steps=config.train_steps,
+        min_window_s=CPU_WINDOW_S,
+        most=CPU_WINDOW_STEPS,
     )
 
 

@@ -71,6 +71,29 @@ def test_a_contender_is_measured_until_its_band_is_tight() -> None:
     assert first.stop_reason([3.0, 3.5, 3.2]) == ""
 
 
+def test_fast_steps_are_measured_for_a_time_before_any_window_closes() -> None:
+    # 80 ms steps with two slow ones among the first three: three are a third of a
+    # second, so the window stays open until a second of steps (12) is in
+    schedule = Schedule(max_warmup=3, max_measure=3, incumbent_s=0.09, min_window_s=1.0,
+                        most=20)  # fmt: skip
+    steps = [0.08, 0.14, 0.13] + [0.08] * 17
+    stops = [schedule.stop_reason(steps[:n]) for n in range(1, 21)]
+    assert stops[:11] == [""] * 11  # neither the full window nor a tight band closes it
+    assert stops[11] == "full window" and sum(steps[:12]) >= 1.0
+    # ranked by the median of twelve steps (80 ms), not of three (130 ms: a loss)
+    assert sorted(steps[:12])[5:7] == [0.08, 0.08]
+    # a tight contender too is timed for the whole second
+    tight = [schedule.stop_reason([0.08] * n) for n in (3, 12, 13)]
+    assert tight == ["", "", "full window"]
+    # the clearly slower still stop at once, and `most` steps end the window in any case
+    assert schedule.stop_reason([0.2]) == "clearly slower than the best so far"
+    capped = Schedule(max_warmup=3, max_measure=3, min_window_s=10.0, most=5)
+    assert [capped.stop_reason([0.1] * n) for n in (3, 4, 5)] == ["", "", "full window"]
+    # slow steps: the window is long enough at max_measure, as before
+    slow = Schedule(max_warmup=3, max_measure=8, incumbent_s=2.0, min_window_s=1.0, most=20)
+    assert slow.stop_reason([1.5, 1.52, 1.51]) == "faster than the best so far"
+
+
 def test_with_the_users_run_length_a_one_time_cost_is_weighed_by_it() -> None:
     # the incumbent finishes 100 steps in 300 s; a compiled candidate steps in 2 s but
     # paid 90 s once: 290 s, not slower; with 200 s once, 400 s: clearly slower

@@ -125,6 +125,7 @@ def test_only_single_process_cpu_probes_of_a_search_get_a_schedule() -> None:
     schedule = _schedule(config)
     assert schedule is not None and schedule.incumbent_s == 2.0
     assert (schedule.max_warmup, schedule.max_measure) == (3, 5)
+    assert schedule.min_window_s > 0 and schedule.longest > 5  # fast steps: timed longer
     # a GPU's timed window, a DDP probe (ranks must stop together), a confirmation run
     for other in ({"min_measure_s": 2.0}, {"nproc_per_node": 2}, {"adaptive": False}):
         assert _schedule(dataclasses.replace(config, **other)) is None
