@@ -257,7 +257,8 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         show_default=True,
         type=click.IntRange(2),
         help="At most this many optimizer steps timed per probe: on the CPU timing stops "
-        "once the config ranks clearly against the best so far (--fixed-steps: always this "
+        "once the config ranks clearly against the best so far, and steps shorter than "
+        "this many make a second are timed for one (at most 20; --fixed-steps: always this "
         "many); on a GPU at least 2 s and 20 steps.",
     ),
     click.option(
