@@ -173,12 +173,12 @@ class SearchRun:
     def _step(self, recs: list[TrialRecord], busy: dict[Candidate, int], over: Verdictor) -> None:
         """Ask for one proposal; skip it or probe it."""
         trial, candidate = self.store.ask()
-        skip = skip_reason(candidate, recs, self.spec.space, over, busy,
-                           first_guess=bool(trial.user_attrs.get(Attr.FIRST_GUESS)))  # fmt: skip
+        guess = bool(trial.user_attrs.get(Attr.FIRST_GUESS))
+        skip = skip_reason(candidate, recs, self.spec.space, over, busy, first_guess=guess)
         if skip is not None:
             result = TrialResult(Outcome.SKIPPED, reason=skip.reason)
             self.store.tell(trial, result, verdict(result, self.spec, implied=skip.implies_oom))
-            if skip.implies_oom:
+            if skip.implies_oom or guess:  # the user sees why a queued guess did not run
                 self.observer.on_trial_end(trial.number, candidate, result)
             elif not self.store.was_queued(trial):  # the sampler's repeat: steer the next ask
                 self._steer(trial.number, recs, over, busy)  # to a config still open

@@ -102,9 +102,6 @@ class Reuse:
         return cls(store.spec, sources, versions=current_versions(), concurrent=concurrent,
                    whole_windows=whole_windows)  # fmt: skip
 
-    def find(self, candidate: Candidate) -> TrialResult | None:
-        return self.found.get(candidate)
-
     def parity_runs(self, wanted: ParityState) -> tuple[str, ParityState] | None:
         """Another study's parity runs made the way this one's would be (the reference's
         arithmetic, steps, learning rate and seed; the same model, data and versions),

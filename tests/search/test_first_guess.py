@@ -37,17 +37,27 @@ class OutOfMemory:
         )  # fmt: skip
 
 
-class Quiet:
+class Seen:
+    """An observer that keeps the trials it was told of, as the progress output shows them."""
+
+    def __init__(self) -> None:
+        self.ended: list[tuple[int, Candidate, TrialResult]] = []
+
+    def on_trial_end(self, number: int, candidate: Candidate, result: TrialResult) -> None:
+        self.ended.append((number, candidate, result))
+
     def __getattr__(self, name: str) -> object:
         return lambda *args, **kwargs: None
 
 
-def search(tmp_path: Path, spec: SearchSpec, launcher: OutOfMemory) -> StudyStore:
+def search(
+    tmp_path: Path, spec: SearchSpec, launcher: OutOfMemory, observer: Seen | None = None
+) -> StudyStore:
     """Queue the first guesses and explore two probes, the model proposing."""
     url = f"sqlite:///{tmp_path / 'autotune.db'}"
     store = prepare_store(spec=spec, study_name="first-guess", storage=url, sampler="model")
     limits = SearchLimits(max_trials=2, propose=True, confirm_top=0)
-    run = SearchRun(store=store, study_dir=tmp_path, limits=limits, observer=Quiet(),  # type: ignore[arg-type]
+    run = SearchRun(store=store, study_dir=tmp_path, limits=limits, observer=observer or Seen(),
                     launcher=launcher)  # type: ignore[arg-type]  # fmt: skip
     run.explore(Deadline.after(None), wait_for_others=False)
     return store
@@ -67,8 +77,8 @@ def test_a_queued_first_guess_the_recipes_oom_rules_out_waits_instead_of_running
                                memory_budget_bytes=2 * GIB)  # fmt: skip
     recipe, fast = (space.candidate(8, "fp32", False, "adamw_torch"),
                     space.candidate(32, "fp32", False, "adamw_torch_fused"))  # fmt: skip
-    launcher = OutOfMemory()
-    store = search(tmp_path, spec, launcher)
+    launcher, seen = OutOfMemory(), Seen()
+    store = search(tmp_path, spec, launcher, seen)
 
     assert launcher.ran[0] == recipe
     assert len(launcher.ran) == 2 and fast not in launcher.ran
@@ -78,6 +88,9 @@ def test_a_queued_first_guess_the_recipes_oom_rules_out_waits_instead_of_running
     assert deferred[0].params["optim"] == "adamw_torch_fused"
     records = store.records()
     assert fast in open_candidates(space, records, far_over_budget(spec, records))
+    # the progress output says why the queued guess did not run
+    shown = [(c, r.reason) for _, c, r in seen.ended if r.outcome == Outcome.SKIPPED]
+    assert (fast, "first guess deferred: the estimate says it will not fit") in shown
 
 
 def test_a_first_guess_runs_where_nothing_has_ruled_it_out(tmp_path: Path) -> None:

@@ -44,19 +44,19 @@ def test_another_study_of_the_same_measurements_is_reused_with_a_new_budget(
                                32: measured(7.0, Outcome.OOM)})  # fmt: skip
     smaller = dataclasses.replace(SPEC, memory_budget_bytes=4 * GIB)
     reuse = Reuse.gather(study(url, "smaller", smaller, {}))
-    found = reuse.find(cand(8))
+    found = reuse.found.get(cand(8))
     assert found is not None and found.reused_from == "study first trial 0"
     assert found.samples_per_s == 10.0
     # a peak near or over the new limit is probed again, under it: the budget enforced,
     # not compared (the limit counts reserved pages, above the resident peak)
-    assert reuse.find(cand(16)) is None
+    assert reuse.found.get(cand(16)) is None
     # out of memory under 7.6 GiB: out of memory under 3.8 GiB too
-    assert reuse.find(cand(32)) is not None
+    assert reuse.found.get(cand(32)) is not None
     # a larger budget: that out-of-memory says nothing, the batch is probed again
     larger = dataclasses.replace(SPEC, memory_budget_bytes=12 * GIB)
     again = Reuse.gather(study(url, "larger", larger, {}))
-    assert again.find(cand(32)) is None and again.find(cand(8)) is not None
-    assert again.find(cand(64)) is None  # never measured
+    assert again.found.get(cand(32)) is None and again.found.get(cand(8)) is not None
+    assert again.found.get(cand(64)) is None  # never measured
 
 
 def test_nothing_is_reused_from_another_model_device_length_or_version(
@@ -82,7 +82,7 @@ def test_nothing_is_reused_from_another_model_device_length_or_version(
     assert len(reuse) == 0
     # the same search as each of those others finds its measurement
     for name, spec in others.items():
-        assert Reuse.gather(study(url, f"{name}-again", spec, {})).find(cand(8)) is not None
+        assert Reuse.gather(study(url, f"{name}-again", spec, {})).found.get(cand(8)) is not None
 
 
 def test_a_nan_needs_the_same_seed_and_a_whole_window_search_takes_only_whole_windows(
@@ -91,12 +91,12 @@ def test_a_nan_needs_the_same_seed_and_a_whole_window_search_takes_only_whole_wi
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     early = dataclasses.replace(measured(1.0), measure_stop="clearly slower than the best so far")
     study(url, "first", SPEC, {8: measured(1.0, Outcome.UNSTABLE), 16: early})
-    assert Reuse.gather(study(url, "same-seed", SPEC, {})).find(cand(8)) is not None
+    assert Reuse.gather(study(url, "same-seed", SPEC, {})).found.get(cand(8)) is not None
     other_seed = dataclasses.replace(SPEC, seed=1)
-    assert Reuse.gather(study(url, "other-seed", other_seed, {})).find(cand(8)) is None
+    assert Reuse.gather(study(url, "other-seed", other_seed, {})).found.get(cand(8)) is None
     new = study(url, "fixed", SPEC, {})
-    assert Reuse.gather(new).find(cand(16)) is not None
-    assert Reuse.gather(new, whole_windows=True).find(cand(16)) is None
+    assert Reuse.gather(new).found.get(cand(16)) is not None
+    assert Reuse.gather(new, whole_windows=True).found.get(cand(16)) is None
 
 
 def test_a_new_study_takes_over_every_reusable_config_before_its_sampler_proposes(
@@ -172,7 +172,7 @@ def test_a_reused_finalist_keeps_its_confirmation_and_is_not_confirmed_again(
     confirmation = measured(1.1)
     first.add_confirmation(record, confirmation, verdict(confirmation, SPEC, implied=False), "c")
     assert first.records()[0].runs == 2
-    found = Reuse.gather(study(url, "probe", SPEC, {})).find(cand(8))
+    found = Reuse.gather(study(url, "probe", SPEC, {})).found.get(cand(8))
     assert found is not None and found.pooled_runs == 2
     again = study(url, "again", SPEC, {8: found})
     (taken,) = again.records()
@@ -201,4 +201,4 @@ def test_parity_runs_are_reused_only_when_made_alike_with_the_same_versions(
     alone = f"sqlite:///{tmp_path / 'failed.db'}"
     study(alone, "failed", SPEC, {16: measured(1.0)}).save_parity(unfinished)
     reuse = Reuse.gather(study(alone, "newer", SPEC, {}))
-    assert reuse.find(cand(16)) is not None and reuse.parity_runs(wanted) is None
+    assert reuse.found.get(cand(16)) is not None and reuse.parity_runs(wanted) is None
