@@ -330,7 +330,7 @@ def recorded_grid(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def replay(args: argparse.Namespace, trials: int, work: Path) -> None:
-    """The methods again against grids measured before (--grid): no grid probes, and
+    """autotune alone against grids measured before (--grid): no grid probes, and
     nothing written but stdout. The grid's truth holds only on the machine it was
     measured on, so the recorded machine is printed beside this one."""
     recorded = json.loads(Path(args.grid).read_text())
@@ -339,9 +339,8 @@ def replay(args: argparse.Namespace, trials: int, work: Path) -> None:
         if args.only not in f"{row['family']}, {row['budget']}":
             continue
         model_dir = work / f"{row['family']}-{row['budget']}".replace(" ", "_")
-        config = next(c for f, c in FAMILIES.items() if f == row["family"])
         model_dir.mkdir()
-        (model_dir / "config.json").write_text(json.dumps(config))
+        (model_dir / "config.json").write_text(json.dumps(FAMILIES[row["family"]]))
         grid = recorded_grid(row)
         ratios = []
         for seed in SEEDS:

@@ -67,28 +67,20 @@ def far_over_budget(spec: SearchSpec, recs: Sequence[TrialRecord]) -> EstimateVe
     return EstimateVerdicts(spec, *_predictors(spec, recs))
 
 
-def make_predictor(
-    spec: SearchSpec, records: Sequence[TrialRecord], *, from_ooms: bool = True
-) -> Callable[[Candidate], int | None]:
-    """Predicted peak of a candidate from the analytic terms and this study's probes.
-
-    The peak is the largest of three moments: backward, with the activations; its end,
-    with the embedding's gradients, and the optimizer step, with its temporaries, both
-    once the activations are freed. Before any clean probe the activation term is the
-    least the out-of-memory probes imply (`from_ooms`), else left out (an optimistic
-    estimate).
-    """
-    with_ooms, clean_only = _predictors(spec, records)
-    return with_ooms if from_ooms else clean_only
-
-
 Predictor = Callable[[Candidate], int | None]
 
 
 def _predictors(spec: SearchSpec, records: Sequence[TrialRecord]) -> tuple[Predictor, Predictor]:
-    """make_predictor's two predictors (with the OOM bound, and from clean runs only),
-    sharing the process term and each config's analytic terms (computed once a round:
-    the skip rules and the proposals ask for every config of the space)."""
+    """Predicted peak of a candidate from the analytic terms and this study's probes: with
+    the out-of-memory probes' bound (before any clean probe, the activation term is the
+    least they imply) and from clean runs only (left out: an optimistic estimate).
+
+    The peak is the largest of three moments: backward, with the activations; its end,
+    with the embedding's gradients, and the optimizer step, with its temporaries, both
+    once the activations are freed. The two share the process term and each config's
+    analytic terms (computed once a round: the skip rules and the proposals ask for
+    every config of the space).
+    """
     if not spec.parameters:
         return (lambda candidate: None), (lambda candidate: None)
     process = process_bytes(spec.device.kind, records)

@@ -44,7 +44,7 @@ def test_the_peak_is_backward_or_the_optimizer_step_whichever_is_larger() -> Non
     budget: 8x2 fp32 Adafactor peaked at 3.72 GiB, and every fp32 AdamW run out of memory
     at the 3.8 GiB limit, whatever its batch: the optimizer step's temporaries, not the
     activations, set those peaks."""
-    from autotune.search.memory_verdict import make_predictor
+    from autotune.search.memory_verdict import far_over_budget
 
     counted = count_parameters(resolve_model("google/mt5-small"))
     assert counted.largest == 250112 * 512  # the shared embedding
@@ -71,7 +71,7 @@ def test_the_peak_is_backward_or_the_optimizer_step_whichever_is_larger() -> Non
     fused = dataclasses.replace(one, optim="adamw_torch_fused")
     assert breakdown(counted.total, model.config, model.task, fused, 64, 16,
                      largest=counted.largest, device_kind="cuda").step == 0  # fmt: skip
-    predict = make_predictor(spec, [])  # before any probe: no activation term
+    predict = far_over_budget(spec, []).predict  # before any probe: no activation term
     adafactor = dataclasses.replace(cand(8), optim="adafactor")
     assert 0.9 * 3.72 * GIB < predict(adafactor) <= spec.fit_limit_bytes  # it took 3.72
     # after that probe (its CUDA context measured at 676 MiB): 1x16 AdamW cannot fit
@@ -79,7 +79,7 @@ def test_the_peak_is_backward_or_the_optimizer_step_whichever_is_larger() -> Non
     fitted = dataclasses.replace(
         fitted, result=fitted.result.replace(baseline={"context_bytes": 708_837_376})
     )
-    predict = make_predictor(spec, [fitted])
+    predict = far_over_budget(spec, [fitted]).predict
     assert predict(one) > spec.fit_limit_bytes  # it ran out of memory
     assert predict(adafactor) <= spec.fit_limit_bytes
 

@@ -13,7 +13,6 @@ from autotune.search.memory_verdict import (
     OOM_SLACK,
     activation_scale,
     far_over_budget,
-    make_predictor,
     process_bytes,
 )
 
@@ -89,7 +88,7 @@ def test_after_the_first_guess_runs_out_of_memory_a_bigger_one_is_judged_not_to_
     verdicts = far_over_budget(spec, records)
     assert not verdicts.fits(cand(16))
     assert verdicts.fits(cand(8, ckpt=True))
-    predict = make_predictor(spec, records)
+    predict = far_over_budget(spec, records).predict
     assert predict(cand(8, "bf16")) < predict(cand(8))  # type: ignore[operator]
 
 
@@ -98,7 +97,7 @@ def test_an_oom_bound_reorders_proposals_but_never_skips_a_config_for_good() -> 
     scale for every family; a skip is never revisited, so it rests on clean runs only."""
     spec = dataclasses.replace(SPEC, parameters=10_000_000)
     records = [rec(0, cand(8, "bf16", ckpt=True), Outcome.OOM)]
-    predict = make_predictor(spec, records)
+    predict = far_over_budget(spec, records).predict
     assert predict(cand(8)) > 1.5 * spec.memory_budget_bytes  # type: ignore[operator]
     verdicts = far_over_budget(spec, records)
     assert not verdicts.fits(cand(8))  # proposed after what may fit

@@ -81,11 +81,11 @@ def test_the_fitted_estimate_opens_the_fallbacks_of_a_family_whose_8_cannot_fit(
 
     from helpers import SPEC
 
-    from autotune.search.memory_verdict import far_over_budget, make_predictor
+    from autotune.search.memory_verdict import far_over_budget
 
     spec = dataclasses.replace(SPEC, parameters=10_000_000)
     records = [rec(1, cand(2), Outcome.OK, peak_gib=3.0)]
-    predict = make_predictor(spec, records)
+    predict = far_over_budget(spec, records).predict
     low, high = predict(cand(2, "bf16")), predict(cand(8, "bf16"))
     assert low is not None and high is not None and low < high
     tight = dataclasses.replace(spec, memory_budget_bytes=int((low + high) / 2 / 0.95))
