@@ -16,7 +16,6 @@ import statistics
 from collections.abc import Sequence
 
 from autotune.core.enums import Outcome
-from autotune.core.host_speed import pooled_speed
 from autotune.core.trial import TrialResult
 
 
@@ -77,5 +76,4 @@ def combine(original: TrialResult, confirmations: Sequence[TrialResult]) -> Tria
         final_loss=confirmations[-1].final_loss,
         model_flops_per_s=flops_per_sample * samples_per_s if flops_per_sample else None,
         pooled_runs=sum(run.pooled_runs for run in runs),
-        host_flops_per_s=pooled_speed(runs),
     )

@@ -135,9 +135,6 @@ class TrialConfig:
     adaptive: bool = False
     incumbent_s: float | None = None
     train_steps: int = 0
-    # The study's host speed that incumbent_s is ranked at (core/host_speed.py): the
-    # probe scales the incumbent to the speed it measures before its steps
-    host_reference: float | None = None
 
     @property
     def device_kind(self) -> DeviceKind:
@@ -188,9 +185,6 @@ class TrialResult:
     skipped_steps: int = 0
     model_flops_per_s: float | None = None  # achieved: FLOPs per sample x samples/s
     peak_flops_per_s: float | None = None  # a matrix multiply at this precision, same device
-    # CPU: an fp32 matrix multiply's speed around the steps, the host's speed then
-    # (core/host_speed.py); None on CUDA
-    host_flops_per_s: float | None = None
     phases_s: dict[str, float] = dataclasses.field(default_factory=dict)
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
     error: str = ""

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from autotune.core.enums import Task
-from autotune.core.trial import Candidate
 
 
 class WorstCaseDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
@@ -189,10 +188,3 @@ class PackedBatches:
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
         ids = [{"input_ids": [int(t) for t in f["input_ids"]]} for f in features]
         return dict(self.inner(ids))
-
-
-def packed_collator(candidate: Candidate) -> PackedBatches | None:
-    """The padding-free collator when the candidate asks for it, else None (Trainer's)."""
-    if not candidate.padding_free:
-        return None
-    return PackedBatches(flash_attention=candidate.attn_implementation.startswith("flash"))

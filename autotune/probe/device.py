@@ -251,14 +251,6 @@ def measure_peak_flops(device_kind: str, precision: str, seconds: float = 0.3) -
     return best
 
 
-def host_speed(device_kind: str, seconds: float = 0.1) -> float | None:
-    """The host's speed now, on the CPU (core/host_speed.py): an fp32 matrix multiply's
-    FLOP/s. None on CUDA, whose steps do not run on the host."""
-    if device_kind != DeviceKind.CPU:
-        return None
-    return measure_peak_flops(device_kind, "fp32", seconds=seconds)
-
-
 def process_data_limit(device_kind: DeviceKind, memory_limit_bytes: int | None) -> int | None:
     """The RLIMIT_DATA a probe process (and the fork server it comes from) runs under:
     the memory limit on the CPU; none on CUDA, where the allocator is capped instead."""

@@ -24,7 +24,6 @@ from typing import Any
 
 from autotune.core.enums import Outcome
 from autotune.core.files import write_atomic
-from autotune.core.host_speed import step_factor
 from autotune.core.schedule import Schedule
 from autotune.core.stats import StepStats
 from autotune.core.trial import TrialConfig, TrialResult
@@ -108,10 +107,7 @@ def _train(
         result = parity_run(config, model, recipe)
         phases["train"] = time.perf_counter() - tick
         return result.replace(baseline=dict(baseline))
-    tick = time.perf_counter()
-    host_before = hardware.host_speed(config.device_kind)  # the speed the steps start at
-    phases["host_speed"] = time.perf_counter() - tick
-    result = _worst_case(config, model, recipe, phases, host_before).replace(
+    result = _worst_case(config, model, recipe, phases).replace(
         baseline=dict(baseline), attention=attention
     )
     per_sample = flops_per_sample(model, config.model.task, config.seq_len, config.target_len)
@@ -124,17 +120,12 @@ def _train(
     if result.samples_per_s is None:
         return result
     tick = time.perf_counter()
-    host_after = hardware.host_speed(config.device_kind)  # and the speed they ended at
-    phases["host_speed"] += time.perf_counter() - tick
-    host = math.sqrt(host_before * host_after) if host_before and host_after else None
-    tick = time.perf_counter()
     peak = hardware.measure_peak_flops(config.device_kind, config.candidate.precision)
     phases["peak_flops"] = time.perf_counter() - tick
     achieved = per_sample * result.samples_per_s
     if result.worst_case_samples_per_s is not None:  # real batches: FLOPs of real tokens
         achieved = per_sample / config.tokens_per_sample * (result.tokens_per_s or 0.0)
-    return result.replace(model_flops_per_s=achieved, peak_flops_per_s=peak,
-                          host_flops_per_s=host)  # fmt: skip
+    return result.replace(model_flops_per_s=achieved, peak_flops_per_s=peak)
 
 
 def _recipe(config: TrialConfig) -> dict[str, Any]:
@@ -165,17 +156,16 @@ def _zero_init(config: TrialConfig, recipe: dict[str, Any]) -> Any:
 
 
 def _worst_case(
-    config: TrialConfig, model: Any, recipe: dict[str, Any], phases: dict[str, float],
-    host_now: float | None,
-) -> TrialResult:  # fmt: skip
+    config: TrialConfig, model: Any, recipe: dict[str, Any], phases: dict[str, float]
+) -> TrialResult:
     """Warm-up + measured optimizer steps on worst-case batches: the peak and the speed."""
     from transformers import Trainer, TrainingArguments
 
-    from autotune.probe.data import WorstCaseDataset, packed_collator
+    from autotune.probe.data import WorstCaseDataset
     from autotune.probe.timing import StepTimer
 
     by_time = config.min_measure_s > 0
-    schedule = _schedule(config, host_now)
+    schedule = _schedule(config)
     measured = schedule.longest if schedule else config.measure_steps
     steps = config.warmup_steps + (MAX_STEPS_BY_TIME if by_time else measured)
     dataset = WorstCaseDataset(
@@ -193,7 +183,7 @@ def _worst_case(
         schedule=schedule,
     )
     trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[timer],
-                      data_collator=packed_collator(config.candidate))  # fmt: skip
+                      data_collator=_packed(config))  # fmt: skip
     timer.attach(trainer)
     tick = time.perf_counter()
     timer.train_starts()
@@ -210,27 +200,31 @@ def _worst_case(
                           measure_stop=timer.stop_reason)  # fmt: skip
 
 
-def _schedule(config: TrialConfig, host_now: float | None = None) -> Schedule | None:
+def _schedule(config: TrialConfig) -> Schedule | None:
     """Adaptive warm-up and measurement, where asked and step ends are host times. Not
     for DDP: each rank would decide on its own step times, and a rank stopping before
-    the others would leave them waiting in a collective.
-
-    The incumbent comes ranked at the study's host speed; the probe compares its steps
-    with it at the speed it measured before them (`host_now`, core/host_speed.py)."""
+    the others would leave them waiting in a collective."""
     if not config.adaptive or config.min_measure_s > 0 or config.nproc_per_node > 1:
         return None
-    incumbent = config.incumbent_s
-    if incumbent is not None:
-        incumbent /= step_factor(host_now, config.host_reference)
     return Schedule(
         max_warmup=config.warmup_steps,
         max_measure=config.measure_steps,
         min_measure=min(3, config.measure_steps),
-        incumbent_s=incumbent,
+        incumbent_s=config.incumbent_s,
         train_steps=config.train_steps,
         min_window_s=CPU_WINDOW_S,
         most=CPU_WINDOW_STEPS,
     )
+
+
+def _packed(config: TrialConfig) -> Any:
+    """The padding-free collator when the candidate asks for it, else None (Trainer's)."""
+    if not config.candidate.padding_free:
+        return None
+    from autotune.probe.data import PackedBatches
+
+    flash = config.candidate.attn_implementation.startswith("flash")
+    return PackedBatches(flash_attention=flash)
 
 
 def _real_batches(
@@ -244,16 +238,15 @@ def _real_batches(
     from datasets import load_from_disk
     from transformers import Trainer, TrainingArguments
 
-    from autotune.probe.data import RealBatches, TokenCount, packed_collator
+    from autotune.probe.data import RealBatches, TokenCount
     from autotune.probe.timing import StepTimer
 
     steps = 1 + config.measure_steps
     probe_args = _probe_only_arguments(config, steps)
     probe_args["output_dir"] = str(Path(config.trial_dir) / "trainer-real")
     args = TrainingArguments(**{**recipe, **probe_args})
-    collator = packed_collator(config.candidate) or RealBatches(
-        task=config.model.task, pad_token_id=config.pad_token_id
-    )
+    collator = _packed(config) or RealBatches(task=config.model.task,
+                                              pad_token_id=config.pad_token_id)  # fmt: skip
     timer = StepTimer(device_kind=config.device_kind, warmup_steps=1)
     trainer = Trainer(model=model, args=args, train_dataset=load_from_disk(config.data_path),
                       data_collator=collator, callbacks=[timer])  # fmt: skip

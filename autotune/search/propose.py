@@ -27,7 +27,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from autotune.core import host_speed
 from autotune.core.enums import Objective
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
@@ -167,10 +166,10 @@ def next_config(
 ) -> Proposal:  # fmt: skip
     """The search's next proposal: the cost selection ranks by, the memory estimate's
     verdict (`fits`: the round's, search.memory_verdict), and the incumbent among configs
-    measured alike; step times at the study's host speed (core/host_speed.py)."""
+    measured alike."""
     incumbent = incumbent_cost(records, fit_limit_bytes=spec.fit_limit_bytes,
                                train_steps=spec.train_steps, concurrent=concurrent,
                                objective=objective)  # fmt: skip
-    return propose(host_speed.at_reference(records), open_configs,
+    return propose(records, open_configs,
                    lambda r: record_cost(r, spec.train_steps, objective),
                    fits=fits, incumbent_s=incumbent)  # fmt: skip

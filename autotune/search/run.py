@@ -18,7 +18,6 @@ from typing import Protocol
 
 import optuna
 
-from autotune.core import host_speed
 from autotune.core.enums import Objective, Outcome
 from autotune.core.errors import AutotuneError
 from autotune.core.parity import Parity
@@ -138,9 +137,12 @@ class SearchRun:
             self._step(recs, busy, over)
 
     def _stop_reason(
-        self, recs: list[TrialRecord], busy: dict[Candidate, int], deadline: Deadline,
+        self,
+        recs: list[TrialRecord],
+        busy: dict[Candidate, int],
+        deadline: Deadline,
         over: Verdictor,
-    ) -> str:  # fmt: skip
+    ) -> str:
         """Why no new probe should start ('' to go on). Probes running elsewhere count."""
         limits = self.limits
         if sum(is_probe(r) for r in recs) + len(busy) >= limits.max_trials:
@@ -183,8 +185,7 @@ class SearchRun:
             return
         config = self.trial_config(trial.number, candidate, str(trial.number),
                                    adaptive=self.limits.adaptive,
-                                   incumbent_s=self._incumbent(recs),
-                                   host_reference=host_speed.reference(recs))  # fmt: skip
+                                   incumbent_s=self._incumbent(recs))  # fmt: skip
         try:
             rival = self.store.claim(trial, candidate, self.limits.max_trials, config.trial_dir)
         except TrialLost:  # another worker failed it and re-queued its config: ask again
@@ -284,7 +285,6 @@ class SearchRun:
         concurrent: int = 0,
         adaptive: bool = False,
         incumbent_s: float | None = None,
-        host_reference: float | None = None,
     ) -> TrialConfig:
         spec = self.spec
         torch_device, visible = device.placement(spec.device, spec.nproc_per_node)
@@ -309,7 +309,6 @@ class SearchRun:
             pad_token_id=spec.data.pad_token_id if spec.data else 0,
             adaptive=adaptive,
             incumbent_s=incumbent_s,
-            host_reference=host_reference,
             train_steps=spec.train_steps,
         )
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autotune.core import host_speed
 from autotune.core.enums import Objective, Outcome
 from autotune.core.errors import NoFitError
 from autotune.core.spec import SearchSpec
@@ -55,19 +54,11 @@ def select_best(
     """The record to export, or None when nothing fits (or learns like the recipe).
 
     With the user's run length (`train_steps`), the quickest to finish that run (one-time
-    costs such as compilation + steps at the measured median) stands for the fastest.
-    Step times are compared at the study's host speed (core/host_speed.py); the record
-    returned is the one measured."""
-    scaled = host_speed.at_reference(records)
-    pool = [r for r in fitting(scaled, fit_limit_bytes)
+    costs such as compilation + steps at the measured median) stands for the fastest."""
+    pool = [r for r in fitting(records, fit_limit_bytes)
             if not (r.parity and r.parity.blocks_export)]  # fmt: skip
     if not pool:
         return None
-    chosen = _select(pool, objective, train_steps)
-    return next(r for s, r in zip(scaled, records, strict=True) if s is chosen)
-
-
-def _select(pool: list[TrialRecord], objective: Objective, train_steps: int) -> TrialRecord:
     if objective == Objective.EFFICIENCY:
         return max(pool, key=lambda r: (_sps(r) / _peak(r), -r.number))
     if train_steps:
@@ -82,13 +73,12 @@ def _select(pool: list[TrialRecord], objective: Objective, train_steps: int) -> 
 
 
 def ranked(records: Sequence[TrialRecord]) -> list[TrialRecord]:
-    """Best first: ok by throughput (at the study's host speed), then by outcome."""
+    """Best first: ok by throughput, then the rest by outcome."""
     order = {o: i for i, o in enumerate(Outcome)}
-    pairs = sorted(
-        zip(host_speed.at_reference(records), records, strict=True),
-        key=lambda p: (order[p[0].result.outcome], -_sps(p[0]), p[0].number),
+    return sorted(
+        records,
+        key=lambda r: (order[r.result.outcome], -(r.result.samples_per_s or 0.0), r.number),
     )
-    return [record for _, record in pairs]
 
 
 def record_cost(
@@ -110,9 +100,9 @@ def incumbent_cost(
 ) -> float | None:  # fmt: skip
     """The best so far, as a new probe is compared with it: the least cost (record_cost)
     among configs that fit, may be exported, and were measured with as many probes
-    sharing the machine; at the study's host speed."""
+    sharing the machine."""
     costs = [
-        cost for r in fitting(host_speed.at_reference(records), fit_limit_bytes)
+        cost for r in fitting(records, fit_limit_bytes)
         if r.result.concurrent == concurrent and not (r.parity and r.parity.blocks_export)
         and (cost := record_cost(r, train_steps, objective)) is not None
     ]  # fmt: skip

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from autotune.core import host_speed
 from autotune.core.enums import Outcome, Precision
 from autotune.core.parity import Change, changes
 from autotune.core.spec import SearchSpec
@@ -27,8 +26,6 @@ class Insight:
     changes: tuple[Change, ...]  # against the user's recipe (the parity reference)
     probes: int  # runs launched, confirmations included
     probe_seconds: float  # their wall time, summed
-    # samples/s as ranked: at the study's host speed (core/host_speed.py), per trial
-    ranked_sps: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
 def pareto_front(records: Sequence[TrialRecord], fit_limit_bytes: int) -> list[TrialRecord]:
@@ -70,11 +67,12 @@ def insight(
     reference = plain_default(records, spec)
     recipe = recipe or reference_candidate(spec, records)
     band = noise_band(best) if best else 0.0
-    scaled = host_speed.at_reference(records)
-    ranked_sps = {r.number: r.result.samples_per_s or 0.0
-                  for r in fitting(scaled, spec.fit_limit_bytes)}  # fmt: skip
-    top = ranked_sps.get(best.number, 0.0) if best else 0.0
-    ties = tuple(n for n, sps in ranked_sps.items() if best is not None and sps >= top * (1 - band))
+    top = (best.result.samples_per_s or 0.0) if best else 0.0
+    ties = tuple(
+        r.number
+        for r in fitting(records, spec.fit_limit_bytes)
+        if best is not None and (r.result.samples_per_s or 0.0) >= top * (1 - band)
+    )
     # what this study ran: reused figures (with their confirmations) cost it nothing
     measured = [
         r for r in records if r.result.outcome != Outcome.SKIPPED and not r.result.reused_from
@@ -87,7 +85,6 @@ def insight(
         changes=tuple(changes(recipe, best.candidate)) if best else (),
         probes=sum(r.runs for r in measured),
         probe_seconds=sum(_seconds(r) * r.runs for r in measured),
-        ranked_sps=ranked_sps,
     )
 
 
@@ -106,6 +103,6 @@ def note(record: TrialRecord, found: Insight) -> str:
         return "selected" + runs
     if record.number in found.ties:
         return f"tie: within ±{100 * found.band:.0f}% noise of the winner" + runs
-    top = found.ranked_sps.get(found.best.number) or 1.0
-    slower = 1 - found.ranked_sps.get(record.number, 0.0) / top
+    top = found.best.result.samples_per_s or 1.0
+    slower = 1 - (record.result.samples_per_s or 0.0) / top
     return f"{100 * slower:.0f}% slower" + runs

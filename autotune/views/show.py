@@ -10,7 +10,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from autotune.core import host_speed
 from autotune.core.enums import Objective, Outcome
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import TrialRecord
@@ -45,9 +44,6 @@ class TrialRow:
     one_time_s: float | None = None  # setup + compilation + slow first steps
     finish_s: float | None = None  # the user's --train-steps at this speed, one-time included
     reused_from: str = ""  # "study S trial N": figures taken over, not probed in this study
-    # CPU: the host's speed during the run against the study's median, in % (ranking
-    # compares step times at the median speed: core/host_speed.py)
-    host_pct: float | None = None
 
 
 def explain(record: TrialRecord, spec: SearchSpec) -> str:
@@ -82,10 +78,8 @@ def trial_rows(
         objective=objective,
     )
     rows = []
-    reference = host_speed.reference(records)
     for record in ranked(records):
         r = record.result
-        host = r.host_flops_per_s
         peak = r.peak_memory_bytes
         rows.append(
             TrialRow(
@@ -114,7 +108,6 @@ def trial_rows(
                 if spec.train_steps
                 else None,
                 reused_from=r.reused_from,
-                host_pct=_round(100 * (host / reference - 1), 0) if host and reference else None,
             )
         )
     # The selected trial first, then the rest as ranked.
@@ -161,10 +154,7 @@ def render_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) ->
     timed = spec.train_steps > 0 or any(row.one_time_s for row in rows)
     columns += ["one-time s"] if timed else []
     columns += [f"{spec.train_steps} steps"] if spec.train_steps else []
-    columns += ["peak", "budget", "spread", "MFU", "parity"]
-    host = any(row.host_pct is not None for row in rows)
-    columns += ["host"] if host else []
-    columns += ["why"]
+    columns += ["peak", "budget", "spread", "MFU", "parity", "why"]
     for column in columns:
         table.add_column(column, justify="right" if "/s" in column else "left")
     for row in rows:
@@ -188,9 +178,8 @@ def render_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) ->
             f"±{row.step_time_spread_pct:.0f}%" if row.step_time_spread_pct is not None else "",
             f"{row.mfu_pct:.1f}%" if row.mfu_pct is not None else "",
             "" if row.outcome != "ok" else row.parity,
+            row.why,
         ]
-        cells += [f"{row.host_pct:+.0f}%" if row.host_pct is not None else ""] if host else []
-        cells += [row.why]
         table.add_row(*cells)
     return table
 
@@ -204,11 +193,6 @@ def print_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) -> 
         "* the config export writes; parity: whether it learns like your recipe "
         "(same-arithmetic: only the batch split, checkpointing or a fused kernel differ)"
     )
-    if any(row.host_pct is not None for row in rows):
-        console.print(
-            "host: the CPU's speed during the run (an fp32 multiply) against the study's "
-            "median; the ranking compares step times at the median speed, not raw samples/s"
-        )
     if spec.data is not None:
         console.print(
             "samples/s and real tokens/s: real batches of your data, padded per micro-batch; "

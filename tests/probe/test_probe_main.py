@@ -48,9 +48,6 @@ def test_probe_measures_whole_optimizer_steps(tmp_path: Path, tiny_t5: Path) -> 
     # Figures against the hardware: a matrix multiply at bf16 on this CPU is the peak.
     assert result.peak_flops_per_s is not None and result.peak_flops_per_s > 1e8
     assert result.mfu is not None and 0 < result.mfu < 1.5
-    # the host's speed around the steps, which ranking scales step times by
-    assert result.host_flops_per_s is not None and result.host_flops_per_s > 1e8
-    assert result.phases_s["host_speed"] > 0
 
 
 def test_probe_can_be_rerun_by_hand(tmp_path: Path, tiny_gpt2: Path) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 from types import SimpleNamespace
 
-import pytest
-
 from autotune.core.schedule import Schedule
 from autotune.probe.timing import MIN_FAST_STEPS, StepTimer
 
@@ -131,27 +129,3 @@ def test_only_single_process_cpu_probes_of_a_search_get_a_schedule() -> None:
     # a GPU's timed window, a DDP probe (ranks must stop together), a confirmation run
     for other in ({"min_measure_s": 2.0}, {"nproc_per_node": 2}, {"adaptive": False}):
         assert _schedule(dataclasses.replace(config, **other)) is None
-
-
-def test_a_probe_in_a_slow_spell_of_the_host_compares_its_steps_at_its_own_speed() -> None:
-    """The incumbent comes ranked at the study's host speed (core/host_speed.py); a
-    probe that starts in a slow spell expects it to take longer there, and so does not
-    drop a contender as clearly slower because the host slowed down."""
-    from autotune.core.trial import Candidate, ModelSpec, TrialConfig
-    from autotune.probe.main import _schedule
-
-    config = TrialConfig(number=0, trial_dir="t", model=ModelSpec("m", "local", "causal-lm", {}),
-                         candidate=Candidate(8, 1, "bf16", False, "adamw_torch"), device="cpu",
-                         seq_len=8, target_len=8, memory_limit_bytes=None, warmup_steps=3,
-                         measure_steps=5, adaptive=True, incumbent_s=0.10,
-                         host_reference=150e9)  # fmt: skip
-    slow = _schedule(config, host_now=115e9)
-    assert slow is not None and slow.incumbent_s == pytest.approx(0.10 * (150 / 115) ** 0.7)
-    # a contender 30% over the incumbent as ranked, all of it the spell: not dropped
-    steps = [0.13] * 3
-    assert "clearly slower" not in slow.stop_reason(steps)
-    plain = Schedule(max_warmup=3, max_measure=5, incumbent_s=0.10)  # the spell unseen
-    assert plain.stop_reason(steps) == "clearly slower than the best so far"
-    fast = _schedule(config, host_now=200e9)
-    assert fast is not None and fast.incumbent_s < 0.10
-    assert _schedule(config, host_now=None).incumbent_s == 0.10  # unknown: as ranked
