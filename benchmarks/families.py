@@ -26,11 +26,15 @@ benchmarks/families.json and appends a section to benchmarks/RESULTS.md.
     # autotune only, scored against the grids recorded here (same machine), 3 seeds:
     python benchmarks/families.py --grid benchmarks/families.json --only "t5), memory free" \
         --keep /tmp/studies
+    # the same with a co-tenant that spins one core 15 s of every 30 s: slow spells on
+    # cue, to measure how a ranking copes with a drifting host
+    python benchmarks/families.py --grid benchmarks/families.json --co-tenant 15
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -39,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -335,6 +340,36 @@ def replay(args: argparse.Namespace, trials: int, work: Path) -> None:
     measured on, so the recorded machine is printed beside this one."""
     recorded = json.loads(Path(args.grid).read_text())
     print(f"grid of {recorded['date']} on {recorded['machine']}; now {machine()['machine']}")
+    if args.co_tenant:
+        print(
+            f"with a co-tenant: one core busy {args.co_tenant:g} s of every {2 * args.co_tenant:g}"
+        )
+        with co_tenant(args.co_tenant):
+            _replay(args, recorded, trials, work)
+    else:
+        _replay(args, recorded, trials, work)
+
+
+@contextlib.contextmanager
+def co_tenant(busy_s: float) -> Iterator[None]:
+    """Another process on the host: it spins one core for `busy_s`, idles as long, and
+    so on, until the block ends (this 2-core VM's slow spells, on cue)."""
+    spin = (
+        "import time\n"
+        "while True:\n"
+        f"    end = time.monotonic() + {busy_s}\n"
+        "    while time.monotonic() < end: pass\n"
+        f"    time.sleep({busy_s})\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        yield
+    finally:
+        process.kill()
+        process.wait()
+
+
+def _replay(args: argparse.Namespace, recorded: dict[str, Any], trials: int, work: Path) -> None:
     for row in recorded["settings"]:
         if args.only not in f"{row['family']}, {row['budget']}":
             continue
@@ -365,6 +400,13 @@ def main() -> None:
         help="with --grid: settings whose 'family, budget' contains this (e.g. 't5), memory free')",
     )
     parser.add_argument("--keep", help="copy each autotune search's studies/ here")
+    parser.add_argument(
+        "--co-tenant",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="with --grid: a process spins one core this long, then idles as long, throughout",
+    )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     figures: dict[str, Any] = {
