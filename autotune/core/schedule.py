@@ -30,6 +30,7 @@ from collections.abc import Sequence
 STEADY = 0.10  # a step within 10% of the one before it: warm-up is over
 SLOWER = 0.25  # even the fastest step 25% over the incumbent: clearly slower
 TIGHT = 0.05  # the measured steps' range within 5% of their median: a tight band
+CLEARLY_SLOWER = "clearly slower than the best so far"  # the stop that needs no band
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +80,7 @@ class Schedule:
             return "full window"
         if self.incumbent_s is not None:
             if self._cost(min(measured), one_time_s) > self.incumbent_s * (1.0 + SLOWER):
-                return "clearly slower than the best so far"
+                return CLEARLY_SLOWER
         if n < self.min_measure or short:
             return ""
         lo, hi = min(measured), max(measured)

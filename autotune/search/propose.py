@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from autotune.core.enums import Objective
+from autotune.core.schedule import CLEARLY_SLOWER
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
 from autotune.search.selection import incumbent_cost, record_cost
@@ -38,6 +39,7 @@ MAIN_SD = 0.5  # prior sd of a value's effect on log cost (a factor of 1.6 eithe
 PAIR_SD = 0.15  # prior sd of an interaction of two values (15%)
 NOISE_SD = 0.05  # sd of a probe's log cost before the residual says otherwise
 MIN_DOF = 3  # probes beyond the main effects before the residual is trusted
+SLOWEST = 2.0  # a clearly slower probe's cost, at most this x the best so far (_bounded)
 
 
 def dimensions(candidate: Candidate) -> tuple[tuple[str, object], ...]:
@@ -136,7 +138,8 @@ def propose(
     come last); `incumbent_s`: the best cost among configs that fit."""
     if not open_configs:
         return Proposal(None, why_stop="every config is measured or ruled out")
-    points = [(r.candidate, c) for r in records if (c := cost(r)) is not None and c > 0]
+    points = [(r.candidate, _bounded(r, c, incumbent_s))
+              for r in records if (c := cost(r)) is not None and c > 0]  # fmt: skip
     model = CostModel(points, open_configs)
     scored = []
     for candidate in open_configs:
@@ -158,6 +161,17 @@ def propose(
                 ),
             )
     return Proposal(best, predicted_s=math.exp(best_log))
+
+
+def _bounded(record: TrialRecord, cost: float, incumbent_s: float | None) -> float:
+    """A probe stopped as clearly slower after a step or two enters the model at no more
+    than SLOWEST x the best so far: its steps say it is slower, not by how much. One
+    step caught by another process on the host took 35x its time (3.6 s against about
+    0.1; a 2-core VM with one core busy) and, taken as the config's cost, ruled out its
+    precision for the rest of the search."""
+    if incumbent_s is None or record.result.measure_stop != CLEARLY_SLOWER:
+        return cost
+    return min(cost, SLOWEST * incumbent_s)
 
 
 def next_config(

@@ -123,3 +123,53 @@ def test_it_finds_the_best_config_with_under_a_sixth_of_the_probes_and_says_why(
             assert found <= min(grid) * 1.05, (interaction, seed, found, min(grid))
             assert spent <= 36 and "no untried config a chance" in why, (spent, why)
     assert sum(ratios) / len(ratios) <= 1.015, ratios
+
+
+def test_one_step_caught_by_another_process_does_not_rule_out_its_precision() -> None:
+    """t5 on the 2-core VM with a co-tenant: the third probe (bf16, checkpointed,
+    Adafactor) was stopped as clearly slower after one 3.6 s step, 35x its time, and
+    the search then probed fp32 only. Its cost enters the model at no more than twice
+    the best so far, so bf16, the better precision, is still tried within the budget."""
+    import dataclasses
+
+    from autotune.core.schedule import CLEARLY_SLOWER
+    from autotune.search.propose import SLOWEST, _bounded
+
+    small = SearchSpace(
+        global_batch_size=16, micro_batches=(8, 16), fallback_batches=(),
+        precisions=("fp32", "bf16"), checkpointing=(False, True),
+        optimizers=("adamw_torch", "adamw_torch_fused", "adafactor"),
+    )  # fmt: skip
+
+    def truth(c: Candidate) -> float:  # bf16 0.6x, checkpointing 1.4x, the rest within 5%
+        factors = {"bf16": 0.6, "adamw_torch_fused": 0.95, "adafactor": 0.97}
+        return (0.11 * factors.get(str(c.precision), 1.0) * factors.get(c.optim, 1.0)
+                * (1.4 if c.activation_checkpointing else 1.0)
+                * (0.95 if c.per_device_train_batch_size == 16 else 1.0))  # fmt: skip
+
+    def probed_after(caught: TrialRecord) -> list[Candidate]:
+        records = [record(0, small.candidate(8, "fp32", False, "adamw_torch"), 0.11),
+                   record(1, small.candidate(16, "fp32", False, "adamw_torch_fused"), 0.10),
+                   caught]  # fmt: skip
+        for number in range(3, 9):  # the rest of a 9-probe budget
+            done = {r.candidate for r in records}
+            open_configs = [c for c in small.candidates(include_fallback=False) if c not in done]
+            best = min(r.result.step_time_median_s or 1.0 for r in records)
+            proposal = propose(records, open_configs, lambda r: r.result.step_time_median_s,
+                               incumbent_s=best)  # fmt: skip
+            if proposal.candidate is None:  # the model stops the search
+                break
+            records.append(record(number, proposal.candidate, truth(proposal.candidate)))
+        return [r.candidate for r in records[3:]]
+
+    one_step = record(2, small.candidate(16, "bf16", True, "adafactor"), 3.6)
+    stopped = dataclasses.replace(
+        one_step, result=one_step.result.replace(measure_stop=CLEARLY_SLOWER)
+    )
+    assert any(c.precision == "bf16" for c in probed_after(stopped))
+    # taken as its cost (as a whole window of 3.6 s steps would be), bf16 is never tried:
+    # the search probes fp32 configs, or stops
+    assert all(c.precision == "fp32" for c in probed_after(one_step))
+    # a clearly slower probe within the bound keeps its measured cost
+    assert _bounded(stopped, 0.16, 0.10) == 0.16
+    assert _bounded(stopped, 3.6, 0.10) == SLOWEST * 0.10
