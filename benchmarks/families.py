@@ -344,9 +344,7 @@ def replay(args: argparse.Namespace, trials: int, work: Path) -> None:
         print(
             f"with a co-tenant: one core busy {args.co_tenant:g} s of every {2 * args.co_tenant:g}"
         )
-        with co_tenant(args.co_tenant):
-            _replay(args, recorded, trials, work)
-    else:
+    with co_tenant(args.co_tenant) if args.co_tenant else contextlib.nullcontext():
         _replay(args, recorded, trials, work)
 
 
