@@ -49,6 +49,7 @@ from typing import Any
 
 import optuna
 from _common import machine, save
+from _truth import ROUNDS, Truth, measure, paired
 from search_efficiency import score  # samples/s within the limit, as the search judges
 
 from autotune.core.space import SearchSpace, batch_choices
@@ -68,7 +69,10 @@ SEEDS = (0, 1, 2)
 SHARE = 0.15
 REPEATS = 3
 GRID_MEASURE = 10  # the grid's steps per run: the truth is timed longer than a search's
-NEAR = 0.35  # a config whose best run comes this close to the best median is repeated
+NEAR = 0.35  # a config whose first run comes this close to the best's is a contender
+# Re-timing a grid recorded before the truth was interleaved: its medians rest on 3 runs
+# for every config within NEAR, so a median this close to the best's makes a contender.
+REMEASURE_NEAR = 0.25
 SMALL = {"vocab_size": 4096, "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0}
 FAMILIES: dict[str, dict[str, Any]] = {
     "causal LM (gpt2)": {
@@ -150,49 +154,65 @@ class Prober:
         )
         return run_trial(config, timeout_s=600, server=self.server)
 
+    def speed(self, key: Key) -> float:
+        """A grid run's samples/s within the limit (0: did not fit or failed)."""
+        return score(self(key, GRID_MEASURE), self.limit)
+
     def close(self) -> None:
         self.server.close()
 
 
 def measure_grid(prober: Prober) -> dict[str, Any]:
     """The truth, to a stated precision: every config once over GRID_MEASURE steps, then
-    every config whose best run comes within NEAR of the best median so far again, until
-    each of them has REPEATS runs (the best may change as they come in)."""
+    every config whose run came within NEAR of the best in interleaved rounds (_truth)."""
     started = time.monotonic()
-    runs: dict[Key, list[TrialResult]] = {
-        key_of(c): [prober(key_of(c), GRID_MEASURE)] for c in space().candidates()
-    }
-
-    def speeds(k: Key) -> list[float]:
-        return [score(r, prober.limit) for r in runs[k]]
-
-    while True:
-        top = max(statistics.median(speeds(k)) for k in runs)
-        near = [k for k in runs if len(runs[k]) < REPEATS and max(speeds(k)) >= (1 - NEAR) * top]
-        if not near or top <= 0:
-            break
-        for key in near:
-            runs[key] += [prober(key, GRID_MEASURE) for _ in range(REPEATS - len(runs[key]))]
-    medians = {k: statistics.median(speeds(k)) for k in runs}
-    best = max(medians, key=lambda k: medians[k])
-    ties = [k for k in runs if len(runs[k]) > 1 and max(speeds(k)) >= min(speeds(best))]
+    first = {key_of(c): prober(key_of(c), GRID_MEASURE) for c in space().candidates()}
+    scores = {k: score(r, prober.limit) for k, r in first.items()}
+    top = max(scores.values())
+    near = [k for k, s in scores.items() if top > 0 and s >= (1 - NEAR) * top]
+    truth = measure(prober.speed, near)
     return {
         "wall_s": time.monotonic() - started,
-        "runs": runs,
-        "medians": medians,
-        "best": best,
-        "ties": ties,
-        "fit": sum(score(rs[0], prober.limit) > 0 for rs in runs.values()),
-        "peaks": {k: rs[0].peak_memory_bytes or 0 for k, rs in runs.items()},
+        "scores": scores,
+        "truth": truth,
+        "best": truth.best,
+        "fit": sum(s > 0 for s in scores.values()),
+        "peaks": {k: r.peak_memory_bytes or 0 for k, r in first.items()},
     }
 
 
 def ratio(found: Key | None, grid: dict[str, Any]) -> float:
+    """Best-found over grid-best: a contender's paired ratio (1 for a tie); any other
+    config's score over the best's, both timed in the grid's first pass."""
+    truth: Truth[Key] = grid["truth"]
     if found is None:
         return 0.0
-    if found in grid["ties"]:
-        return 1.0
-    return min(1.0, grid["medians"][found] / grid["medians"][grid["best"]])
+    if found in truth.runs:
+        return truth.score(found)
+    scores = grid["scores"]
+    return min(1.0, scores.get(found, 0.0) / max(scores.values()))
+
+
+def truth_json(truth: Truth[Key]) -> dict[str, Any]:
+    last = 1 + max(r for rounds in truth.runs.values() for r in rounds)
+    return {
+        "rounds": {
+            "|".join(map(str, k)): [None if r not in v else round(v[r], 2) for r in range(last)]
+            for k, v in truth.runs.items()
+        },
+        "best": list(truth.best),
+        "ties": [list(k) for k in truth.ties],
+        "ratios": {"|".join(map(str, k)): round(v, 4) for k, v in truth.ratios.items()},
+        "half_widths": {
+            "|".join(map(str, k)): None if v == float("inf") else round(v, 4)
+            for k, v in truth.half_widths.items()
+        },
+    }
+
+
+def parse_key(text: str) -> Key:
+    batch, precision, ckpt, optim = text.split("|")
+    return (int(batch), precision, ckpt == "True", optim)
 
 
 def plain(name: str, prober: Prober, trials: int, seed: int) -> dict[str, Any]:
@@ -322,16 +342,26 @@ def binding_budget(grid: dict[str, Any]) -> int:
 
 
 def recorded_grid(row: dict[str, Any]) -> dict[str, Any]:
-    """A setting's grid as families.json recorded it (scores per config, best, ties)."""
-    speeds = {}
-    for text, scores in row["grid"].items():
-        batch, precision, ckpt, optim = text.split("|")
-        speeds[(int(batch), precision, ckpt == "True", optim)] = scores
-    return {
-        "medians": {k: statistics.median(v) for k, v in speeds.items()},
-        "best": tuple(row["best"]),
-        "ties": [tuple(k) for k in row["ties"]],
-    }
+    """A setting's grid as families.json recorded it: the first pass's scores (medians,
+    where a config was repeated back to back) and the interleaved truth. A row recorded
+    before the truth was interleaved has its contenders re-timed by --remeasure; until
+    then its best and ties stand as recorded (a range reaching the best's: a tie)."""
+    scores = {parse_key(t): statistics.median(v) for t, v in row["grid"].items()}
+    if "truth" in row:
+        runs = {
+            parse_key(t): {r: v for r, v in enumerate(speeds) if v is not None}
+            for t, speeds in row["truth"]["rounds"].items()
+        }
+        return {"scores": scores, "truth": paired(runs)}
+    best = tuple(row["best"])
+    old = Truth(
+        runs={k: {0: v} for k, v in scores.items()},
+        best=best,
+        ratios={k: v / scores[best] for k, v in scores.items()},
+        half_widths={},
+        ties=[parse_key("|".join(map(str, k))) for k in row["ties"]],
+    )
+    return {"scores": scores, "truth": old}
 
 
 def replay(args: argparse.Namespace, trials: int, work: Path) -> None:
@@ -384,6 +414,117 @@ def _replay(args: argparse.Namespace, recorded: dict[str, Any], trials: int, wor
         print(f"  mean {statistics.mean(ratios):.3f}, worst {min(ratios):.3f}", flush=True)
 
 
+def remeasure(args: argparse.Namespace, work: Path) -> None:
+    """Re-time the contenders of a grid recorded before its truth was interleaved (the
+    configs near its best and every config a method found) in interleaved rounds, write
+    the truth into the file, and re-score every recorded method against it (the figure
+    it had is kept as ratio_back_to_back)."""
+    path = Path(args.grid)
+    recorded = json.loads(path.read_text())
+    now = machine()
+    print(f"grid of {recorded['date']} on {recorded['machine']}; now {now['machine']}")
+    for row in recorded["settings"]:
+        if args.only not in f"{row['family']}, {row['budget']}":
+            continue
+        model_dir = work / f"{row['family']}-{row['budget']}".replace(" ", "_")
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps(FAMILIES[row["family"]]))
+        medians = {parse_key(t): statistics.median(v) for t, v in row["grid"].items()}
+        top = max(medians.values())
+        found = {tuple(o["found"]) for outs in row["methods"].values() for o in outs if o["found"]}
+        contenders = sorted({k for k, v in medians.items() if v >= (1 - REMEASURE_NEAR) * top}
+                            | found)  # fmt: skip
+        prober = Prober(resolve_model(str(model_dir)), int(row["budget_mib"] * MIB * 0.95), work)
+        started = time.monotonic()
+        try:
+            truth = measure(prober.speed, contenders)
+        finally:
+            prober.close()
+        row.setdefault("back_to_back", {"best": row["best"], "ties": row["ties"]})
+        row["truth"] = {
+            **truth_json(truth),
+            "date": now["date"],
+            "versions": now["versions"],
+            "wall_s": round(time.monotonic() - started, 1),
+        }
+        row["best"], row["ties"] = list(truth.best), [list(k) for k in truth.ties]
+        grid = recorded_grid(row)
+        for outs in row["methods"].values():
+            for out in outs:
+                out.setdefault("ratio_back_to_back", out["ratio"])
+                out["ratio"] = round(ratio(out["found"] and tuple(out["found"]), grid), 3)
+        print(f"{row['family']}, {row['budget']}: {len(contenders)} contenders,",
+              row["truth"], flush=True)  # fmt: skip
+        if not args.no_append:  # each setting saved as it is done
+            path.write_text(json.dumps(recorded, indent=2) + "\n")
+    text = remeasured_markdown(recorded, args.only)
+    print(text)
+    if not args.no_append:
+        with open(path.parent / "RESULTS.md", "a", encoding="utf-8") as out:
+            out.write(text)
+
+
+def label(key: list[Any]) -> str:
+    """A config in a table cell: "8 bf16 ckpt adafactor"."""
+    batch, precision, ckpt, optim = key
+    return f"{batch} {precision}{' ckpt' if ckpt else ''} {optim}"
+
+
+def remeasured_markdown(recorded: dict[str, Any], only: str) -> str:
+    names = ("autotune", "tpe", "random", "gp")
+    lines, before, after = [], {n: [] for n in names}, {n: [] for n in names}
+    rows = [r for r in recorded["settings"]
+            if "truth" in r and only in f"{r['family']}, {r['budget']}"]  # fmt: skip
+    for row in rows:
+        truth = row["truth"]
+        best = "|".join(map(str, truth["best"]))
+        speeds = [v for v in truth["rounds"][best] if v is not None]
+        cells = []
+        for name in names:
+            outs = row["methods"][name]
+            old = [o["ratio_back_to_back"] for o in outs]
+            new = [o["ratio"] for o in outs]
+            before[name] += old
+            after[name] += new
+            cells.append(f"{statistics.mean(old):.3f} → {statistics.mean(new):.3f} / "
+                         f"{min(old):.3f} → {min(new):.3f}")  # fmt: skip
+        widths = [w for k, w in truth["half_widths"].items() if k != best and w is not None]
+        lines.append(
+            f"| {row['family']} | {row['budget']} | {len(truth['rounds'])}, {truth['wall_s']:.0f} s "
+            f"| {label(row['back_to_back']['best'])} → {label(truth['best'])} "
+            f"({statistics.median(speeds):.1f}/s; ±{statistics.median(widths):.1%}) "
+            f"| {len(row['back_to_back']['ties'])} → {len(truth['ties'])} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    summary = " | ".join(
+        f"{statistics.mean(before[n]):.3f} → {statistics.mean(after[n]):.3f} / "
+        f"{min(before[n]):.3f} → {min(after[n]):.3f}"
+        for n in names
+    )
+    return f"""
+## The families' grids re-timed in interleaved rounds ({rows[0]["truth"]["date"]})
+
+Command: `python benchmarks/families.py --grid benchmarks/families.json --remeasure`,
+alone; {rows[0]["truth"]["versions"]}. The grids of {recorded["date"]}
+repeated a config back to back, so a slow or fast minute of the host decided close
+calls. Here the contenders (every config whose recorded median came within
+{REMEASURE_NEAR:.0%} of the best's, and every config a method found) are timed once a
+round over {GRID_MEASURE} steps, {ROUNDS} rounds (odd rounds in reverse order), and each is
+compared with the best round by round: its ratio is the geometric mean of the paired
+ratios, with a 95% interval (Student's t); an interval that reaches 1 is a tie, and a
+tie more than 2% below the best gets more rounds, up to 8. The recorded searches are
+re-scored against it (nothing re-run): mean → mean / worst → worst, back to back →
+interleaved. Contenders: count, wall; best: back to back → interleaved (its median, the
+median interval's half width).
+
+| family | budget | contenders | best | ties | autotune | plain TPE | random | GP |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+{chr(10).join(lines)}
+| all | | | | | {summary} |
+"""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--no-append", action="store_true", help="do not touch RESULTS.md")
@@ -405,6 +546,12 @@ def main() -> None:
         metavar="SECONDS",
         help="with --grid: a process spins one core this long, then idles as long, throughout",
     )
+    parser.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="with --grid: re-time the recorded grid's contenders in interleaved rounds, "
+        "write the truth into that file and re-score its recorded methods",
+    )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     figures: dict[str, Any] = {
@@ -416,6 +563,9 @@ def main() -> None:
     trials = max(3, int(figures["space"] * SHARE))
     figures["trial_budget"] = trials
     with tempfile.TemporaryDirectory() as tmp:
+        if args.grid and args.remeasure:
+            remeasure(args, Path(tmp))
+            return
         if args.grid:
             replay(args, trials, Path(tmp))
             return
@@ -442,12 +592,14 @@ def main() -> None:
                         "grid_wall_s": round(grid["wall_s"], 1),
                         "fit": grid["fit"],
                         "best": list(grid["best"]),
-                        "ties": [list(k) for k in grid["ties"]],
-                        "best_samples_per_s": round(grid["medians"][grid["best"]], 2),
+                        "ties": [list(k) for k in grid["truth"].ties],
+                        "best_samples_per_s": round(
+                            statistics.median(grid["truth"].runs[grid["best"]].values()), 2
+                        ),
                         "grid": {
-                            "|".join(map(str, k)): [round(score(r, prober.limit), 2) for r in rs]
-                            for k, rs in grid["runs"].items()
+                            "|".join(map(str, k)): [round(v, 2)] for k, v in grid["scores"].items()
                         },
+                        "truth": truth_json(grid["truth"]),
                         "methods": {},
                     }
                     print(

@@ -1,0 +1,91 @@
+"""A grid's truth to a stated precision: its contenders timed in interleaved rounds.
+
+Timing one config several times back to back measures the host's spell as much as the
+config: on a 2-core VM a slow minute made one config look 25% faster than another it
+ties. Here every round times each contender once (odd rounds in reverse order, so a
+steady drift favours no position) and each config is compared with the best round by
+round. Its ratio to the best is the geometric mean of the paired ratios, with a 95%
+confidence interval (Student's t over the rounds). A config whose interval reaches 1
+is tied with the best; one whose interval still reaches 1 while its estimate is more
+than `RESOLVE` below it is timed in more rounds, beside the best, until the interval
+separates or `MAX_ROUNDS` is reached, when it is declared a tie.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+ROUNDS = 5
+MAX_ROUNDS = 8
+RESOLVE = 0.02  # a tie this far below the best is worth more rounds to settle
+# Student's t at 97.5% (a two-sided 95% interval) by degrees of freedom, 1 to 9.
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262)
+
+
+Rounds = dict[int, float]  # round number -> samples/s (0: did not fit or failed)
+
+
+@dataclass(frozen=True)
+class Truth(Generic[K]):
+    runs: dict[K, Rounds]
+    best: K  # the highest median
+    ratios: dict[K, float]  # geometric mean of the paired ratios to the best
+    half_widths: dict[K, float]  # of the 95% interval, relative (0.03: +-3%)
+    ties: list[K]  # interval reaches 1 (the best included)
+
+    def score(self, key: K) -> float:
+        """What finding `key` is worth: 1 for a tie, else its ratio to the best."""
+        return 1.0 if key in self.ties else min(1.0, self.ratios.get(key, 0.0))
+
+
+def interleaved(probe: Callable[[K], float], keys: Sequence[K], runs: dict[K, Rounds]) -> None:
+    """One more round: every key timed once, in reverse order on odd rounds."""
+    number = 1 + max((r for k in runs for r in runs[k]), default=-1)
+    for key in keys if number % 2 == 0 else list(reversed(keys)):
+        runs.setdefault(key, {})[number] = probe(key)
+
+
+def paired(runs: dict[K, Rounds]) -> Truth[K]:
+    """The truth the interleaved runs tell: each config against the best, round by round."""
+    best = max(runs, key=lambda k: (statistics.median(runs[k].values()), -len(runs[k])))
+    ratios, halves, ties = {best: 1.0}, {best: 0.0}, [best]
+    for key, speeds in runs.items():
+        if key == best:
+            continue
+        logs = [
+            math.log(speed / runs[best][r])
+            for r, speed in speeds.items()
+            if speed > 0 and runs[best].get(r, 0) > 0
+        ]
+        if len(logs) < 2:  # no interval: a config that never ran is 0, never a tie
+            ratios[key] = math.exp(statistics.mean(logs)) if logs else 0.0
+            halves[key] = math.inf if logs else 0.0
+            continue
+        mean = statistics.mean(logs)
+        half = T975[len(logs) - 2] * statistics.stdev(logs) / math.sqrt(len(logs))
+        ratios[key], halves[key] = math.exp(mean), math.expm1(half)
+        if mean + half >= 0:
+            ties.append(key)
+    return Truth(runs, best, ratios, halves, ties)
+
+
+def measure(probe: Callable[[K], float], keys: Sequence[K]) -> Truth[K]:
+    """`ROUNDS` interleaved rounds of `keys`, then more rounds for unsettled ties."""
+    runs: dict[K, Rounds] = {}
+    for _ in range(ROUNDS):
+        interleaved(probe, keys, runs)
+    while True:
+        truth = paired(runs)
+        unsettled = [
+            k for k in truth.ties
+            if k != truth.best and truth.ratios[k] < 1 - RESOLVE and len(runs[k]) < MAX_ROUNDS
+        ]  # fmt: skip
+        if not unsettled:
+            return truth
+        # The best is timed beside them: a pair is only fair within one round.
+        interleaved(probe, [truth.best, *unsettled], runs)
