@@ -51,8 +51,16 @@ def interleaved(probe: Callable[[K], float], keys: Sequence[K], runs: dict[K, Ro
 
 
 def paired(runs: dict[K, Rounds]) -> Truth[K]:
-    """The truth the interleaved runs tell: each config against the best, round by round."""
-    best = max(runs, key=lambda k: (statistics.median(runs[k].values()), -len(runs[k])))
+    """The truth the interleaved runs tell: each config against the best, round by round.
+    The best is the config the paired ratios put first: medians alone still favour the
+    config a drifting host timed earlier in more rounds."""
+    first = max(runs, key=lambda k: (statistics.median(runs[k].values()), -len(runs[k])))
+    around = _against(runs, first)
+    best = max(runs, key=lambda k: (around.ratios[k], k == first))
+    return around if best == first else _against(runs, best)
+
+
+def _against(runs: dict[K, Rounds], best: K) -> Truth[K]:
     ratios, halves, ties = {best: 1.0}, {best: 0.0}, [best]
     for key, speeds in runs.items():
         if key == best:

@@ -447,12 +447,7 @@ def remeasure(args: argparse.Namespace, work: Path) -> None:
             "versions": now["versions"],
             "wall_s": round(time.monotonic() - started, 1),
         }
-        row["best"], row["ties"] = list(truth.best), [list(k) for k in truth.ties]
-        grid = recorded_grid(row)
-        for outs in row["methods"].values():
-            for out in outs:
-                out.setdefault("ratio_back_to_back", out["ratio"])
-                out["ratio"] = round(ratio(out["found"] and tuple(out["found"]), grid), 3)
+        rescore(row)
         print(f"{row['family']}, {row['budget']}: {len(contenders)} contenders,",
               row["truth"], flush=True)  # fmt: skip
         if not args.no_append:  # each setting saved as it is done
@@ -468,6 +463,19 @@ def label(key: list[Any]) -> str:
     """A config in a table cell: "8 bf16 ckpt adafactor"."""
     batch, precision, ckpt, optim = key
     return f"{batch} {precision}{' ckpt' if ckpt else ''} {optim}"
+
+
+def rescore(row: dict[str, Any]) -> None:
+    """Derive a row's truth (best, ties, ratios) from its interleaved rounds and score
+    every recorded method against it, keeping the back-to-back figure beside it."""
+    grid = recorded_grid(row)
+    truth: Truth[Key] = grid["truth"]
+    row["truth"].update({k: v for k, v in truth_json(truth).items() if k != "rounds"})
+    row["best"], row["ties"] = list(truth.best), [list(k) for k in truth.ties]
+    for outs in row["methods"].values():
+        for out in outs:
+            out.setdefault("ratio_back_to_back", out["ratio"])
+            out["ratio"] = round(ratio(out["found"] and tuple(out["found"]), grid), 3)
 
 
 def remeasured_markdown(recorded: dict[str, Any], only: str) -> str:
@@ -511,8 +519,9 @@ repeated a config back to back, so a slow or fast minute of the host decided clo
 calls. Here the contenders (every config whose recorded median came within
 {REMEASURE_NEAR:.0%} of the best's, and every config a method found) are timed once a
 round over {GRID_MEASURE} steps, {ROUNDS} rounds (odd rounds in reverse order), and each is
-compared with the best round by round: its ratio is the geometric mean of the paired
-ratios, with a 95% interval (Student's t); an interval that reaches 1 is a tie, and a
+compared with the best (the config the paired ratios put first) round by round: its
+ratio is the geometric mean of the paired ratios, with a 95% interval (Student's t);
+an interval that reaches 1 is a tie, and a
 tie more than 2% below the best gets more rounds, up to 8. The recorded searches are
 re-scored against it (nothing re-run): mean → mean / worst → worst, back to back →
 interleaved. Contenders: count, wall; best: back to back → interleaved (its median, the

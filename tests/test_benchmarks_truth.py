@@ -1,0 +1,80 @@
+"""The benchmarks' grid truth (benchmarks/_truth.py): what a drifting host cannot fake."""
+
+from __future__ import annotations
+
+import random
+import sys
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _truth import MAX_ROUNDS, ROUNDS, measure, paired
+
+
+class Host:
+    """Probes on a host whose speed falls by `drift` a probe, with `jitter` noise."""
+
+    def __init__(self, speeds: dict[str, float], drift: float, jitter: float = 0.0) -> None:
+        self.speeds, self.drift, self.jitter = speeds, drift, jitter
+        self.factor, self.order = 1.0, []
+        self.random = random.Random(0)
+
+    def __call__(self, key: str) -> float:
+        self.order.append(key)
+        self.factor *= 1.0 - self.drift
+        return self.speeds[key] * self.factor * (1 + self.random.uniform(-1, 1) * self.jitter)
+
+
+def test_a_slowing_host_does_not_crown_the_config_timed_first() -> None:
+    # Back to back, 'a' (timed first, on the faster host) would look 20% faster than 'b'.
+    host = Host({"a": 100.0, "b": 103.0, "c": 80.0}, drift=0.04)
+    back_to_back = {k: [host(k) for _ in range(ROUNDS)] for k in ("a", "b", "c")}
+    assert sorted(back_to_back["a"])[2] > sorted(back_to_back["b"])[2]
+
+    host = Host({"a": 100.0, "b": 103.0, "c": 80.0}, drift=0.04)
+    truth = measure(host, ["a", "b", "c"])
+    assert truth.best == "b"
+    # Within 2% on a host 4% slower at every probe (back to back: 20% off).
+    assert abs(truth.ratios["a"] - 100 / 103) < 0.02
+    assert abs(truth.ratios["c"] - 80 / 103) < 0.02
+    assert truth.score("c") < 0.8  # separated, scored by its ratio
+
+
+def test_rounds_alternate_direction() -> None:
+    host = Host({"a": 1.0, "b": 1.0}, drift=0.0)
+    measure(host, ["a", "b"])
+    assert host.order[:4] == ["a", "b", "b", "a"]
+
+
+def test_a_close_call_is_a_tie_and_a_clear_gap_is_not() -> None:
+    host = Host({"a": 100.0, "b": 99.5, "c": 85.0}, drift=0.01, jitter=0.03)
+    truth = measure(host, ["a", "b", "c"])
+    assert {"a", "b"} <= set(truth.ties)
+    assert "c" not in truth.ties
+    assert truth.score("a") == truth.score("b") == 1.0
+    assert truth.half_widths[truth.best] == 0.0
+    assert truth.half_widths["c"] < 0.1
+
+
+def test_an_unsettled_tie_is_timed_again_beside_the_best_until_the_limit() -> None:
+    # 'b' swings between 80% and 110% of 'a': about 9% slower, never separated.
+    counts = {"a": 0, "b": 0, "c": 0}
+
+    def probe(key: str) -> float:
+        counts[key] += 1
+        return {"a": 100.0, "b": (110.0, 80.0)[counts["b"] % 2], "c": 50.0}[key]
+
+    truth = measure(probe, ["a", "b", "c"])
+    assert truth.best == "a"
+    assert truth.ratios["b"] < 0.95
+    assert len(truth.runs["c"]) == ROUNDS  # separated: no more rounds
+    assert len(truth.runs["b"]) == len(truth.runs["a"]) == MAX_ROUNDS
+    assert "b" in truth.ties  # declared a tie at the limit
+
+
+def test_a_config_that_never_fits_scores_zero_and_pairs_only_shared_rounds() -> None:
+    truth = paired({"a": {0: 100.0, 1: 90.0, 2: 95.0}, "b": {0: 0.0, 1: 0.0}, "c": {1: 45.0}})
+    assert truth.best == "a"
+    assert truth.score("b") == 0.0 and "b" not in truth.ties
+    assert truth.ratios["c"] == 0.5  # paired with round 1 alone, no interval: not a tie
+    assert "c" not in truth.ties
