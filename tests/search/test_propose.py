@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
+from helpers import GIB, cand, rec
+from helpers import SPACE as HSPACE
+from helpers import SPEC as HSPEC
+
+from autotune.core.enums import Objective
 from autotune.core.space import SearchSpace
 from autotune.core.trial import Candidate, Outcome, TrialRecord, TrialResult
-from autotune.search.propose import CostModel, propose
+from autotune.search.propose import CostModel, memory_free, next_config, propose
 
 SPACE = SearchSpace(
     global_batch_size=16, micro_batches=(8, 16), fallback_batches=(1, 2, 4),
@@ -173,3 +179,48 @@ def test_one_step_caught_by_another_process_does_not_rule_out_its_precision() ->
     # a clearly slower probe within the bound keeps its measured cost
     assert _bounded(stopped, 0.16, 0.10) == 0.16
     assert _bounded(stopped, 3.6, 0.10) == SLOWEST * 0.10
+
+
+def test_where_memory_binds_nowhere_checkpointing_is_left_out() -> None:
+    grid = list(HSPACE.candidates(include_fallback=False))
+    assert memory_free(HSPEC, [], lambda c: True)
+    fast = [rec(i, c, sps=10.0 + i) for i, c in enumerate(grid)
+            if not c.activation_checkpointing and c.per_device_train_batch_size < 32]  # fmt: skip
+    left = [c for c in grid if c not in {r.candidate for r in fast}]
+    for _ in range(3):
+        proposal = next_config(HSPEC, fast, left, fits=lambda c: True, concurrent=0,
+                               objective=Objective.THROUGHPUT)  # fmt: skip
+        assert proposal.candidate is not None
+        assert not proposal.candidate.activation_checkpointing
+        left.remove(proposal.candidate)
+
+
+def test_memory_binding_anywhere_keeps_checkpointing_in_the_search() -> None:
+    # The estimate says batch 64 does not fit: its checkpointed configs may be needed.
+    assert not memory_free(HSPEC, [], lambda c: c.per_device_train_batch_size < 64)
+    # A config measured over the limit, or out of memory, says the same.
+    over = rec(0, cand(32), peak_gib=HSPEC.fit_limit_bytes / GIB + 1)
+    assert not memory_free(HSPEC, [over], lambda c: True)
+    assert not memory_free(HSPEC, [rec(0, cand(16), Outcome.OOM)], lambda c: True)
+    assert memory_free(HSPEC, [rec(0, cand(16))], lambda c: True)
+
+
+def test_a_space_without_both_checkpointing_values_is_not_narrowed() -> None:
+    only = dataclasses.replace(HSPACE, checkpointing=(True,))
+    spec = dataclasses.replace(HSPEC, space=only)
+    assert not memory_free(spec, [], lambda c: True)
+
+
+def test_when_only_checkpointed_configs_are_left_the_search_says_why_it_stops() -> None:
+    grid = list(HSPACE.candidates(include_fallback=False))
+    records = [rec(i, c, sps=10.0 + i) for i, c in enumerate(grid)
+               if not c.activation_checkpointing]  # fmt: skip
+    left = [c for c in grid if c.activation_checkpointing]
+    proposal = next_config(HSPEC, records, left, fits=lambda c: True, concurrent=0,
+                           objective=Objective.THROUGHPUT)  # fmt: skip
+    assert proposal.candidate is None
+    assert "only adds it" in proposal.why_stop
+    # Ranked per GiB, checkpointing's saving may win: it is proposed.
+    efficiency = next_config(HSPEC, records, left, fits=lambda c: True, concurrent=0,
+                             objective=Objective.EFFICIENCY)  # fmt: skip
+    assert efficiency.candidate in left
