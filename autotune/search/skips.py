@@ -65,14 +65,16 @@ def skip_reason(
             return Skip(f"duplicate of trial {record.number}", implies_oom=False)
     if in_flight and candidate in in_flight:
         return Skip(f"trial {in_flight[candidate]} is probing it", implies_oom=False)
-    oom = smallest_oom(candidate, records)
-    if oom is not None and oom.candidate.per_device_train_batch_size < (
-        candidate.per_device_train_batch_size
-    ):
-        return Skip(
-            f"skipped: batch {oom.candidate.per_device_train_batch_size} OOM in trial {oom.number}",
-            implies_oom=True,
-        )
+    implying = [
+        r
+        for r in records
+        if r.result.outcome == Outcome.OOM and oom_implies(r.candidate, candidate)
+    ]
+    oom = min(implying, key=lambda r: r.candidate.per_device_train_batch_size, default=None)
+    if oom is not None:
+        batch = oom.candidate.per_device_train_batch_size
+        lighter = f" with {oom.candidate.optim}" if oom.candidate.optim != candidate.optim else ""
+        return Skip(f"skipped: batch {batch}{lighter} OOM in trial {oom.number}", implies_oom=True)
     over = predicted_over(candidate)
     if over is not None:
         return Skip(f"skipped: {over}", implies_oom=True)
@@ -88,14 +90,46 @@ def skip_reason(
     return None
 
 
+# Optimizers that hold no more memory than another, all else the same. AdamW keeps 8
+# bytes a parameter of state, Adafactor a factored second moment; the step's temporaries
+# are at most two copies of the largest tensor for Adafactor and for torch's AdamW
+# stepping a tensor at a time (CPU; on CUDA its foreach pass copies all of the second
+# moment), none for the fused AdamW updating in place (read in torch 2.13 and
+# transformers 5.23; estimate.step_bytes). So where the lighter one ran out of memory
+# at a batch, the heavier one does at that batch and above.
+LIGHTER: dict[str, frozenset[str]] = {
+    "adamw_torch": frozenset({"adamw_torch_fused", "adafactor"}),
+    "adamw_torch_fused": frozenset({"adafactor"}),
+}
+
+
+def oom_implies(oom: Candidate, candidate: Candidate) -> bool:
+    """Whether `oom` running out of memory says `candidate` does too: a larger batch of
+    its family, or the same batch or larger with an optimizer that holds more (LIGHTER)."""
+    batch, at = oom.per_device_train_batch_size, candidate.per_device_train_batch_size
+    if oom.family == candidate.family:
+        return batch < at
+    return _lighter_twin(oom, candidate) and batch <= at
+
+
 def smallest_oom(candidate: Candidate, records: Sequence[TrialRecord]) -> TrialRecord | None:
-    """The smallest batch of the candidate's family that was measured out of memory."""
+    """The smallest batch measured out of memory of the candidate's family, or of its
+    twin with an optimizer that holds no more memory (LIGHTER)."""
     ooms = [
         r
         for r in records
-        if r.candidate.family == candidate.family and r.result.outcome == Outcome.OOM
+        if r.result.outcome == Outcome.OOM
+        and (r.candidate.family == candidate.family or _lighter_twin(r.candidate, candidate))
     ]
     return min(ooms, key=lambda r: r.candidate.per_device_train_batch_size, default=None)
+
+
+def _lighter_twin(oom: Candidate, candidate: Candidate) -> bool:
+    """`oom`'s family is the candidate's but for a lighter optimizer (any batch)."""
+    return (
+        oom.optim in LIGHTER.get(candidate.optim, frozenset())
+        and dataclasses.replace(oom, optim=candidate.optim).family == candidate.family
+    )
 
 
 def fallback_open(

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 from helpers import SPACE, cand, rec
 
 from autotune.core.trial import Candidate, Outcome
@@ -157,3 +159,39 @@ def test_a_config_another_worker_is_probing_is_not_proposed_again() -> None:
     assert skip is not None and not skip.implies_oom and skip.reason == "trial 7 is probing it"
     assert cand(16) not in open_candidates(SPACE, [], in_flight=busy)
     assert cand(16) in open_candidates(SPACE, [])
+
+
+OPTIMIZERS = dataclasses.replace(
+    SPACE, optimizers=("adamw_torch", "adamw_torch_fused", "adafactor")
+)
+
+
+def with_optim(batch: int, optim: str, precision: str = "bf16") -> Candidate:
+    return OPTIMIZERS.candidate(batch, precision, False, optim)
+
+
+def test_an_oom_with_a_lighter_optimizer_implies_the_heavier_ones_at_that_batch() -> None:
+    records = [rec(4, with_optim(16, "adafactor"), Outcome.OOM, peak_gib=5.0)]
+    for optim in ("adamw_torch", "adamw_torch_fused"):
+        for batch in (16, 32):
+            skip = skip_reason(with_optim(batch, optim), records, OPTIMIZERS)
+            assert skip is not None and skip.implies_oom
+            assert skip.reason == "skipped: batch 16 with adafactor OOM in trial 4"
+        assert skip_reason(with_optim(8, optim), records, OPTIMIZERS) is None  # smaller
+    # Another precision, or checkpointing, is another family.
+    assert skip_reason(with_optim(16, "adamw_torch", "fp32"), records, OPTIMIZERS) is None
+
+
+def test_an_oom_with_a_heavier_optimizer_says_nothing_of_the_lighter_ones() -> None:
+    records = [rec(4, with_optim(16, "adamw_torch"), Outcome.OOM, peak_gib=5.0)]
+    assert skip_reason(with_optim(16, "adafactor"), records, OPTIMIZERS) is None
+    assert skip_reason(with_optim(16, "adamw_torch_fused"), records, OPTIMIZERS) is None
+    fused = [rec(5, with_optim(16, "adamw_torch_fused"), Outcome.OOM, peak_gib=5.0)]
+    assert skip_reason(with_optim(16, "adamw_torch"), fused, OPTIMIZERS) is not None
+    assert skip_reason(with_optim(16, "adafactor"), fused, OPTIMIZERS) is None
+
+
+def test_a_lighter_optimizer_out_of_memory_at_8_opens_the_heavier_ones_fallbacks() -> None:
+    records = [rec(1, with_optim(8, "adafactor"), Outcome.OOM, peak_gib=5.0)]
+    assert skip_reason(with_optim(4, "adamw_torch"), records, OPTIMIZERS) is None
+    assert skip_reason(with_optim(4, "adafactor"), records, OPTIMIZERS) is None
