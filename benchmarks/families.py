@@ -6,11 +6,10 @@ and two memory budgets (one that leaves the whole space free, one under which th
 unconstrained best does not fit), on this machine's CPU:
 
 1. the exhaustive grid: every config of the space probed once under the budget (10
-   timed steps), then every config whose best run comes within 35% of the best median
-   probed again until each has 3 runs (a run can be 40% slow on this machine: a config
-   only once measured low was never repeated before); the truth is the best median,
-   and a config whose measured range reaches the best's is a tie (a tie found counts
-   as found);
+   timed steps), then every config whose run came within 35% of the best's (a run can
+   be 40% slow on this machine) timed again in interleaved rounds, each paired with the
+   best round by round (_truth: a ratio with a 95% interval; a tie when it reaches 1,
+   and a tie found counts as found);
 2. four methods, each with the same trial budget (15% of the grid's probes) and 3
    seeds, each run for real and charged its real probe time, OOM launches included:
    `autotune search` with its defaults (the model of step time, adaptive measurement,
@@ -67,7 +66,6 @@ PRECISIONS = ("fp32", "bf16")
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adafactor")
 SEEDS = (0, 1, 2)
 SHARE = 0.15
-REPEATS = 3
 GRID_MEASURE = 10  # the grid's steps per run: the truth is timed longer than a search's
 NEAR = 0.35  # a config whose first run comes this close to the best's is a contender
 # Re-timing a grid recorded before the truth was interleaved: its medians rest on 3 runs
@@ -669,8 +667,8 @@ Machine: {f["machine"]}; {f["versions"]}. Command: `python benchmarks/families.p
 Space: {f["space"]} configs (global batch {GLOBAL_BATCH}, {SEQ_LEN} tokens; batch x
 {"/".join(PRECISIONS)} x checkpointing x {"/".join(OPTIMIZERS)}). Each method: {f["trial_budget"]}
 probes ({f["trial_budget"] / f["space"]:.0%} of the grid's), seeds {f["seeds"]}, run for real.
-Grid: every config once over {GRID_MEASURE} timed steps; every config whose best run came
-within {NEAR:.0%} of the best median, {REPEATS} runs (the truth: medians of those runs).
+Grid: every config once over {GRID_MEASURE} timed steps; every config whose run came
+within {NEAR:.0%} of the best's, {ROUNDS}+ interleaved rounds paired with the best (_truth).
 Cells: mean / worst best-found over grid-best (a config tied with the grid's best counts
 as found), then mean probes and wall per search.
 
