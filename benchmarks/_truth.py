@@ -33,7 +33,7 @@ Rounds = dict[int, float]  # round number -> samples/s (0: did not fit or failed
 @dataclass(frozen=True)
 class Truth(Generic[K]):
     runs: dict[K, Rounds]
-    best: K  # the highest median
+    best: K  # the config the paired ratios put first
     ratios: dict[K, float]  # geometric mean of the paired ratios to the best
     half_widths: dict[K, float]  # of the 95% interval, relative (0.03: +-3%)
     ties: list[K]  # interval reaches 1 (the best included)
@@ -75,7 +75,8 @@ def _against(runs: dict[K, Rounds], best: K) -> Truth[K]:
             halves[key] = math.inf if logs else 0.0
             continue
         mean = statistics.mean(logs)
-        half = T975[len(logs) - 2] * statistics.stdev(logs) / math.sqrt(len(logs))
+        t = T975[min(len(logs) - 2, len(T975) - 1)]  # past 10 rounds: a wider interval
+        half = t * statistics.stdev(logs) / math.sqrt(len(logs))
         ratios[key], halves[key] = math.exp(mean), math.expm1(half)
         if mean + half >= 0:
             ties.append(key)

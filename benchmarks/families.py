@@ -395,13 +395,22 @@ def co_tenant(busy_s: float) -> Iterator[None]:
         process.wait()
 
 
+def selected(recorded: dict[str, Any], only: str) -> list[dict[str, Any]]:
+    """The recorded settings whose 'family, budget' contains `only`."""
+    return [r for r in recorded["settings"] if only in f"{r['family']}, {r['budget']}"]
+
+
+def model_folder(row: dict[str, Any], work: Path) -> Path:
+    """A folder holding the setting's model config, for `--model`."""
+    folder = work / f"{row['family']}-{row['budget']}".replace(" ", "_")
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(FAMILIES[row["family"]]))
+    return folder
+
+
 def _replay(args: argparse.Namespace, recorded: dict[str, Any], trials: int, work: Path) -> None:
-    for row in recorded["settings"]:
-        if args.only not in f"{row['family']}, {row['budget']}":
-            continue
-        model_dir = work / f"{row['family']}-{row['budget']}".replace(" ", "_")
-        model_dir.mkdir()
-        (model_dir / "config.json").write_text(json.dumps(FAMILIES[row["family"]]))
+    for row in selected(recorded, args.only):
+        model_dir = model_folder(row, work)
         grid = recorded_grid(row)
         ratios = []
         for seed in SEEDS:
@@ -421,12 +430,8 @@ def remeasure(args: argparse.Namespace, work: Path) -> None:
     recorded = json.loads(path.read_text())
     now = machine()
     print(f"grid of {recorded['date']} on {recorded['machine']}; now {now['machine']}")
-    for row in recorded["settings"]:
-        if args.only not in f"{row['family']}, {row['budget']}":
-            continue
-        model_dir = work / f"{row['family']}-{row['budget']}".replace(" ", "_")
-        model_dir.mkdir()
-        (model_dir / "config.json").write_text(json.dumps(FAMILIES[row["family"]]))
+    for row in selected(recorded, args.only):
+        model_dir = model_folder(row, work)
         medians = {parse_key(t): statistics.median(v) for t, v in row["grid"].items()}
         top = max(medians.values())
         found = {tuple(o["found"]) for outs in row["methods"].values() for o in outs if o["found"]}
@@ -479,8 +484,7 @@ def rescore(row: dict[str, Any]) -> None:
 def remeasured_markdown(recorded: dict[str, Any], only: str) -> str:
     names = ("autotune", "tpe", "random", "gp")
     lines, before, after = [], {n: [] for n in names}, {n: [] for n in names}
-    rows = [r for r in recorded["settings"]
-            if "truth" in r and only in f"{r['family']}, {r['budget']}"]  # fmt: skip
+    rows = [r for r in selected(recorded, only) if "truth" in r]
     for row in rows:
         truth = row["truth"]
         best = "|".join(map(str, truth["best"]))
