@@ -17,6 +17,11 @@ recorded series by the tests:
   before its steps last `min_window_s` (or `most` steps are in). Three 80 ms steps are a
   quarter of a second, where one slow step (the host's other work) moves the median by
   half; a second of them ranks on a dozen.
+- A stalled window is not closed: while its median is over STALLED x its fastest step
+  (most of its steps caught by the host's other work: 4154, 504 and 141 ms, where the
+  config takes 141), more steps come, up to `most`. A first probe has no incumbent to
+  be stopped against, and its median, taken as the config's, had a search export a
+  config at 0.57 of the best.
 
 Costs compare in seconds: with the user's run length (`train_steps`), the time to finish
 it (the one-time cost + steps x step time, as selection ranks); else the step time.
@@ -30,6 +35,7 @@ from collections.abc import Sequence
 STEADY = 0.10  # a step within 10% of the one before it: warm-up is over
 SLOWER = 0.25  # even the fastest step 25% over the incumbent: clearly slower
 TIGHT = 0.05  # the measured steps' range within 5% of their median: a tight band
+STALLED = 1.5  # a window's median over 1.5x its fastest step: most steps were stalled
 CLEARLY_SLOWER = "clearly slower than the best so far"  # the stop that needs no band
 
 
@@ -76,7 +82,9 @@ class Schedule:
         if n == 0:
             return ""
         short = sum(measured) < self.min_window_s and n < self.longest  # fast steps: more
-        if n >= self.max_measure and not short:
+        # Most steps caught by the host's other work: more, until the median is a step's.
+        stalled = _median(measured) > STALLED * min(measured) and n < self.longest
+        if n >= self.max_measure and not short and not stalled:
             return "full window"
         if self.incumbent_s is not None:
             if self._cost(min(measured), one_time_s) > self.incumbent_s * (1.0 + SLOWER):

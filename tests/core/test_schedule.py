@@ -71,6 +71,19 @@ def test_a_contender_is_measured_until_its_band_is_tight() -> None:
     assert first.stop_reason([3.0, 3.5, 3.2]) == ""
 
 
+def test_a_window_most_of_whose_steps_stalled_is_not_closed() -> None:
+    # A search's first probe (no incumbent, --measure-steps 3): two of its three steps
+    # were caught by another process; its median made the config look 3.6x slower.
+    first = Schedule(max_warmup=2, max_measure=3, min_window_s=1.0, most=20)
+    assert first.stop_reason([4.154, 0.504, 0.141]) == ""
+    assert first.stop_reason([4.154, 0.504, 0.141, 0.140]) == ""
+    assert first.stop_reason([4.154, 0.504, 0.141, 0.140, 0.142]) == "full window"
+    # One slow step among three moves the median little: the window closes as before.
+    assert first.stop_reason([1.5, 0.5, 0.49]) == "full window"
+    # However stalled, `most` steps end it.
+    assert first.stop_reason([4.0] * 11 + [0.1] * 9) == "full window"
+
+
 def test_fast_steps_are_measured_for_a_time_before_any_window_closes() -> None:
     # 80 ms steps with two slow ones among the first three: three are a third of a
     # second, so the window stays open until a second of steps (12) is in
