@@ -186,7 +186,13 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         type=click.IntRange(1),
         help="Probes in the whole study; a resumed study counts earlier ones.",
     ),
-    click.option("--time-budget", type=DURATION, help="No new probe starts after this, e.g. 10m."),
+    click.option(
+        "--time-budget",
+        type=DURATION,
+        help="The whole search's time, e.g. 10m: exploring stops at 80% of it, earlier "
+        "by the finalists' parity runs' expected time; confirming gets the rest (a run "
+        "expected to end past it does not start).",
+    ),
     click.option(
         "--trial-timeout",
         default="10m",

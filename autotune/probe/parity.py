@@ -19,11 +19,9 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from autotune.core.enums import Outcome, Task
+from autotune.core.parity import EVAL_SAMPLES, POINTS
 from autotune.core.trial import TrialConfig, TrialResult
 from autotune.probe.timing import StepTimer
-
-EVAL_SAMPLES = 16  # held out; evaluated in micro-batches no larger than the run's own
-POINTS = 8  # held-out evaluations along a run (plus step 0)
 
 
 class HeldOutLoss(TrainerCallback):

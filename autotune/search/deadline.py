@@ -33,7 +33,3 @@ class Deadline:
         of the budget to leave the rest for confirming the finalists)."""
         left = self.left()
         return self if left is None else Deadline(self.clock() + fraction * left, self.clock)
-
-    def later(self, seconds: float) -> Deadline:
-        """This deadline moved `seconds` on (time spent on work the budget does not cover)."""
-        return self if self.at is None else Deadline(self.at + seconds, self.clock)

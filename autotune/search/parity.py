@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 from autotune.core.enums import Objective, Outcome, Precision
 from autotune.core.parity import (
+    EVAL_SAMPLES,
+    POINTS,
     Arithmetic,
     Curve,
     ParityState,
@@ -26,6 +28,7 @@ from autotune.core.parity import (
 )
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord, TrialResult
+from autotune.core.units import format_duration
 from autotune.probe import device
 from autotune.search.selection import fitting, ranked, select_best
 
@@ -133,17 +136,7 @@ class ParityCheck:
 
     def _unjudged(self, state: ParityState, records: Sequence[TrialRecord]) -> Candidate | None:
         """A finalist whose arithmetic has no verdict yet, best first."""
-        fits = fitting(records, self.spec.fit_limit_bytes)
-        pool = [r for r in fits
-                if not ((v := state.verdict(r.candidate)) and v.blocks_export)]  # fmt: skip
-        judged = [dataclasses.replace(r, parity=state.verdict(r.candidate)) for r in pool]
-        chosen = select_best(judged, fit_limit_bytes=self.spec.fit_limit_bytes,
-                             train_steps=self.spec.train_steps,
-                             objective=self.objective)  # fmt: skip
-        for record in [*([chosen] if chosen else []), *ranked(judged)[: self.top]]:
-            if record.parity is None:
-                return record.candidate
-        return None
+        return next(iter(unjudged(self.spec, state, records, self.top, self.objective)), None)
 
     def _judge(self, state: ParityState, candidate: Candidate) -> ParityState:
         """Run the reference (once) and the candidate's arithmetic; run the twin only when
@@ -187,6 +180,76 @@ class ParityCheck:
         run.observer.on_parity_start(label, candidate)
         result: TrialResult = run.launcher.run(config, timeout_s=run.limits.trial_timeout_s * scale)
         return Curve.of(result, self.steps)
+
+
+def unjudged(
+    spec: SearchSpec, state: ParityState, records: Sequence[TrialRecord], top: int,
+    objective: Objective,
+) -> list[Candidate]:  # fmt: skip
+    """The finalists (the one selection would export, then the top by speed) whose
+    arithmetic has no verdict yet, best first."""
+    fits = fitting(records, spec.fit_limit_bytes)
+    pool = [r for r in fits
+            if not ((v := state.verdict(r.candidate)) and v.blocks_export)]  # fmt: skip
+    judged = [dataclasses.replace(r, parity=state.verdict(r.candidate)) for r in pool]
+    chosen = select_best(judged, fit_limit_bytes=spec.fit_limit_bytes,
+                         train_steps=spec.train_steps, objective=objective)  # fmt: skip
+    return [record.candidate
+            for record in [*([chosen] if chosen else []), *ranked(judged)[:top]]
+            if record.parity is None]  # fmt: skip
+
+
+def reserved_s(
+    spec: SearchSpec, records: Sequence[TrialRecord], state: ParityState | None, steps: int,
+    top: int, objective: Objective,
+) -> float:  # fmt: skip
+    """Seconds the parity runs a check would make now are expected to take, every
+    verdict taken to pass: the reference and its twin where not run yet, and one run
+    for each finalist arithmetic without a verdict. A run takes what its quickest alike
+    measured config would take for `steps` steps (its one-time cost included), plus the
+    held-out evaluations: forward passes in fp32, each a third of a training step's work
+    on `EVAL_SAMPLES` samples, timed at the reference's step. An arithmetic not measured
+    yet is timed as the slowest that was. 0 while nothing that fits was measured."""
+    quickest: dict[Arithmetic, TrialResult] = {}
+    for r in fitting(records, spec.fit_limit_bytes):
+        key, t = Arithmetic.of(r.candidate), r.result.time_to_finish_s(steps)
+        if t is not None and (key not in quickest
+                              or t < (quickest[key].time_to_finish_s(steps) or t)):  # fmt: skip
+            quickest[key] = r.result
+    if not quickest:
+        return 0.0
+    slowest = max(quickest.values(), key=lambda r: r.time_to_finish_s(steps) or 0.0)
+    wanted = ParityState(reference_candidate(spec, records), steps, learning_rate(spec),
+                         spec.seed)  # fmt: skip
+    state = state if state and state.same_setup(wanted) else wanted
+    reference = Arithmetic.of(state.reference)
+    runs = [k for k in ("reference", "twin") if k not in state.curves]
+    if "twin" in runs and twin_of(spec, state.reference) is None:
+        runs.remove("twin")
+    arithmetics = [reference] * len(runs)
+    for candidate in unjudged(spec, state, records, max(1, top), objective):
+        if Arithmetic.of(candidate) not in arithmetics:
+            arithmetics.append(Arithmetic.of(candidate))
+    every = max(1, steps // POINTS)
+    evaluations = 1 + steps // every + (1 if steps % every else 0)
+    share = min(1.0, EVAL_SAMPLES / max(1, spec.global_batch_size)) / 3
+    evaluation_s = evaluations * share * (quickest.get(reference, slowest).step_time_median_s or 0)
+    return sum((quickest.get(a, slowest).time_to_finish_s(steps) or 0.0) + evaluation_s
+               for a in arithmetics)  # fmt: skip
+
+
+def parity_stop(
+    spec: SearchSpec, records: Sequence[TrialRecord], state: ParityState | None, steps: int,
+    top: int, objective: Objective, left: float | None,
+) -> str:  # fmt: skip
+    """Why exploring stops to leave the finalists' parity runs their expected time within
+    the time budget ('' to go on; `left`: seconds left to explore, None: no budget)."""
+    if left is None or left > (reserve := reserved_s(spec, records, state, steps, top,
+                                                     objective)):  # fmt: skip
+        return ""
+    confirming = " and confirmation" if top else ""
+    return (f"time budget spent: the rest is for the parity runs (about "
+            f"{format_duration(reserve)}, {steps} steps each){confirming}")  # fmt: skip
 
 
 def quickest_alike(

@@ -29,7 +29,7 @@ from autotune.probe import device
 from autotune.probe.shared_model import model_to_share
 from autotune.search.deadline import Deadline
 from autotune.search.memory_verdict import far_over_budget
-from autotune.search.parity import ParityCheck
+from autotune.search.parity import ParityCheck, parity_stop
 from autotune.search.propose import Proposal, next_config
 from autotune.search.selection import fitting, incumbent_cost, ranked, select_best, verdict
 from autotune.search.skips import Verdictor, open_candidates, skip_reason
@@ -151,6 +151,10 @@ class SearchRun:
             return "time budget spent" + (
                 " (the rest is for confirmation)" if limits.confirm_top else ""
             )
+        if limits.parity_steps and (why := parity_stop(
+            self.spec, recs, self.store.parity(), limits.parity_steps, limits.confirm_top,
+            limits.objective, deadline.left())):  # fmt: skip
+            return why
         if not busy and not open_candidates(self.spec.space, recs, over):
             return "every config in the space is measured or ruled out"
         return ""
@@ -256,17 +260,16 @@ class SearchRun:
             if not todo:
                 break
             record = todo[0]
+            expected = record.result.time_to_finish_s(self.spec.warmup_steps
+                                                      + self.limits.confirm_steps)  # fmt: skip
+            if (left := deadline.left()) is not None and expected and expected > left:
+                break  # it would end past the time budget
             # Each run its own folder; confirmations run one at a time, alone (concurrent 1).
             folder = (
                 f"{record.number}-confirm-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{runs}"
             )
-            config = self.trial_config(
-                record.number,
-                record.candidate,
-                folder,
-                measure_steps=self.limits.confirm_steps,
-                concurrent=1,
-            )
+            config = self.trial_config(record.number, record.candidate, folder, concurrent=1,
+                                       measure_steps=self.limits.confirm_steps)  # fmt: skip
             result = self.launcher.run(config, timeout_s=self.limits.trial_timeout_s)
             judged = verdict(result, self.spec, implied=False)
             self.store.add_confirmation(record, result, judged, config.trial_dir)
@@ -380,12 +383,10 @@ def run_search(
             stop = run.explore(deadline.share(share), wait_for_others=confirm)
         if confirm:  # parity first: only configs that may be exported are confirmed
             check = None
-            if limits.parity_steps:  # on top of the time budget: confirmation keeps its share
+            if limits.parity_steps:  # within the time budget: exploring left them room
                 check = ParityCheck(run, limits.parity_steps, limits.confirm_top,
                                     limits.objective)  # fmt: skip
-                began = deadline.clock()
                 check.settle()
-                deadline = deadline.later(deadline.clock() - began)
             run.confirm(deadline)
             if check is not None:  # confirmation may have reordered the finalists
                 check.settle()

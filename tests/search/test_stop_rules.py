@@ -4,13 +4,18 @@ The time budget is checked with a fake clock: no sleeping."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import SPEC, cand, rec
 
+from autotune.core.enums import Objective
+from autotune.core.parity import Arithmetic, Curve, Parity, ParityState, Status
+from autotune.core.trial import Candidate, TrialRecord
 from autotune.search.deadline import Deadline
+from autotune.search.parity import reserved_s
 from autotune.search.run import SearchLimits, SearchRun
 from autotune.search.skips import NO_ESTIMATE
 
@@ -84,11 +89,76 @@ def test_a_trial_taken_over_between_ask_and_claim_is_dropped_unprobed(tmp_path: 
     assert len(waiting) == 1
 
 
-def test_time_spent_on_parity_runs_does_not_eat_the_confirmation_share() -> None:
+def timed(number: int, candidate: Candidate, step_s: float, one_time_s: float) -> TrialRecord:
+    r = rec(number, candidate, sps=64 / step_s)
+    return dataclasses.replace(r, result=r.result.replace(
+        step_time_median_s=step_s, one_time_s=one_time_s))  # fmt: skip
+
+
+# fp32 AdamW (the recipe) at 2 s a step, bf16 at 1 s; 4 parity steps
+RECORDS = [timed(0, cand(64), 2.0, 3.0), timed(1, cand(64, "bf16"), 1.0, 2.0)]
+
+
+def test_the_parity_runs_time_is_predicted_from_the_measured_steps() -> None:
+    """The reference and its twin take the recipe's 3 + 4 x 2 s, the bf16 finalist 2 + 4 x
+    1 s; each run adds 5 held-out evaluations (steps 0 to 4) of 16 samples in fp32, a
+    third of the reference's 64-sample step each. Nothing measured: nothing to reserve."""
+    evaluations = 5 * (16 / 64) / 3 * 2.0
+    expected = 2 * (11.0 + evaluations) + (6.0 + evaluations)
+    got = reserved_s(SPEC, RECORDS, None, 4, 3, Objective.THROUGHPUT)
+    assert got == pytest.approx(expected)
+    assert reserved_s(SPEC, [], None, 4, 3, Objective.THROUGHPUT) == 0.0
+
+
+def test_a_run_already_made_is_not_reserved_again() -> None:
+    """Once the reference, its twin and the bf16 verdict are stored (a resumed search),
+    no parity time is kept from exploring."""
+    curve = Curve(((0, 5.0), (4, 4.0)), steps=4)
+    bf16 = Arithmetic.of(cand(64, "bf16")).key
+    state = ParityState(cand(64), 4, 1e-3, 0, curves={"reference": curve, "twin": curve},
+                        verdicts={bf16: Parity(Status.OK)})  # fmt: skip
+    assert reserved_s(SPEC, RECORDS, state, 4, 3, Objective.THROUGHPUT) == 0.0
+
+
+def test_exploring_stops_early_enough_for_the_parity_runs_within_the_time_budget() -> None:
+    """The parity runs happen within --time-budget: no new probe starts once the time
+    left to explore is what they are expected to take; with parity off it goes on."""
     clock = Clock()
-    budget = Deadline.after(100.0, clock)
-    clock.now += 85  # exploring stopped at 80; 15 s are left for confirmation
-    clock.now += 40  # parity runs
-    moved = budget.later(40)
-    assert budget.passed() and not moved.passed() and moved.left() == 15.0
-    assert Deadline.after(None, clock).later(40).left() is None
+    explore = Deadline.after(100.0, clock)
+    store: Any = type("FakeStore", (), {"spec": SPEC, "parity": lambda self: None})()
+    limits = SearchLimits(max_trials=50, confirm_top=3, parity_steps=4)
+    search = SearchRun(store=store, study_dir=Path("unused"), limits=limits, observer=None,  # type: ignore[arg-type]
+                       launcher=None)  # type: ignore[arg-type]  # fmt: skip
+    reserve = reserved_s(SPEC, RECORDS, None, 4, 3, Objective.THROUGHPUT)
+    clock.now += 99 - reserve
+    assert search._stop_reason(RECORDS, {}, explore, never_over) == ""
+    clock.now += 1.5
+    why = search._stop_reason(RECORDS, {}, explore, never_over)
+    assert why.startswith("time budget spent: the rest is for the parity runs (about 30s")
+    no_parity = run(dataclasses.replace(limits, parity_steps=0))
+    assert no_parity._stop_reason(RECORDS, {}, explore, never_over) == ""
+
+
+def test_a_confirmation_expected_to_end_past_the_time_budget_does_not_start() -> None:
+    """The bf16 finalist's confirmation (2 s once + warm-up and 4 timed steps of 1 s) starts
+    with 8 s left, not with 6 s: the search ends within --time-budget."""
+    from types import SimpleNamespace
+
+    from autotune.core.enums import Outcome
+    from autotune.core.trial import TrialResult
+
+    ran: list[Candidate] = []
+    store = SimpleNamespace(spec=SPEC, records=lambda: RECORDS,
+                            add_confirmation=lambda *a: None)  # fmt: skip
+    launcher = SimpleNamespace(
+        run=lambda config, timeout_s: ran.append(config.candidate) or TrialResult(Outcome.OK)
+    )
+    observer = SimpleNamespace(on_confirm=lambda *a: None)
+    limits = SearchLimits(confirm_top=1, confirm_steps=4)
+    search = SearchRun(store=store, study_dir=Path("unused"), limits=limits,  # type: ignore[arg-type]
+                       observer=observer, launcher=launcher)  # type: ignore[arg-type]  # fmt: skip
+    expected = 2.0 + (SPEC.warmup_steps + 4) * 1.0
+    clock = Clock()
+    assert search.confirm(Deadline(clock.now + expected - 1, clock)) == 0 and not ran
+    assert search.confirm(Deadline(clock.now + expected + 1, clock)) >= 1
+    assert ran[0] == cand(64, "bf16")
