@@ -502,7 +502,8 @@ def remeasured_markdown(recorded: dict[str, Any], only: str) -> str:
         lines.append(
             f"| {row['family']} | {row['budget']} | {len(truth['rounds'])}, {truth['wall_s']:.0f} s "
             f"| {label(row['back_to_back']['best'])} → {label(truth['best'])} "
-            f"({statistics.median(speeds):.1f}/s; ±{statistics.median(widths):.1%}) "
+            f"({statistics.median(speeds):.1f}/s; "
+            f"{f'±{statistics.median(widths):.1%}' if widths else 'alone'}) "
             f"| {len(row['back_to_back']['ties'])} → {len(truth['ties'])} | "
             + " | ".join(cells)
             + " |"

@@ -184,8 +184,10 @@ def test_one_step_caught_by_another_process_does_not_rule_out_its_precision() ->
 def test_where_memory_binds_nowhere_checkpointing_is_left_out() -> None:
     grid = list(HSPACE.candidates(include_fallback=False))
     assert memory_free(HSPEC, [], lambda c: True)
-    fast = [rec(i, c, sps=10.0 + i) for i, c in enumerate(grid)
-            if not c.activation_checkpointing and c.per_device_train_batch_size < 32]  # fmt: skip
+    # Measured checkpointed configs even look faster than their twins (a noisy host):
+    # the model alone would propose more of them; memory binding nowhere, none comes.
+    fast = [rec(i, c, sps=(50.0 if c.activation_checkpointing else 10.0) + i)
+            for i, c in enumerate(grid) if c.per_device_train_batch_size < 32]  # fmt: skip
     left = [c for c in grid if c not in {r.candidate for r in fast}]
     for _ in range(3):
         proposal = next_config(HSPEC, fast, left, fits=lambda c: True, concurrent=0,
