@@ -204,8 +204,8 @@ def reserved_s(
     top: int, objective: Objective,
 ) -> float:  # fmt: skip
     """Seconds the parity runs a check would make now are expected to take, every
-    verdict taken to pass: the reference and its twin where not run yet, and one run
-    for each finalist arithmetic without a verdict. A run takes what its quickest alike
+    verdict taken to pass: one run for each finalist arithmetic without a verdict, and
+    with any, the reference and its twin where not run yet. A run takes what its quickest alike
     measured config would take for `steps` steps (its one-time cost included), plus the
     held-out evaluations: forward passes in fp32, each a third of a training step's work
     on `EVAL_SAMPLES` samples, timed at the reference's step. An arithmetic not measured
@@ -222,14 +222,15 @@ def reserved_s(
     wanted = ParityState(reference_candidate(spec, records), steps, learning_rate(spec),
                          spec.seed)  # fmt: skip
     state = state if state and state.same_setup(wanted) else wanted
+    pending = unjudged(spec, state, records, max(1, top), objective)
+    finalists = list(dict.fromkeys(Arithmetic.of(c) for c in pending))
+    if not finalists:  # every finalist keeps the recipe's arithmetic, or has its verdict
+        return 0.0
     reference = Arithmetic.of(state.reference)
     runs = [k for k in ("reference", "twin") if k not in state.curves]
     if "twin" in runs and twin_of(spec, state.reference) is None:
         runs.remove("twin")
-    arithmetics = [reference] * len(runs)
-    for candidate in unjudged(spec, state, records, max(1, top), objective):
-        if Arithmetic.of(candidate) not in arithmetics:
-            arithmetics.append(Arithmetic.of(candidate))
+    arithmetics = [reference] * len(runs) + finalists
     every = max(1, steps // POINTS)
     evaluations = 1 + steps // every + (1 if steps % every else 0)
     share = min(1.0, EVAL_SAMPLES / max(1, spec.global_batch_size)) / 3

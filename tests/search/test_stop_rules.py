@@ -112,12 +112,15 @@ def test_the_parity_runs_time_is_predicted_from_the_measured_steps() -> None:
 
 def test_a_run_already_made_is_not_reserved_again() -> None:
     """Once the reference, its twin and the bf16 verdict are stored (a resumed search),
-    no parity time is kept from exploring."""
+    no parity time is kept from exploring; nor where no finalist changes the arithmetic."""
     curve = Curve(((0, 5.0), (4, 4.0)), steps=4)
     bf16 = Arithmetic.of(cand(64, "bf16")).key
     state = ParityState(cand(64), 4, 1e-3, 0, curves={"reference": curve, "twin": curve},
                         verdicts={bf16: Parity(Status.OK)})  # fmt: skip
     assert reserved_s(SPEC, RECORDS, state, 4, 3, Objective.THROUGHPUT) == 0.0
+    # Finalists that all keep the recipe's arithmetic need no parity run at all.
+    fp32 = [r for r in RECORDS if r.candidate.precision == "fp32"]
+    assert reserved_s(SPEC, fp32, None, 4, 3, Objective.THROUGHPUT) == 0.0
 
 
 def test_exploring_stops_early_enough_for_the_parity_runs_within_the_time_budget() -> None:
