@@ -189,9 +189,9 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option(
         "--time-budget",
         type=DURATION,
-        help="The whole search's time, e.g. 10m: exploring stops at 80% of it, earlier "
-        "by the finalists' parity runs' expected time; confirming gets the rest (a run "
-        "expected to end past it does not start).",
+        help="The whole search's time, e.g. 10m: exploring stops at 80% of it (all of it "
+        "with --confirm-top 0), earlier by the parity runs' expected time; confirming "
+        "gets the rest (a run expected to end past it does not start).",
     ),
     click.option(
         "--trial-timeout",
@@ -241,7 +241,8 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         default=20,
         show_default=True,
         type=click.IntRange(4),
-        help="Optimizer steps of each parity run (more: a stricter check, a longer search).",
+        help="Optimizer steps of each parity run (more: a stricter check, and with "
+        "--time-budget less time to explore).",
     ),
     click.option(
         "--fork-server/--no-fork-server",

@@ -1,4 +1,6 @@
-"""Parity in the parent: after confirmation, before selection.
+"""Parity in the parent: between exploring and confirming (and again after confirming
+reorders the finalists), before selection; within the time budget, which exploring
+leaves the runs' expected time (`reserved_s`).
 
 For every finalist whose arithmetic (precision, optimizer update) differs from the
 user's recipe, one parity run of that arithmetic is compared with a run of the recipe
@@ -204,39 +206,51 @@ def reserved_s(
     top: int, objective: Objective,
 ) -> float:  # fmt: skip
     """Seconds the parity runs a check would make now are expected to take, every
-    verdict taken to pass: one run for each finalist arithmetic without a verdict, and
-    with any, the reference and its twin where not run yet. A run takes what its quickest alike
-    measured config would take for `steps` steps (its one-time cost included), plus the
-    held-out evaluations: forward passes in fp32, each a third of a training step's work
-    on `EVAL_SAMPLES` samples, timed at the reference's step. An arithmetic not measured
-    yet is timed as the slowest that was. 0 while nothing that fits was measured."""
+    verdict taken to pass: one run for each finalist arithmetic without a verdict and,
+    with any, the reference and its twin where not run yet (the twin always counted,
+    though it runs only where a verdict depends on it). A run takes what its quickest
+    alike measured config would take for `steps` steps (`run_s`), plus the held-out
+    evaluations: forward passes in fp32, each a third of a training step's work on
+    `EVAL_SAMPLES` samples, timed at the reference's step. A config or arithmetic not
+    measured yet is timed as the slowest that was. 0 while nothing that fits was."""
     quickest: dict[Arithmetic, TrialResult] = {}
-    for r in fitting(records, spec.fit_limit_bytes):
-        key, t = Arithmetic.of(r.candidate), r.result.time_to_finish_s(steps)
-        if t is not None and (key not in quickest
-                              or t < (quickest[key].time_to_finish_s(steps) or t)):  # fmt: skip
+    fits = fitting(records, spec.fit_limit_bytes)
+    for r in fits:
+        key = Arithmetic.of(r.candidate)
+        if key not in quickest or run_s(r.result, steps, 1) < run_s(quickest[key], steps, 1):
             quickest[key] = r.result
     if not quickest:
         return 0.0
-    slowest = max(quickest.values(), key=lambda r: r.time_to_finish_s(steps) or 0.0)
+    slowest = max(quickest.values(), key=lambda r: run_s(r, steps, 1))
     wanted = ParityState(reference_candidate(spec, records), steps, learning_rate(spec),
                          spec.seed)  # fmt: skip
-    state = state if state and state.same_setup(wanted) else wanted
+    state = stored.retrying() if (stored := state) and stored.same_setup(wanted) else wanted
     pending = unjudged(spec, state, records, max(1, top), objective)
     finalists = list(dict.fromkeys(Arithmetic.of(c) for c in pending))
     if not finalists:  # every finalist keeps the recipe's arithmetic, or has its verdict
         return 0.0
     reference = Arithmetic.of(state.reference)
-    runs = [k for k in ("reference", "twin") if k not in state.curves]
-    if "twin" in runs and twin_of(spec, state.reference) is None:
-        runs.remove("twin")
-    arithmetics = [reference] * len(runs) + finalists
+    runs = [quickest.get(a, slowest) for a in finalists]
+    if "reference" not in state.curves:
+        runs.append(quickest.get(reference, slowest))
+    twin = twin_of(spec, state.reference)
+    if "twin" not in state.curves and twin is not None:
+        measured = [r.result for r in fits if r.candidate == twin]
+        runs.append(measured[0] if measured else slowest)
     every = max(1, steps // POINTS)
     evaluations = 1 + steps // every + (1 if steps % every else 0)
-    share = min(1.0, EVAL_SAMPLES / max(1, spec.global_batch_size)) / 3
+    share = min(1.0, EVAL_SAMPLES / max(1, spec.space.global_batch_size)) / 3
     evaluation_s = evaluations * share * (quickest.get(reference, slowest).step_time_median_s or 0)
-    return sum((quickest.get(a, slowest).time_to_finish_s(steps) or 0.0) + evaluation_s
-               for a in arithmetics)  # fmt: skip
+    return sum(run_s(r, steps, spec.nproc_per_node) + evaluation_s for r in runs)
+
+
+def run_s(result: TrialResult, steps: int, processes: int) -> float:
+    """A run of `steps` optimizer steps of a measured config, in one process doing the
+    work of `processes` (a parity run): the child's start (fork, model build), the
+    one-time cost of its first steps, and the steps at the measured median."""
+    start = max(0.0, result.phases_s.get("total", 0.0) - result.phases_s.get("train", 0.0))
+    step = (result.step_time_median_s or 0.0) * processes
+    return start + (result.one_time_s or 0.0) + steps * step
 
 
 def parity_stop(
@@ -244,13 +258,14 @@ def parity_stop(
     top: int, objective: Objective, left: float | None,
 ) -> str:  # fmt: skip
     """Why exploring stops to leave the finalists' parity runs their expected time within
-    the time budget ('' to go on; `left`: seconds left to explore, None: no budget)."""
+    the time budget ('' to go on; `left`: seconds left to explore, None: no budget; `top`:
+    the finalists confirmed after them, 0 for none)."""
     if left is None or left > (reserve := reserved_s(spec, records, state, steps, top,
                                                      objective)):  # fmt: skip
         return ""
-    confirming = " and confirmation" if top else ""
+    and_confirmation = " and confirmation" if top else ""
     return (f"time budget spent: the rest is for the parity runs (about "
-            f"{format_duration(reserve)}, {steps} steps each){confirming}")  # fmt: skip
+            f"{format_duration(reserve)}, {steps} steps each){and_confirmation}")  # fmt: skip
 
 
 def quickest_alike(

@@ -29,7 +29,7 @@ from autotune.probe import device
 from autotune.probe.shared_model import model_to_share
 from autotune.search.deadline import Deadline
 from autotune.search.memory_verdict import far_over_budget
-from autotune.search.parity import ParityCheck, parity_stop
+from autotune.search.parity import ParityCheck, parity_stop, run_s
 from autotune.search.propose import Proposal, next_config
 from autotune.search.selection import fitting, incumbent_cost, ranked, select_best, verdict
 from autotune.search.skips import Verdictor, open_candidates, skip_reason
@@ -52,6 +52,9 @@ class SearchLimits:
     concurrent: int = 1
     poll_s: float = 2.0  # how often a worker waiting on other workers' trials looks again
     parity_steps: int = 0  # >0: parity runs of this many steps settle the finalists
+    # Finalists whose arithmetic parity settles, when not confirm_top (a worker confirms
+    # none; its parent settles its top confirm_top, and the worker leaves them time)
+    parity_top: int | None = None
     objective: Objective = Objective.THROUGHPUT  # what selection (and so parity) ranks by
     # Explore probes warm up until steady and stop once rankable against the best so far
     # (core/schedule.py; CPU); False: every probe runs --warmup-steps + --measure-steps
@@ -151,9 +154,10 @@ class SearchRun:
             return "time budget spent" + (
                 " (the rest is for confirmation)" if limits.confirm_top else ""
             )
+        top = limits.confirm_top if limits.parity_top is None else limits.parity_top
         if limits.parity_steps and (why := parity_stop(
-            self.spec, recs, self.store.parity(), limits.parity_steps, limits.confirm_top,
-            limits.objective, deadline.left())):  # fmt: skip
+            self.spec, recs, self.store.parity(), limits.parity_steps, top, limits.objective,
+            deadline.left())):  # fmt: skip
             return why
         if not busy and not open_candidates(self.spec.space, recs, over):
             return "every config in the space is measured or ruled out"
@@ -256,19 +260,17 @@ class SearchRun:
                                  train_steps=self.spec.train_steps,
                                  objective=self.limits.objective)  # fmt: skip
             finalists = [r for r in pool if r == chosen] + [r for r in ranked(pool) if r != chosen]
-            todo = [r for r in finalists[: self.limits.confirm_top] if r.runs < 2]
+            left = deadline.left()  # a run expected to end past the budget does not start
+            steps = self.spec.warmup_steps + self.limits.confirm_steps
+            todo = [r for r in finalists[: self.limits.confirm_top] if r.runs < 2
+                    and (left is None or run_s(r.result, steps, 1) <= left)]  # fmt: skip
             if not todo:
                 break
             record = todo[0]
-            expected = record.result.time_to_finish_s(self.spec.warmup_steps
-                                                      + self.limits.confirm_steps)  # fmt: skip
-            if (left := deadline.left()) is not None and expected and expected > left:
-                break  # it would end past the time budget
             # Each run its own folder; confirmations run one at a time, alone (concurrent 1).
-            folder = (
-                f"{record.number}-confirm-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{runs}"
-            )
-            config = self.trial_config(record.number, record.candidate, folder, concurrent=1,
+            stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{runs}"
+            config = self.trial_config(record.number, record.candidate,
+                                       f"{record.number}-confirm-{stamp}", concurrent=1,
                                        measure_steps=self.limits.confirm_steps)  # fmt: skip
             result = self.launcher.run(config, timeout_s=self.limits.trial_timeout_s)
             judged = verdict(result, self.spec, implied=False)
@@ -355,8 +357,9 @@ def run_search(
     explore: bool = True,
     confirm: bool = True,
 ) -> SearchReport:
-    """Explore (until --max-trials, the time budget's search share, or an exhausted
-    space) and confirm the finalists (until the whole time budget); no export."""
+    """Explore (until --max-trials, the time budget's search share less the parity runs'
+    expected time, or an exhausted space), run the parity runs and confirm the finalists
+    (until the whole time budget); no export."""
     started = time.monotonic()
     done = sum(is_probe(r) for r in store.records())
     observer.on_search_start(store.spec, store.name, limits, done)

@@ -89,35 +89,56 @@ def test_a_trial_taken_over_between_ask_and_claim_is_dropped_unprobed(tmp_path: 
     assert len(waiting) == 1
 
 
-def timed(number: int, candidate: Candidate, step_s: float, one_time_s: float) -> TrialRecord:
+def timed(
+    number: int, candidate: Candidate, step_s: float, one_time_s: float, start_s: float = 0.0
+) -> TrialRecord:
     r = rec(number, candidate, sps=64 / step_s)
     return dataclasses.replace(r, result=r.result.replace(
-        step_time_median_s=step_s, one_time_s=one_time_s))  # fmt: skip
+        step_time_median_s=step_s, one_time_s=one_time_s,
+        phases_s={"total": start_s + 10.0, "train": 10.0}))  # fmt: skip
 
 
-# fp32 AdamW (the recipe) at 2 s a step, bf16 at 1 s; 4 parity steps
-RECORDS = [timed(0, cand(64), 2.0, 3.0), timed(1, cand(64, "bf16"), 1.0, 2.0)]
+# The recipe, fp32 AdamW, at 2 s a step at 64x1 and 3 s at 32x2 (its twin); bf16 at 1 s,
+# its child 4 s to start; 4 parity steps, 5 held-out evaluations (steps 0 to 4) of 16
+# samples in fp32, each a third of the reference's 64-sample step
+RECORDS = [timed(0, cand(64), 2.0, 3.0), timed(1, cand(64, "bf16"), 1.0, 2.0, start_s=4.0),
+           timed(2, cand(32), 3.0, 1.0)]  # fmt: skip
+EVALUATIONS = 5 * (16 / 64) / 3 * 2.0
+REFERENCE, TWIN, BF16 = 3.0 + 4 * 2.0, 1.0 + 4 * 3.0, 4.0 + 2.0 + 4 * 1.0
+ADAFACTOR = dataclasses.replace(cand(64, "bf16"), optim="adafactor")
 
 
 def test_the_parity_runs_time_is_predicted_from_the_measured_steps() -> None:
-    """The reference and its twin take the recipe's 3 + 4 x 2 s, the bf16 finalist 2 + 4 x
-    1 s; each run adds 5 held-out evaluations (steps 0 to 4) of 16 samples in fp32, a
-    third of the reference's 64-sample step each. Nothing measured: nothing to reserve."""
-    evaluations = 5 * (16 / 64) / 3 * 2.0
-    expected = 2 * (11.0 + evaluations) + (6.0 + evaluations)
-    got = reserved_s(SPEC, RECORDS, None, 4, 3, Objective.THROUGHPUT)
-    assert got == pytest.approx(expected)
+    """The reference trains the recipe's quickest config, the twin the recipe's other
+    split, the bf16 finalist its own config; nothing measured: nothing to reserve."""
+    expected = REFERENCE + TWIN + BF16 + 3 * EVALUATIONS
+    assert reserved_s(SPEC, RECORDS, None, 4, 3, Objective.THROUGHPUT) == pytest.approx(expected)
     assert reserved_s(SPEC, [], None, 4, 3, Objective.THROUGHPUT) == 0.0
+    # One process doing two processes' work: each step counts twice.
+    two = dataclasses.replace(SPEC, nproc_per_node=2)
+    doubled = expected + 4 * (2.0 + 3.0 + 1.0)
+    assert reserved_s(two, RECORDS, None, 4, 3, Objective.THROUGHPUT) == pytest.approx(doubled)
 
 
-def test_a_run_already_made_is_not_reserved_again() -> None:
-    """Once the reference, its twin and the bf16 verdict are stored (a resumed search),
-    no parity time is kept from exploring; nor where no finalist changes the arithmetic."""
+def test_runs_already_made_are_not_reserved_again_but_failed_ones_are() -> None:
+    """A resumed search: the reference and twin curves are stored, so only the bf16 run
+    is left; with its verdict stored too nothing is. A verdict that could not be reached
+    (unchecked) and a reference run that failed (and so its twin) are run again, so they
+    are reserved."""
     curve = Curve(((0, 5.0), (4, 4.0)), steps=4)
+    ran = ParityState(cand(64), 4, 1e-3, 0, curves={"reference": curve, "twin": curve})
+    got = reserved_s(SPEC, RECORDS, ran, 4, 3, Objective.THROUGHPUT)
+    assert got == pytest.approx(BF16 + EVALUATIONS)
     bf16 = Arithmetic.of(cand(64, "bf16")).key
-    state = ParityState(cand(64), 4, 1e-3, 0, curves={"reference": curve, "twin": curve},
-                        verdicts={bf16: Parity(Status.OK)})  # fmt: skip
-    assert reserved_s(SPEC, RECORDS, state, 4, 3, Objective.THROUGHPUT) == 0.0
+    judged = dataclasses.replace(ran, verdicts={bf16: Parity(Status.OK)})
+    assert reserved_s(SPEC, RECORDS, judged, 4, 3, Objective.THROUGHPUT) == 0.0
+    unchecked = dataclasses.replace(ran, verdicts={bf16: Parity(Status.UNCHECKED)})
+    got = reserved_s(SPEC, RECORDS, unchecked, 4, 3, Objective.THROUGHPUT)
+    assert got == pytest.approx(BF16 + EVALUATIONS)
+    lost = {"reference": Curve((), error="oom"), "twin": curve}  # the twin goes with it
+    failed = dataclasses.replace(unchecked, curves=lost)
+    got = reserved_s(SPEC, RECORDS, failed, 4, 3, Objective.THROUGHPUT)
+    assert got == pytest.approx(REFERENCE + TWIN + BF16 + 3 * EVALUATIONS)
     # Finalists that all keep the recipe's arithmetic need no parity run at all.
     fp32 = [r for r in RECORDS if r.candidate.precision == "fp32"]
     assert reserved_s(SPEC, fp32, None, 4, 3, Objective.THROUGHPUT) == 0.0
@@ -125,26 +146,40 @@ def test_a_run_already_made_is_not_reserved_again() -> None:
 
 def test_exploring_stops_early_enough_for_the_parity_runs_within_the_time_budget() -> None:
     """The parity runs happen within --time-budget: no new probe starts once the time
-    left to explore is what they are expected to take; with parity off it goes on."""
+    left to explore is what they are expected to take; with parity off it goes on. A
+    worker (which confirms nothing) leaves time for its parent's three finalists, bf16
+    Adafactor's run among them, not only for the fastest."""
+    records = [*RECORDS, timed(3, ADAFACTOR, 1.2, 2.0)]
     clock = Clock()
     explore = Deadline.after(100.0, clock)
     store: Any = type("FakeStore", (), {"spec": SPEC, "parity": lambda self: None})()
     limits = SearchLimits(max_trials=50, confirm_top=3, parity_steps=4)
-    search = SearchRun(store=store, study_dir=Path("unused"), limits=limits, observer=None,  # type: ignore[arg-type]
-                       launcher=None)  # type: ignore[arg-type]  # fmt: skip
-    reserve = reserved_s(SPEC, RECORDS, None, 4, 3, Objective.THROUGHPUT)
+
+    def search(limits: SearchLimits) -> SearchRun:
+        return SearchRun(store=store, study_dir=Path("unused"), limits=limits, observer=None,  # type: ignore[arg-type]
+                         launcher=None)  # type: ignore[arg-type]  # fmt: skip
+
+    reserve = reserved_s(SPEC, records, None, 4, 3, Objective.THROUGHPUT)
+    assert reserve > reserved_s(SPEC, records, None, 4, 1, Objective.THROUGHPUT)
+    worker = dataclasses.replace(limits, confirm_top=0, parity_top=3)
     clock.now += 99 - reserve
-    assert search._stop_reason(RECORDS, {}, explore, never_over) == ""
+    for limited in (limits, worker):
+        assert search(limited)._stop_reason(records, {}, explore, never_over) == ""
     clock.now += 1.5
-    why = search._stop_reason(RECORDS, {}, explore, never_over)
-    assert why.startswith("time budget spent: the rest is for the parity runs (about 30s")
-    no_parity = run(dataclasses.replace(limits, parity_steps=0))
-    assert no_parity._stop_reason(RECORDS, {}, explore, never_over) == ""
+    why = search(limits)._stop_reason(records, {}, explore, never_over)
+    assert why.startswith(
+        f"time budget spent: the rest is for the parity runs (about {reserve:.0f}s"
+    )
+    assert why.endswith("and confirmation")
+    assert search(worker)._stop_reason(records, {}, explore, never_over) == why
+    no_parity = search(dataclasses.replace(limits, parity_steps=0))
+    assert no_parity._stop_reason(records, {}, explore, never_over) == ""
 
 
 def test_a_confirmation_expected_to_end_past_the_time_budget_does_not_start() -> None:
-    """The bf16 finalist's confirmation (2 s once + warm-up and 4 timed steps of 1 s) starts
-    with 8 s left, not with 6 s: the search ends within --time-budget."""
+    """The bf16 finalist's confirmation (4 s to start, 2 s once, warm-up and 4 timed steps
+    of 1 s) does not start with a second less than that left, and starts with a second
+    more: the search ends within --time-budget."""
     from types import SimpleNamespace
 
     from autotune.core.enums import Outcome
@@ -160,7 +195,7 @@ def test_a_confirmation_expected_to_end_past_the_time_budget_does_not_start() ->
     limits = SearchLimits(confirm_top=1, confirm_steps=4)
     search = SearchRun(store=store, study_dir=Path("unused"), limits=limits,  # type: ignore[arg-type]
                        observer=observer, launcher=launcher)  # type: ignore[arg-type]  # fmt: skip
-    expected = 2.0 + (SPEC.warmup_steps + 4) * 1.0
+    expected = 4.0 + 2.0 + (SPEC.warmup_steps + 4) * 1.0
     clock = Clock()
     assert search.confirm(Deadline(clock.now + expected - 1, clock)) == 0 and not ran
     assert search.confirm(Deadline(clock.now + expected + 1, clock)) >= 1
