@@ -18,6 +18,9 @@ class DeviceInfo:
     name: str
     total_memory_bytes: int
     capability: tuple[int, int] | None = None  # CUDA compute capability
+    # A CPU with bf16 instructions (avx512_bf16, amx_bf16): its bf16 matmuls run natively
+    # (oneDNN), not emulated, so bf16 is a good first guess there
+    native_bf16: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", DeviceKind(self.kind))

@@ -179,7 +179,9 @@ def derive_space(
 def seed_candidates(
     space: SearchSpace, device: DeviceInfo, tokens_per_sample: int = 1
 ) -> list[Candidate]:
-    """Good first guesses to enqueue: the plain default, then the usual fast settings.
+    """Good first guesses to enqueue: the plain default, then the usual fast settings
+    (mixed precision on a GPU, and on a CPU with bf16 instructions; fp32 on another CPU,
+    where bf16 is emulated).
 
     On a GPU the fast guess is the largest micro-batch whose tokens (batch x tokens per
     sample) are a multiple of the device's tile (64 on Ampere+): the rule is in tokens,
@@ -192,7 +194,8 @@ def seed_candidates(
     no_ckpt = False if False in space.checkpointing else space.checkpointing[0]
     seeds.append(space.candidate(default_batch, fp, no_ckpt, plain_opt))
     mixed = [p for p in ("bf16", "fp16") if p in space.precisions]
-    fast_prec = mixed[0] if device.kind == DeviceKind.CUDA and mixed else fp
+    native = device.kind == DeviceKind.CUDA or (device.native_bf16 and "bf16" in mixed)
+    fast_prec = ("bf16" if device.kind == DeviceKind.CPU else mixed[0]) if mixed and native else fp
     fast_opt = "adamw_torch_fused" if "adamw_torch_fused" in space.optimizers else plain_opt
     align = device.alignment_tokens
     aligned = [b for b in batches if (b * tokens_per_sample) % align == 0]

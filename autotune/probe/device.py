@@ -28,7 +28,8 @@ def detect_device(spec: str = "auto") -> DeviceInfo:
     import torch
 
     if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
-        return DeviceInfo(DeviceKind.CPU, None, cpu_name(), cpu_memory_bytes())
+        return DeviceInfo(DeviceKind.CPU, None, cpu_name(), cpu_memory_bytes(),
+                          native_bf16=bool(cpu_flags() & NATIVE_BF16))  # fmt: skip
     kind, _, number = spec.partition(":")
     if spec != "auto" and (kind != "cuda" or (number and not number.isdigit())):
         raise UsageError(f"--device {spec!r} is not one of auto, cpu, cuda, cuda:N (N a number)")
@@ -66,6 +67,20 @@ def visible_entry(index: int, visible: str | None = None) -> str:
             f"{len(entries)} GPU(s), numbered 0 to {len(entries) - 1}"
         )
     return entries[index]
+
+
+NATIVE_BF16 = frozenset({"avx512_bf16", "amx_bf16"})  # x86 flags of bf16 dot products
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The CPU's feature flags (Linux; none elsewhere)."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
 
 
 def cpu_name() -> str:
