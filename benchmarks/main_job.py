@@ -9,8 +9,9 @@ rounds and paired with the best round by round (_truth: a ratio with a 95% inter
 tie when it reaches 1). It is measured once and kept in main_job.json with the date and
 versions; a run of the main job is scored against it (a tie with the best scores 1).
 
-    python benchmarks/main_job.py --grid     # the grid, alone on the machine (about 50 min)
-    python benchmarks/main_job.py --runs 2   # the README's first command as written, timed
+    python benchmarks/main_job.py --grid     # the grid, alone on the machine (37 min here)
+    python benchmarks/main_job.py --runs 3   # the README's first command as written, timed
+                                             # (about 4.5 min a run), scored, appended
 """
 
 from __future__ import annotations

@@ -22,10 +22,11 @@ from typing import Any
 from autotune.core.enums import Precision
 from autotune.core.trial import LEVERS, Candidate, TrialResult
 
-# Optimizers that compute the same update (a fused kernel sums in another order): one
-# arithmetic for parity. Every other optimizer is its own.
+# A parity run's held-out loss (probe/parity.py; search/parity.py times it)
 EVAL_SAMPLES = 16  # held out; evaluated in micro-batches no larger than the run's own
 POINTS = 8  # held-out evaluations along a run (plus step 0)
+# Optimizers that compute the same update (a fused kernel sums in another order): one
+# arithmetic for parity. Every other optimizer is its own.
 SAME_UPDATE = {"adamw_torch_fused": "adamw_torch"}
 FLOOR = 0.05  # never tighter than 5% of the reference's progress (see benchmarks/RESULTS.md)
 ROUNDING_FACTOR = 4.0  # a change may move the loss 4x what a split change does
