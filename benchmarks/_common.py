@@ -6,6 +6,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -49,6 +50,19 @@ def train(spec: dict[str, Any], work: Path) -> dict[str, Any]:
     result: dict[str, Any] = json.loads(out.read_text())
     result["process_wall_s"] = time.monotonic() - started
     return result
+
+
+def readme_main_job() -> list[str]:
+    """The README's main job: its first `autotune search` command's flags as written
+    there (its --study dropped: each benchmark names its own)."""
+    line = next(
+        line for line in (ROOT / "README.md").read_text().splitlines() if "autotune search" in line
+    )
+    words = shlex.split(line.split("autotune search", 1)[1])
+    if "--study" in words:
+        at = words.index("--study")
+        del words[at : at + 2]
+    return words
 
 
 def autotune(work: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shlex
 import statistics
 import sys
 import tempfile
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import HERE, ROOT, autotune, machine
+from _common import HERE, autotune, machine, readme_main_job
 from _truth import Truth, measure
 from search_efficiency import score
 
@@ -46,14 +45,6 @@ NEAR = 0.2  # a config whose first run comes this close to the best's is a conte
 NOT_SPACE = ("--study", "--time-budget", "--max-trials", "--parity", "--parity-steps",
              "--confirm-top", "--confirm-steps", "--warmup-steps", "--measure-steps", "--quiet",
              "--format")  # fmt: skip
-
-
-def readme_flags() -> list[str]:
-    """The README's first `autotune search` command, flags as written (--study dropped)."""
-    line = next(
-        line for line in (ROOT / "README.md").read_text().splitlines() if "autotune search" in line
-    )
-    return without(shlex.split(line.split("autotune search", 1)[1]), ("--study",))
 
 
 def without(flags: list[str], names: tuple[str, ...]) -> list[str]:
@@ -100,7 +91,7 @@ class GridProber:
 
 def spec_study(work: Path) -> StudyStore:
     """A study the README's flags created (one probe), whose stored spec is the space."""
-    flags = [*without(readme_flags(), NOT_SPACE), "--max-trials", "1", "--parity", "off",
+    flags = [*without(readme_main_job(), NOT_SPACE), "--max-trials", "1", "--parity", "off",
              "--confirm-top", "0"]  # fmt: skip
     done = autotune(work, "search", "--study", "grid", *flags, "--quiet")
     if done.returncode != 0:
@@ -128,7 +119,7 @@ def measure_grid(work: Path) -> dict[str, Any]:
         prober.close()
     return {
         **machine(),
-        "flags": without(readme_flags(), NOT_SPACE),
+        "flags": without(readme_main_job(), NOT_SPACE),
         "space": len(configs),
         "grid_steps": {"warmup": GRID_WARMUP, "measured": GRID_MEASURE},
         "near": NEAR,
@@ -160,7 +151,7 @@ def ratio(found: str, grid: dict[str, Any]) -> float:
 def main_job(work: Path) -> dict[str, Any]:
     """The README's first command as written (its study name replaced), timed whole."""
     started = time.monotonic()
-    done = autotune(work, "search", "--study", "main", *readme_flags(), "--format", "json")
+    done = autotune(work, "search", "--study", "main", *readme_main_job(), "--format", "json")
     wall = time.monotonic() - started
     if done.returncode != 0:
         raise SystemExit(f"the main job failed:\n{done.stderr[-2000:]}")
@@ -189,7 +180,7 @@ def main() -> None:
     if not FIXTURE.exists():
         sys.exit("no grid recorded: run `python benchmarks/main_job.py --grid` first")
     grid = json.loads(FIXTURE.read_text())
-    if grid["flags"] != without(readme_flags(), NOT_SPACE):
+    if grid["flags"] != without(readme_main_job(), NOT_SPACE):
         sys.exit("the README's main job changed since the grid was measured: measure it again")
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory() as tmp:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks._common import ROOT, autotune, machine, save
+from benchmarks._common import autotune, machine, readme_main_job, save
 
 TINY = {
     "tiny-gpt2": {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 64,
@@ -40,18 +40,6 @@ SMALL_SEARCH = [
     "--warmup-steps", "1", "--measure-steps", "3", "--confirm-top", "3",
     "--lever", "torch_compile=false", "--lever", "attn_implementation=sdpa",
 ]  # fmt: skip
-
-
-def readme_main_job() -> list[str]:
-    """The README's main job, flags as written there (its --study is replaced)."""
-    line = next(
-        line for line in (ROOT / "README.md").read_text().splitlines() if "autotune search" in line
-    )
-    words = shlex.split(line.split("autotune search", 1)[1])
-    if "--study" in words:
-        at = words.index("--study")
-        del words[at : at + 2]
-    return words
 
 
 def search(

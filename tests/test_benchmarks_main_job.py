@@ -8,11 +8,12 @@ import sys
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from main_job import NOT_SPACE, ratio, readme_flags, without
+from _common import readme_main_job
+from main_job import NOT_SPACE, ratio, without
 
 
 def test_the_timed_command_is_the_readmes_and_the_grid_is_kept_across_budget_changes() -> None:
-    flags = readme_flags()
+    flags = readme_main_job()
     assert "--study" not in flags and flags[:2] == ["--model", "google/mt5-small"]
     budget = flags.index("--time-budget")
     other = [*flags[:budget], "--time-budget", "99m", *flags[budget + 2 :], "--quiet"]
