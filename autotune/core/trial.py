@@ -178,6 +178,9 @@ class TrialResult:
     tokens_per_s: float | None = None
     step_time_median_s: float | None = None
     step_time_spread: float | None = None  # interquartile range / median of step times
+    # What configs are ranked by (core/stats.py): a run's lower quartile of step times;
+    # pooled runs, the mean of theirs. None: not measured (or an older study's result).
+    step_time_quiet_s: float | None = None
     step_times_s: tuple[float, ...] = ()
     peak_memory_bytes: int | None = None
     final_loss: float | None = None

@@ -269,6 +269,7 @@ def _real_batches(
         tokens_per_s=real * config.nproc_per_node / sum(times),
         step_time_median_s=stats.median_s,
         step_time_spread=stats.spread,
+        step_time_quiet_s=stats.median_s,  # a step's time depends on its batch: the median ranks
         step_times_s=tuple(round(t, 6) for t in times),
         worst_case_samples_per_s=worst.samples_per_s,
         padding_fraction=round(1 - real / fed, 4) if fed else None,
@@ -304,6 +305,7 @@ def _measured(config: TrialConfig, timer: Any, final_loss: float) -> TrialResult
         tokens_per_s=samples_per_s * config.tokens_per_sample,
         step_time_median_s=stats.median_s,
         step_time_spread=stats.spread,
+        step_time_quiet_s=stats.quiet_s,
         step_times_s=tuple(round(t, 6) for t in times),
         final_loss=final_loss,
         loss_finite=math.isfinite(final_loss),

@@ -1,4 +1,7 @@
-"""Selection: the fastest config that fits; among those within noise of it, the least memory."""
+"""Selection: the fastest config that fits; among those within noise of it, the least memory.
+
+Fastest by the quiet step time (core/stats.py: the lower quartile of the measured steps,
+which a slow spell of the host moves least); the figures shown stay the medians."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from collections.abc import Sequence
 from autotune.core.enums import Objective, Outcome
 from autotune.core.errors import NoFitError
 from autotune.core.spec import SearchSpec
+from autotune.core.stats import quiet_step_s
 from autotune.core.trial import TrialRecord, TrialResult, Verdict
 from autotune.core.units import format_size
 
@@ -73,12 +77,9 @@ def select_best(
 
 
 def ranked(records: Sequence[TrialRecord]) -> list[TrialRecord]:
-    """Best first: ok by throughput, then the rest by outcome."""
+    """Best first: ok by throughput (at the quiet step time), then the rest by outcome."""
     order = {o: i for i, o in enumerate(Outcome)}
-    return sorted(
-        records,
-        key=lambda r: (order[r.result.outcome], -(r.result.samples_per_s or 0.0), r.number),
-    )
+    return sorted(records, key=lambda r: (order[r.result.outcome], -_sps(r), r.number))
 
 
 def record_cost(
@@ -87,11 +88,12 @@ def record_cost(
     """What selection minimises, in one figure: the step time (the global batch is
     fixed), the time to finish the user's run, or per GiB of peak (efficiency)."""
     result = record.result
-    if result.outcome != Outcome.OK or not result.step_time_median_s:
+    step_s = quiet_step_s(result)
+    if result.outcome != Outcome.OK or not step_s:
         return None
     if objective == Objective.EFFICIENCY:
-        return result.step_time_median_s * (result.peak_memory_bytes or GIB) / GIB
-    return finish_s(record, train_steps) if train_steps else result.step_time_median_s
+        return step_s * (result.peak_memory_bytes or GIB) / GIB
+    return finish_s(record, train_steps) if train_steps else step_s
 
 
 def incumbent_cost(
@@ -117,12 +119,21 @@ def noise_band(record: TrialRecord) -> float:
 
 
 def finish_s(record: TrialRecord, train_steps: int) -> float:
-    """Seconds to finish the user's run of `train_steps` optimizer steps."""
-    return record.result.time_to_finish_s(train_steps) or float("inf")
+    """Seconds to finish the user's run of `train_steps` optimizer steps, as ranked: the
+    one-time cost + the steps at the quiet step time."""
+    step_s = quiet_step_s(record.result)
+    if step_s is None:
+        return float("inf")
+    return (record.result.one_time_s or 0.0) + train_steps * step_s
 
 
 def _sps(record: TrialRecord) -> float:
-    return float(record.result.samples_per_s or 0.0)
+    """Samples/s at the quiet step time (the measured figure where that is not known)."""
+    result = record.result
+    step_s = quiet_step_s(result)
+    if not result.samples_per_s or not result.step_time_median_s or not step_s:
+        return float(result.samples_per_s or 0.0)
+    return result.samples_per_s * result.step_time_median_s / step_s
 
 
 def _peak(record: TrialRecord) -> float:

@@ -89,7 +89,8 @@ def test_a_parity_run_trains_the_quickest_measured_config_of_the_finalists_arith
               peak_gib: float = 1.0) -> TrialRecord:  # fmt: skip
         r = rec(number, candidate, peak_gib=peak_gib)
         return dataclasses.replace(r, result=r.result.replace(
-            step_time_median_s=step_s, one_time_s=one_time_s))  # fmt: skip
+            step_time_median_s=step_s, step_times_s=(step_s,) * 5,
+            one_time_s=one_time_s))  # fmt: skip
 
     compiled = dataclasses.replace(cand(16, "bf16"), torch_compile=True)
     plain = cand(8, "bf16")
@@ -120,7 +121,8 @@ def test_the_reference_run_trains_the_quickest_measured_config_of_the_recipes_ar
 
     fused = dataclasses.replace(cand(16), optim="adamw_torch_fused")
     records = [
-        dataclasses.replace(r, result=r.result.replace(step_time_median_s=64 / sps))
+        dataclasses.replace(r, result=r.result.replace(step_time_median_s=64 / sps,
+                                                       step_times_s=(64 / sps,) * 5))
         for r, sps in ((rec(0, cand(8), sps=1.51), 1.51), (rec(1, fused, sps=1.89), 1.89),
                        (rec(2, cand(8, "bf16"), sps=3.0), 3.0))
     ]  # fmt: skip

@@ -78,7 +78,8 @@ def finishing(number: int, one_time_s: float, step_s: float, **changes: object) 
     """A record whose run paid `one_time_s` once, then `step_s` per optimizer step."""
     base = rec(number, cand(8 * (number + 1)))
     result = base.result.replace(step_time_median_s=step_s, samples_per_s=64 / step_s,
-                                 one_time_s=one_time_s, **changes)  # fmt: skip
+                                 step_times_s=(step_s,) * 5, one_time_s=one_time_s,
+                                 **changes)  # fmt: skip
     return TrialRecord(number, base.candidate, result)
 
 
