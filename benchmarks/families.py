@@ -422,31 +422,43 @@ def _replay(args: argparse.Namespace, recorded: dict[str, Any], trials: int, wor
 
 
 def remeasure(args: argparse.Namespace, work: Path) -> None:
-    """Re-time the contenders of a grid recorded before its truth was interleaved (the
-    configs near its best and every config a method found) in interleaved rounds, write
-    the truth into the file, and re-score every recorded method against it (the figure
-    it had is kept as ratio_back_to_back)."""
+    """Re-time a recorded grid's contenders in interleaved rounds, write the truth into
+    the file, and re-score every recorded method against it. A grid recorded back to
+    back gets its first interleaved truth (the contenders: the configs near its best and
+    every config a method found; the figure a method had is kept as ratio_back_to_back);
+    one with an interleaved truth gets another day's rounds, pooled with its own (what
+    it said alone is kept as one_day, and each method's figure as ratio_one_day)."""
     path = Path(args.grid)
     recorded = json.loads(path.read_text())
     now = machine()
     print(f"grid of {recorded['date']} on {recorded['machine']}; now {now['machine']}")
+    pooling = False
     for row in selected(recorded, args.only):
         model_dir = model_folder(row, work)
         medians = {parse_key(t): statistics.median(v) for t, v in row["grid"].items()}
         top = max(medians.values())
         found = {tuple(o["found"]) for outs in row["methods"].values() for o in outs if o["found"]}
-        contenders = sorted({k for k, v in medians.items() if v >= (1 - REMEASURE_NEAR) * top}
-                            | found)  # fmt: skip
+        before = recorded_grid(row)["truth"].runs if "truth" in row else {}
+        near = {k for k, v in medians.items() if v >= (1 - REMEASURE_NEAR) * top}
+        contenders = sorted((set(before) if before else near) | found)
         prober = Prober(resolve_model(str(model_dir)), int(row["budget_mib"] * MIB * 0.95), work)
         started = time.monotonic()
         try:
-            truth = measure(prober.speed, contenders)
+            truth = measure(prober.speed, contenders, before)
         finally:
             prober.close()
+        if before:
+            pooling = True
+            row["one_day"] = {k: row["truth"][k] for k in ("best", "ties", "ratios", "date")}
+            for outs in row["methods"].values():
+                for out in outs:
+                    out["ratio_one_day"] = out["ratio"]
         row.setdefault("back_to_back", {"best": row["best"], "ties": row["ties"]})
+        dates = [*row.get("truth", {}).get("dates", [row.get("truth", {}).get("date")])]
         row["truth"] = {
             **truth_json(truth),
             "date": now["date"],
+            "dates": [d for d in dates if d] + [now["date"]],
             "versions": now["versions"],
             "wall_s": round(time.monotonic() - started, 1),
         }
@@ -455,7 +467,7 @@ def remeasure(args: argparse.Namespace, work: Path) -> None:
               row["truth"], flush=True)  # fmt: skip
         if not args.no_append:  # each setting saved as it is done
             path.write_text(json.dumps(recorded, indent=2) + "\n")
-    text = remeasured_markdown(recorded, args.only)
+    text = (pooled_markdown if pooling else remeasured_markdown)(recorded, args.only)
     print(text)
     if not args.no_append:
         with open(path.parent / "RESULTS.md", "a", encoding="utf-8") as out:
@@ -537,6 +549,58 @@ median interval's half width).
 """
 
 
+def pooled_markdown(recorded: dict[str, Any], only: str) -> str:
+    """A table of the truth pooled over two days' rounds against one day's, and every
+    recorded method re-scored: one day → pooled (mean / worst)."""
+    names = ("autotune", "tpe", "random", "gp")
+    lines, before, after = [], {n: [] for n in names}, {n: [] for n in names}
+    rows = [r for r in selected(recorded, only) if "one_day" in r]
+    for row in rows:
+        truth, day = row["truth"], row["one_day"]
+        moved = []
+        for key, now in sorted(truth["ratios"].items(), key=lambda kv: -kv[1]):
+            was = day["ratios"].get(key)
+            if was is not None and abs(now - was) >= 0.02:
+                moved.append(f"{label(parse_key(key))} {was:.3f} → {now:.3f}")
+        cells = []
+        for name in names:
+            outs = row["methods"][name]
+            old, new = [o["ratio_one_day"] for o in outs], [o["ratio"] for o in outs]
+            before[name] += old
+            after[name] += new
+            cells.append(f"{statistics.mean(old):.3f} → {statistics.mean(new):.3f} / "
+                         f"{min(old):.3f} → {min(new):.3f}")  # fmt: skip
+        rounds = max(len([v for v in r if v is not None]) for r in truth["rounds"].values())
+        lines.append(
+            f"| {row['family']} | {row['budget']} | {rounds}, {truth['wall_s']:.0f} s "
+            f"| {label(day['best'])} → {label(truth['best'])} "
+            f"| {len(day['ties'])} → {len(truth['ties'])} | {'; '.join(moved) or 'none'} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    summary = " | ".join(
+        f"{statistics.mean(before[n]):.3f} → {statistics.mean(after[n]):.3f} / "
+        f"{min(before[n]):.3f} → {min(after[n]):.3f}"
+        for n in names
+    )
+    dates = " and ".join(rows[0]["truth"]["dates"])
+    return f"""
+## The families' truth timed on a second day, rounds pooled ({rows[0]["truth"]["date"]})
+
+Command: `python benchmarks/families.py --grid benchmarks/families.json --remeasure`,
+alone; {rows[0]["truth"]["versions"]}. Every contender of each setting's interleaved
+truth timed in {ROUNDS} more interleaved rounds, pooled with the recorded ones (days: {dates}),
+then more rounds for unsettled ties as before. Rounds: the most a contender has, and
+this run's wall. Moved: the contenders whose ratio to the best moved by 2% or more.
+The recorded searches are re-scored (nothing re-run): one day → pooled, mean / worst.
+
+| family | budget | rounds | best | ties | moved | autotune | plain TPE | random | GP |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+{chr(10).join(lines)}
+| all | | | | | | {summary} |
+"""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--no-append", action="store_true", help="do not touch RESULTS.md")
@@ -561,8 +625,9 @@ def main() -> None:
     parser.add_argument(
         "--remeasure",
         action="store_true",
-        help="with --grid: re-time the recorded grid's contenders in interleaved rounds, "
-        "write the truth into that file and re-score its recorded methods",
+        help="with --grid: re-time the recorded grid's contenders in interleaved rounds "
+        "(pooled with its own rounds where it has an interleaved truth), write the truth "
+        "into that file and re-score its recorded methods",
     )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)

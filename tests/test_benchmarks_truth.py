@@ -78,3 +78,20 @@ def test_a_config_that_never_fits_scores_zero_and_pairs_only_shared_rounds() -> 
     assert truth.score("b") == 0.0 and "b" not in truth.ties
     assert truth.ratios["c"] == 0.5  # paired with round 1 alone, no interval: not a tie
     assert "c" not in truth.ties
+
+
+def test_another_days_rounds_are_pooled_with_the_recorded_ones() -> None:
+    """Day one timed 'b' at 0.94 of 'a', tightly; day two times them level. Pooled, 'b'
+    sits between, its interval spanning both days' rounds; the new rounds are numbered
+    after the recorded ones, and rounds to settle a tie are counted from day two."""
+    day_one = {"a": {r: 100.0 for r in range(ROUNDS)},
+               "b": {r: 94.0 + (r % 2) * 0.5 for r in range(ROUNDS)}}  # fmt: skip
+    alone = paired(day_one)
+    assert "b" not in alone.ties and alone.half_widths["b"] < 0.01
+    host = Host({"a": 100.0, "b": 100.0}, drift=0.0, jitter=0.01)
+    truth = measure(host, ["a", "b"], day_one)
+    assert set(truth.runs["b"]) >= set(range(2 * ROUNDS))
+    assert day_one["b"] == {r: 94.0 + (r % 2) * 0.5 for r in range(ROUNDS)}  # not changed
+    assert 0.95 < truth.score("b") <= 1.0
+    assert truth.half_widths["b"] > 3 * alone.half_widths["b"]
+    assert len(truth.runs["a"]) <= ROUNDS + MAX_ROUNDS
