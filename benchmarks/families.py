@@ -589,8 +589,8 @@ def pooled_markdown(recorded: dict[str, Any], only: str) -> str:
 
 Command: `python benchmarks/families.py --grid benchmarks/families.json --remeasure`,
 alone; {rows[0]["truth"]["versions"]}. Every contender of each setting's interleaved
-truth timed in {ROUNDS} more interleaved rounds, pooled with the recorded ones (days: {dates}),
-then more rounds for unsettled ties as before. Rounds: the most a contender has, and
+truth timed in {ROUNDS} more interleaved rounds, pooled with the recorded ones (sessions
+dated {dates}), then more rounds for unsettled ties as before. Rounds: the most a contender has, and
 this run's wall. Moved: the contenders whose ratio to the best moved by 2% or more.
 The recorded searches are re-scored (nothing re-run): one day → pooled, mean / worst.
 
