@@ -11,8 +11,8 @@ are pooled.
 Configs are ranked by their quiet step time, not the median: the lower quartile of
 their measured steps. Another process's work on the host only ever slows a step, and on
 a 2-core machine like this project's a slow spell took 6 of a probe's 10 steps (t5 at 8x2
-bf16: 86-93 ms, then 103-139 ms), so its median (117 ms) ranked the config a third
-slower than its quiet steps (89 ms) and the search exported fp32 at 0.73 of the best.
+bf16: 86-93 ms, then 103-139 ms), so its median (115 ms) ranked the config a quarter
+slower than its quiet steps (90 ms) and the search exported fp32 at 0.73 of the best.
 Over six interleaved rounds of five configs there, the lower quartile moved half as much
 from round to round as the median (0.025 against 0.047 in log step time), and as little
 as it where the host was calm. The figures kept and exported stay the median and the
@@ -29,13 +29,12 @@ from collections.abc import Sequence
 from autotune.core.enums import Outcome
 from autotune.core.trial import TrialResult
 
-QUIET_MIN = 4  # steps a lower quartile needs; fewer, and the quiet step time is the median
-
 
 @dataclasses.dataclass(frozen=True)
 class StepStats:
     """The median of step times, their spread (interquartile range / median) and the
-    quiet step time (the lower quartile; the median below QUIET_MIN steps)."""
+    quiet step time: the lower quartile, interpolated between the measured steps (so 3
+    steps and 4 rank alike, and one fast step among 5 moves it no more than the median)."""
 
     median_s: float
     spread: float
@@ -51,7 +50,7 @@ class StepStats:
         if len(times) < 2 or median <= 0:
             return cls(median, 0.0, len(times), median)
         q1, _, q3 = statistics.quantiles(times, n=4)
-        quiet = min(median, q1) if len(times) >= QUIET_MIN else median
+        quiet = statistics.quantiles(times, n=4, method="inclusive")[0]
         return cls(median, (q3 - q1) / median, len(times), quiet)
 
 

@@ -58,28 +58,28 @@ def select_best(
     """The record to export, or None when nothing fits (or learns like the recipe).
 
     With the user's run length (`train_steps`), the quickest to finish that run (one-time
-    costs such as compilation + steps at the measured median) stands for the fastest."""
+    costs such as compilation + steps at the quiet step time) stands for the fastest."""
     pool = [r for r in fitting(records, fit_limit_bytes)
             if not (r.parity and r.parity.blocks_export)]  # fmt: skip
     if not pool:
         return None
     if objective == Objective.EFFICIENCY:
-        return max(pool, key=lambda r: (_sps(r) / _peak(r), -r.number))
+        return max(pool, key=lambda r: (ranked_sps(r) / _peak(r), -r.number))
     if train_steps:
         quickest = min(pool, key=lambda r: (finish_s(r, train_steps), r.number))
         limit = finish_s(quickest, train_steps) * (1.0 + noise_band(quickest))
         ties = [r for r in pool if finish_s(r, train_steps) <= limit]
         return min(ties, key=lambda r: (_peak(r), finish_s(r, train_steps), r.number))
-    fastest = max(pool, key=lambda r: (_sps(r), -r.number))
+    fastest = max(pool, key=lambda r: (ranked_sps(r), -r.number))
     band = noise_band(fastest)
-    ties = [r for r in pool if _sps(r) >= _sps(fastest) * (1.0 - band)]
-    return min(ties, key=lambda r: (_peak(r), -_sps(r), r.number))
+    ties = [r for r in pool if ranked_sps(r) >= ranked_sps(fastest) * (1.0 - band)]
+    return min(ties, key=lambda r: (_peak(r), -ranked_sps(r), r.number))
 
 
 def ranked(records: Sequence[TrialRecord]) -> list[TrialRecord]:
     """Best first: ok by throughput (at the quiet step time), then the rest by outcome."""
     order = {o: i for i, o in enumerate(Outcome)}
-    return sorted(records, key=lambda r: (order[r.result.outcome], -_sps(r), r.number))
+    return sorted(records, key=lambda r: (order[r.result.outcome], -ranked_sps(r), r.number))
 
 
 def record_cost(
@@ -112,7 +112,8 @@ def incumbent_cost(
 
 
 def noise_band(record: TrialRecord) -> float:
-    """Relative uncertainty of a measured median: its IQR/median over sqrt(steps)."""
+    """Relative uncertainty of a config's measured speed: the IQR/median of its steps
+    over sqrt(steps), the band within which two configs are a tie."""
     steps = max(1, len(record.result.step_times_s))
     spread = record.result.step_time_spread or 0.0
     return float(min(MAX_NOISE, max(MIN_NOISE, spread / steps**0.5)))
@@ -127,8 +128,9 @@ def finish_s(record: TrialRecord, train_steps: int) -> float:
     return (record.result.one_time_s or 0.0) + train_steps * step_s
 
 
-def _sps(record: TrialRecord) -> float:
-    """Samples/s at the quiet step time (the measured figure where that is not known)."""
+def ranked_sps(record: TrialRecord) -> float:
+    """Samples/s at the quiet step time, as configs are ranked (the measured figure
+    where that is not known)."""
     result = record.result
     step_s = quiet_step_s(result)
     if not result.samples_per_s or not result.step_time_median_s or not step_s:

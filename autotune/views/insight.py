@@ -14,7 +14,7 @@ from autotune.core.parity import Change, changes
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
 from autotune.search.parity import reference_candidate
-from autotune.search.selection import fitting, noise_band, select_best
+from autotune.search.selection import fitting, noise_band, ranked_sps, select_best
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,11 +67,11 @@ def insight(
     reference = plain_default(records, spec)
     recipe = recipe or reference_candidate(spec, records)
     band = noise_band(best) if best else 0.0
-    top = (best.result.samples_per_s or 0.0) if best else 0.0
+    top = ranked_sps(best) if best else 0.0  # ranked as selection ranks: by the quiet steps
     ties = tuple(
         r.number
         for r in fitting(records, spec.fit_limit_bytes)
-        if best is not None and (r.result.samples_per_s or 0.0) >= top * (1 - band)
+        if best is not None and ranked_sps(r) >= top * (1 - band)
     )
     # what this study ran: reused figures (with their confirmations) cost it nothing
     measured = [
@@ -103,6 +103,5 @@ def note(record: TrialRecord, found: Insight) -> str:
         return "selected" + runs
     if record.number in found.ties:
         return f"tie: within ±{100 * found.band:.0f}% noise of the winner" + runs
-    top = found.best.result.samples_per_s or 1.0
-    slower = 1 - (record.result.samples_per_s or 0.0) / top
+    slower = 1 - ranked_sps(record) / (ranked_sps(found.best) or 1.0)
     return f"{100 * slower:.0f}% slower" + runs

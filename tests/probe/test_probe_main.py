@@ -41,7 +41,7 @@ def test_probe_measures_whole_optimizer_steps(tmp_path: Path, tiny_t5: Path) -> 
     assert result.outcome == Outcome.OK, result.reason
     assert len(result.step_times_s) == 3
     assert result.samples_per_s == pytest.approx(16 / result.step_time_median_s)
-    assert result.step_time_quiet_s == result.step_time_median_s  # 3 steps: no quartile yet
+    assert min(result.step_times_s) <= result.step_time_quiet_s <= result.step_time_median_s
     assert result.tokens_per_s == pytest.approx(result.samples_per_s * (64 + 16))
     assert result.loss_finite and result.peak_memory_bytes > 100 * MIB
     assert {"torch", "transformers", "device"} <= set(result.versions)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from helpers import SPEC, cand, rec
 
+from autotune.core.trial import TrialRecord
 from autotune.views.insight import insight, note
 
 
@@ -38,3 +39,28 @@ def test_the_probing_cost_counts_what_this_study_ran_not_what_it_reused() -> Non
         phases_s={"wall": 40.0}, reused_from="study a trial 3", pooled_runs=2))  # fmt: skip
     found = insight([ran, taken], SPEC)
     assert (found.probes, found.probe_seconds) == (1, 30.0)
+
+
+def test_ties_and_how_much_slower_are_judged_as_selection_ranks() -> None:
+    """By the quiet step time, as selection judged: a probe that caught a slow spell
+    (median 1.5 s, quiet steps 1.0 s) ties with a calm 1.0 s config and, using less
+    memory, is selected; a config at 1.3 s reads 23% slower (by the medians, faster)."""
+    import dataclasses
+
+    from autotune.core.stats import StepStats
+
+    def timed(number: int, batch: int, times: list[float], peak_gib: float) -> TrialRecord:
+        stats = StepStats.of(times)
+        r = rec(number, cand(batch, "bf16"), sps=64 / stats.median_s, peak_gib=peak_gib)
+        return dataclasses.replace(r, result=r.result.replace(
+            step_time_median_s=stats.median_s, step_time_quiet_s=stats.quiet_s,
+            step_times_s=tuple(times), step_time_spread=stats.spread))  # fmt: skip
+
+    calm = timed(1, 16, [1.0] * 8, peak_gib=2.0)
+    caught = timed(2, 8, [1.0, 1.0, 1.0, 1.5, 1.5, 1.5, 1.5, 1.5], peak_gib=1.0)
+    slow = timed(3, 32, [1.3] * 8, peak_gib=0.5)
+    found = insight([calm, caught, slow], SPEC)
+    assert found.best is not None and found.best.number == 2  # the tie using less memory
+    assert set(found.ties) == {1, 2}
+    assert note(calm, found).startswith("tie: within")
+    assert note(slow, found) == "23% slower"
