@@ -493,38 +493,46 @@ def rescore(row: dict[str, Any]) -> None:
             out["ratio"] = round(ratio(out["found"] and tuple(out["found"]), grid), 3)
 
 
-def remeasured_markdown(recorded: dict[str, Any], only: str) -> str:
-    names = ("autotune", "tpe", "random", "gp")
-    lines, before, after = [], {n: [] for n in names}, {n: [] for n in names}
-    rows = [r for r in selected(recorded, only) if "truth" in r]
+METHODS = ("autotune", "tpe", "random", "gp")
+
+
+def rescored(rows: list[dict[str, Any]], was: str) -> tuple[list[str], str]:
+    """Each row's cells, every method's figure before (`was`, kept beside it) → now as
+    mean / worst, and the same over all rows."""
+    before: dict[str, list[float]] = {n: [] for n in METHODS}
+    after: dict[str, list[float]] = {n: [] for n in METHODS}
+    cells = []
     for row in rows:
+        for name in METHODS:
+            before[name] += [o[was] for o in row["methods"][name]]
+            after[name] += [o["ratio"] for o in row["methods"][name]]
+        cells.append(" | ".join(
+            _change([o[was] for o in row["methods"][n]], [o["ratio"] for o in row["methods"][n]])
+            for n in METHODS))  # fmt: skip
+    return cells, " | ".join(_change(before[n], after[n]) for n in METHODS)
+
+
+def _change(old: list[float], new: list[float]) -> str:
+    return (f"{statistics.mean(old):.3f} → {statistics.mean(new):.3f} / "
+            f"{min(old):.3f} → {min(new):.3f}")  # fmt: skip
+
+
+def remeasured_markdown(recorded: dict[str, Any], only: str) -> str:
+    lines = []
+    rows = [r for r in selected(recorded, only) if "truth" in r]
+    cells, summary = rescored(rows, "ratio_back_to_back")
+    for row, methods in zip(rows, cells, strict=True):
         truth = row["truth"]
         best = "|".join(map(str, truth["best"]))
         speeds = [v for v in truth["rounds"][best] if v is not None]
-        cells = []
-        for name in names:
-            outs = row["methods"][name]
-            old = [o["ratio_back_to_back"] for o in outs]
-            new = [o["ratio"] for o in outs]
-            before[name] += old
-            after[name] += new
-            cells.append(f"{statistics.mean(old):.3f} → {statistics.mean(new):.3f} / "
-                         f"{min(old):.3f} → {min(new):.3f}")  # fmt: skip
         widths = [w for k, w in truth["half_widths"].items() if k != best and w is not None]
         lines.append(
             f"| {row['family']} | {row['budget']} | {len(truth['rounds'])}, {truth['wall_s']:.0f} s "
             f"| {label(row['back_to_back']['best'])} → {label(truth['best'])} "
             f"({statistics.median(speeds):.1f}/s; "
             f"{f'±{statistics.median(widths):.1%}' if widths else 'alone'}) "
-            f"| {len(row['back_to_back']['ties'])} → {len(truth['ties'])} | "
-            + " | ".join(cells)
-            + " |"
+            f"| {len(row['back_to_back']['ties'])} → {len(truth['ties'])} | {methods} |"
         )
-    summary = " | ".join(
-        f"{statistics.mean(before[n]):.3f} → {statistics.mean(after[n]):.3f} / "
-        f"{min(before[n]):.3f} → {min(after[n]):.3f}"
-        for n in names
-    )
     return f"""
 ## The families' grids re-timed in interleaved rounds ({rows[0]["truth"]["date"]})
 
@@ -552,37 +560,23 @@ median interval's half width).
 def pooled_markdown(recorded: dict[str, Any], only: str) -> str:
     """A table of the truth pooled over two days' rounds against one day's, and every
     recorded method re-scored: one day → pooled (mean / worst)."""
-    names = ("autotune", "tpe", "random", "gp")
-    lines, before, after = [], {n: [] for n in names}, {n: [] for n in names}
+    lines = []
     rows = [r for r in selected(recorded, only) if "one_day" in r]
-    for row in rows:
+    cells, summary = rescored(rows, "ratio_one_day")
+    for row, methods in zip(rows, cells, strict=True):
         truth, day = row["truth"], row["one_day"]
         moved = []
         for key, now in sorted(truth["ratios"].items(), key=lambda kv: -kv[1]):
             was = day["ratios"].get(key)
             if was is not None and abs(now - was) >= 0.02:
                 moved.append(f"{label(parse_key(key))} {was:.3f} → {now:.3f}")
-        cells = []
-        for name in names:
-            outs = row["methods"][name]
-            old, new = [o["ratio_one_day"] for o in outs], [o["ratio"] for o in outs]
-            before[name] += old
-            after[name] += new
-            cells.append(f"{statistics.mean(old):.3f} → {statistics.mean(new):.3f} / "
-                         f"{min(old):.3f} → {min(new):.3f}")  # fmt: skip
         rounds = max(len([v for v in r if v is not None]) for r in truth["rounds"].values())
         lines.append(
             f"| {row['family']} | {row['budget']} | {rounds}, {truth['wall_s']:.0f} s "
             f"| {label(day['best'])} → {label(truth['best'])} "
-            f"| {len(day['ties'])} → {len(truth['ties'])} | {'; '.join(moved) or 'none'} | "
-            + " | ".join(cells)
-            + " |"
+            f"| {len(day['ties'])} → {len(truth['ties'])} | {'; '.join(moved) or 'none'} "
+            f"| {methods} |"
         )
-    summary = " | ".join(
-        f"{statistics.mean(before[n]):.3f} → {statistics.mean(after[n]):.3f} / "
-        f"{min(before[n]):.3f} → {min(after[n]):.3f}"
-        for n in names
-    )
     dates = " and ".join(rows[0]["truth"]["dates"])
     return f"""
 ## The families' truth timed on a second day, rounds pooled ({rows[0]["truth"]["date"]})
@@ -711,7 +705,7 @@ def main() -> None:
 
 
 def markdown(f: dict[str, Any]) -> str:
-    names = ("autotune", "tpe", "random", "gp")
+    names = METHODS
     lines = []
     for row in f["settings"]:
         cells = []
