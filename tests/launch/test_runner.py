@@ -172,9 +172,13 @@ def test_a_ddp_probe_runs_under_torchrun_and_one_ranks_oom_fails_the_trial(
         assert result.versions["world_size"] == "2"
     else:
         # a real OOM (torch's allocator, or Python's where a library import is what tips
-        # it: accelerate imports DeepSpeed when it is installed); torchrun stopped the
+        # it: accelerate imports DeepSpeed when it is installed, and a C extension whose
+        # allocation failed may return without setting MemoryError, which CPython reports
+        # as a SystemError: seen once in a fresh-clone CI run); torchrun stopped the
         # other rank
-        assert "can't allocate memory" in result.error or result.error.startswith("MemoryError")
+        assert "can't allocate memory" in result.error or result.error.startswith(
+            ("MemoryError", "SystemError: error return without exception set")
+        )
 
 
 def _processes_mentioning(text: str) -> list[str]:
