@@ -454,11 +454,12 @@ def remeasure(args: argparse.Namespace, work: Path) -> None:
                 for out in outs:
                     out["ratio_one_day"] = out["ratio"]
         row.setdefault("back_to_back", {"best": row["best"], "ties": row["ties"]})
-        dates = [*row.get("truth", {}).get("dates", [row.get("truth", {}).get("date")])]
+        old = row.get("truth", {})
+        dates = [d for d in old.get("dates", [old.get("date")]) if d] + [now["date"]]
         row["truth"] = {
             **truth_json(truth),
             "date": now["date"],
-            "dates": [d for d in dates if d] + [now["date"]],
+            "dates": dates,
             "versions": now["versions"],
             "wall_s": round(time.monotonic() - started, 1),
         }
@@ -503,12 +504,14 @@ def rescored(rows: list[dict[str, Any]], was: str) -> tuple[list[str], str]:
     after: dict[str, list[float]] = {n: [] for n in METHODS}
     cells = []
     for row in rows:
+        changes = []
         for name in METHODS:
-            before[name] += [o[was] for o in row["methods"][name]]
-            after[name] += [o["ratio"] for o in row["methods"][name]]
-        cells.append(" | ".join(
-            _change([o[was] for o in row["methods"][n]], [o["ratio"] for o in row["methods"][n]])
-            for n in METHODS))  # fmt: skip
+            old = [o[was] for o in row["methods"][name]]
+            new = [o["ratio"] for o in row["methods"][name]]
+            before[name] += old
+            after[name] += new
+            changes.append(_change(old, new))
+        cells.append(" | ".join(changes))
     return cells, " | ".join(_change(before[n], after[n]) for n in METHODS)
 
 

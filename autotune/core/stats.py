@@ -59,10 +59,9 @@ def quiet_step_s(result: TrialResult) -> float | None:
     derived from the run's steps (an older study's result), the median with real batches."""
     if result.step_time_quiet_s is not None:
         return result.step_time_quiet_s
-    if result.step_time_median_s is None or result.worst_case_samples_per_s is not None:
-        return result.step_time_median_s
-    if not result.step_times_s:
-        return result.step_time_median_s
+    median = result.step_time_median_s
+    if median is None or result.worst_case_samples_per_s is not None or not result.step_times_s:
+        return median
     return StepStats.of(result.step_times_s).quiet_s
 
 
