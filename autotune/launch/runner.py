@@ -31,7 +31,9 @@ DDP_GRACE_S = 15.0  # torchrun stops its ranks on SIGTERM; SIGKILL after this
 
 
 def probe_command(config_path: Path, nproc_per_node: int = 1) -> list[str]:
-    """The child: the probe, or torchrun starting one probe per rank (gloo on the CPU)."""
+    """The child: the probe, or torchrun starting one probe per rank (gloo on the CPU).
+    torchrun's log directory is the trial's: by default it makes one in the system's temp
+    directory for every launch and never removes it."""
     if nproc_per_node > 1:
         return [
             sys.executable,
@@ -39,6 +41,7 @@ def probe_command(config_path: Path, nproc_per_node: int = 1) -> list[str]:
             "torch.distributed.run",
             "--standalone",
             f"--nproc-per-node={nproc_per_node}",
+            f"--log-dir={config_path.parent / 'torchrun'}",
             "-m",
             "autotune.probe",
             str(config_path),

@@ -147,7 +147,11 @@ def test_fork_server_runs_a_real_probe_and_kills_it_on_timeout(
     ("batch", "budget_mib", "outcome"), [(16, None, Outcome.OK), (128, 700, Outcome.OOM)]
 )
 def test_a_ddp_probe_runs_under_torchrun_and_one_ranks_oom_fails_the_trial(
-    tmp_path: Path, batch: int, budget_mib: int | None, outcome: Outcome
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    batch: int,
+    budget_mib: int | None,
+    outcome: Outcome,
 ) -> None:
     """The budget sits between what a rank holds at a small batch (imports, process group,
     model: ~540 MiB) and its peak at 128 (~850 MiB), so the OOM is the training's own. A
@@ -155,6 +159,9 @@ def test_a_ddp_probe_runs_under_torchrun_and_one_ranks_oom_fails_the_trial(
     failing to load under the limit could kill the rank before it wrote a result."""
     from conftest import TINY_GPT2
 
+    temp = tmp_path / "tmp"  # the system's temp directory, as the probe sees it
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     trial = TrialConfig(
         number=0,
         trial_dir=str(tmp_path / "trial"),
@@ -171,6 +178,7 @@ def test_a_ddp_probe_runs_under_torchrun_and_one_ranks_oom_fails_the_trial(
     assert trial.global_batch_size == 2 * batch  # per process x 1 step x 2 processes
     result = run_trial(trial, timeout_s=300)
     assert result.outcome == outcome, result
+    assert not list(temp.glob("torchelastic_*"))  # torchrun logged into the trial, not /tmp
     ranks = sorted(p.name for p in (tmp_path / "trial").glob("result.rank*.json"))
     if outcome == Outcome.OK:
         assert ranks == ["result.rank0.json", "result.rank1.json"]
