@@ -409,16 +409,39 @@ def model_folder(row: dict[str, Any], work: Path) -> Path:
 
 
 def _replay(args: argparse.Namespace, recorded: dict[str, Any], trials: int, work: Path) -> None:
+    names = [n.strip() for n in args.methods.split(",")]
+    rows = []
     for row in selected(recorded, args.only):
         model_dir = model_folder(row, work)
         grid = recorded_grid(row)
-        ratios = []
-        for seed in SEEDS:
-            out = autotune(model_dir, work, row["budget_mib"] * MIB, trials, seed, args.keep)
-            out["ratio"] = round(ratio(out["found"], grid), 3)
-            ratios.append(out["ratio"])
-            print(f"{row['family']}, {row['budget']}: autotune seed {seed}: {out}", flush=True)
-        print(f"  mean {statistics.mean(ratios):.3f}, worst {min(ratios):.3f}", flush=True)
+        prober = None
+        if set(names) - {"autotune"}:  # the plain samplers' probe, as the full run's
+            prober = Prober(resolve_model(str(model_dir)), int(row["budget_mib"] * MIB * 0.95), work)
+        methods: dict[str, list[dict[str, Any]]] = {}
+        try:
+            for name in names:
+                outs = methods.setdefault(name, [])
+                for seed in SEEDS:
+                    if name == "autotune":
+                        out = autotune(model_dir, work, row["budget_mib"] * MIB, trials, seed,
+                                       args.keep)  # fmt: skip
+                    else:
+                        assert prober is not None
+                        out = plain(name, prober, trials, seed)
+                    out["ratio"] = round(ratio(out["found"], grid), 3)
+                    outs.append(out)
+                    print(f"{row['family']}, {row['budget']}: {name} seed {seed}: {out}", flush=True)
+                ratios = [o["ratio"] for o in outs]
+                print(f"  {name}: mean {statistics.mean(ratios):.3f}, worst {min(ratios):.3f}",
+                      flush=True)  # fmt: skip
+        finally:
+            if prober is not None:
+                prober.close()
+        rows.append({**row, "ties": grid["truth"].ties, "methods": methods})
+    if len(names) > 1:
+        command = f"python benchmarks/families.py --grid {args.grid} --methods {args.methods}"
+        print(markdown({**recorded, **machine(), "trial_budget": trials, "settings": rows},
+                       names=names, command=command))  # fmt: skip
 
 
 def remeasure(args: argparse.Namespace, work: Path) -> None:
@@ -495,6 +518,7 @@ def rescore(row: dict[str, Any]) -> None:
 
 
 METHODS = ("autotune", "tpe", "random", "gp")
+LABELS = {"autotune": "autotune", "tpe": "plain TPE", "random": "random", "gp": "GP"}
 
 
 def rescored(rows: list[dict[str, Any]], was: str) -> tuple[list[str], str]:
@@ -611,6 +635,12 @@ def main() -> None:
         default="",
         help="with --grid: settings whose 'family, budget' contains this (e.g. 't5), memory free')",
     )
+    parser.add_argument(
+        "--methods",
+        default="autotune",
+        help="with --grid: the methods to run, comma-separated, of " + ",".join(METHODS)
+        + "; more than one prints the results table",
+    )
     parser.add_argument("--keep", help="copy each autotune search's studies/ here")
     parser.add_argument(
         "--co-tenant",
@@ -707,8 +737,13 @@ def main() -> None:
     save("families", figures, markdown(figures), not args.no_append)
 
 
-def markdown(f: dict[str, Any]) -> str:
-    names = METHODS
+def markdown(
+    f: dict[str, Any],
+    names: list[str] | tuple[str, ...] = METHODS,
+    command: str = "python benchmarks/families.py",
+) -> str:
+    """The section RESULTS.md gets: a run's grids (measured, or recorded and replayed
+    against: `command` says which) and each method's figures."""
     lines = []
     for row in f["settings"]:
         cells = []
@@ -730,7 +765,7 @@ def markdown(f: dict[str, Any]) -> str:
     return f"""
 ## Search efficiency across model families and budgets ({f["date"]})
 
-Machine: {f["machine"]}; {f["versions"]}. Command: `python benchmarks/families.py`, alone.
+Machine: {f["machine"]}; {f["versions"]}. Command: `{command}`, alone.
 Space: {f["space"]} configs (global batch {GLOBAL_BATCH}, {SEQ_LEN} tokens; batch x
 {"/".join(PRECISIONS)} x checkpointing x {"/".join(OPTIMIZERS)}). Each method: {f["trial_budget"]}
 probes ({f["trial_budget"] / f["space"]:.0%} of the grid's), seeds {f["seeds"]}, run for real.
@@ -739,8 +774,8 @@ within {NEAR:.0%} of the best's, {ROUNDS}+ interleaved rounds paired with the be
 Cells: mean / worst best-found over grid-best (a config tied with the grid's best counts
 as found), then mean probes and wall per search.
 
-| family | budget | grid | autotune | plain TPE | random | GP |
-| --- | --- | --- | --- | --- | --- | --- |
+| family | budget | grid | {" | ".join(LABELS[n] for n in names)} |
+| --- | --- | --- |{" --- |" * len(names)}
 {chr(10).join(lines)}
 | all | | | {summary} |
 """
