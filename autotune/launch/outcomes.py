@@ -2,12 +2,14 @@
 
 Two small predicates. `is_out_of_memory` runs in the child on the exception that
 stopped training; `classify_exit` runs in the parent on the exit status and the
-child's result.json. Neither greps logs.
+child's result.json. Neither greps logs: `failure_line` reads a child's stderr only to
+say in words why one that wrote no result failed.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import signal
 
 from autotune.core.enums import DeviceKind, Outcome
@@ -101,3 +103,20 @@ def classify_exit(
     if returncode != 0 and result.outcome == Outcome.OK:
         return result.replace(outcome=Outcome.ERROR, reason=f"exit code {returncode} after ok")
     return result
+
+
+_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?::\s*(.*))?$")
+_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*-\d+[^\n]*\((SIG\w+)\)",
+                         re.S)  # fmt: skip
+
+
+def failure_line(stderr: str) -> str:
+    """What a child that wrote no result printed as its failure: a DDP rank killed by a
+    signal (torchrun's root cause), else the last exception line ('' for none)."""
+    if match := _ROOT_CAUSE.search(stderr):
+        return f"rank {match[1]} killed by {match[2]}"
+    for line in reversed(stderr.splitlines()):
+        match = _EXCEPTION.match(line.strip())
+        if match and not match[1].endswith("ChildFailedError"):  # torchrun's own summary
+            return line.strip()[:200]
+    return ""

@@ -15,12 +15,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from autotune.core.enums import DeviceKind
+from autotune.core.enums import DeviceKind, Outcome
 from autotune.core.errors import TrialFilesError
 from autotune.core.files import write_atomic
 from autotune.core.trial import TrialConfig, TrialResult
 from autotune.launch.forkserver import ForkServer, ServerStartError
-from autotune.launch.outcomes import classify_exit
+from autotune.launch.outcomes import classify_exit, failure_line
 from autotune.launch.process import child_env, dies_with, kill_group, stop
 from autotune.probe import device
 from autotune.probe.ranks import RESULT_NAME, merge_ranks
@@ -123,7 +123,20 @@ def run_trial(
         limit_in_force=config.memory_limit_bytes is not None,
         timeout_s=timeout_s,
     )
+    if result is None and classified.outcome == Outcome.ERROR:  # say what it printed
+        if said := failure_line(_tail(trial_dir / "stderr.log")):
+            classified = classified.replace(reason=f"{classified.reason}; {said}", error=said)
     return classified.replace(phases_s={**classified.phases_s, "wall": round(wall, 3)})
+
+
+def _tail(path: Path, size: int = 64 * 1024) -> str:
+    """The end of a log ('' when it cannot be read)."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - size))
+            return log.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def _write_config(config: TrialConfig, trial_dir: Path) -> None:

@@ -83,6 +83,35 @@ def test_crash_without_result_is_error_with_exit_code(tmp_path: Path) -> None:
     assert (tmp_path / "trial" / "stderr.log").is_file()
 
 
+def test_a_crash_without_result_says_what_the_child_raised(tmp_path: Path) -> None:
+    code = "import warnings; warnings.warn('noise'); raise ValueError('the data file is gone')"
+    result = run_trial(config(tmp_path), timeout_s=30, command=child(code))
+    assert result.outcome == Outcome.ERROR
+    assert result.reason == "exit code 1; no result.json; ValueError: the data file is gone"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("code", "said"),
+    [
+        ("raise ValueError('rank setup failed')", "ValueError: rank setup failed"),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "killed by SIGSEGV"),
+    ],
+)
+def test_a_ddp_rank_that_dies_without_result_is_named_in_the_reason(
+    tmp_path: Path, code: str, said: str
+) -> None:
+    """torchrun ends its stderr with its own ChildFailedError summary: the reason is the
+    rank's exception, or the signal that killed it (torchrun's root cause)."""
+    script = tmp_path / "rank.py"
+    script.write_text(code)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node=2", f"--log-dir={tmp_path / 'logs'}", str(script)]  # fmt: skip
+    result = run_trial(config(tmp_path), timeout_s=60, command=torchrun)
+    assert result.outcome == Outcome.ERROR
+    assert result.reason.startswith("exit code 1; no result.json; ") and said in result.reason
+
+
 def test_a_stale_result_from_an_earlier_run_is_not_read(tmp_path: Path) -> None:
     trial_dir = tmp_path / "trial"
     trial_dir.mkdir()
