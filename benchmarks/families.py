@@ -25,7 +25,10 @@ benchmarks/families.json and appends a section to benchmarks/RESULTS.md.
     # autotune only, scored against the grids recorded here (same machine), 3 seeds:
     python benchmarks/families.py --grid benchmarks/families.json --only "t5), memory free" \
         --keep /tmp/studies
-    # the same with a co-tenant that spins one core 15 s of every 30 s: slow spells on
+    # every method side by side against the recorded grids (34 min): prints the table
+    python benchmarks/families.py --grid benchmarks/families.json \
+        --methods autotune,tpe,random,gp
+    # autotune with a co-tenant that spins one core 15 s of every 30 s: slow spells on
     # cue, to measure how a ranking copes with a drifting host
     python benchmarks/families.py --grid benchmarks/families.json --co-tenant 15
 """
