@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import select
 import signal
 import subprocess
@@ -52,10 +51,6 @@ def serve(
 ) -> None:
     import importlib
 
-    if data_limit is not None:
-        # The limit a child will run under, set before the imports: libraries size their
-        # arenas to it exactly as in a fresh probe process, and the children inherit it.
-        resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
     # torch.cuda.is_available() through NVML: cudaGetDeviceCount would initialise the
     # driver, which a forked child cannot use (torch's documented fork-safe check)
@@ -67,7 +62,9 @@ def serve(
         with device.capability_from_nvml():
             for name in PRELOAD[1:]:
                 importlib.import_module(name)
-    except MemoryError:  # the limit is below what the imports need: say so, and stop
+        if data_limit is not None:  # as a fresh probe sets it; the children inherit it
+            device.limit_data_segment(data_limit)
+    except MemoryError:  # the imports hold more than the limit: say so, and stop
         _reply(replies, {"ready": False, "error": "out of memory while importing"})
         return
 

@@ -111,13 +111,14 @@ def cpu_memory_bytes() -> int:
 
 def enforce_memory_budget(device_kind: str, index: int, limit_bytes: int) -> None:
     """Make an over-budget config fail with the allocator's own out-of-memory error.
+    Called once the imports are done (`limit_data_segment`).
 
     CPU: RLIMIT_DATA caps the process's data segment, so malloc (and torch's
     DefaultCPUAllocator) fails at the limit. CUDA: the context is created and measured
     first (the allocator does not see it), then the caching allocator is capped at the
     limit less the context."""
     if device_kind == DeviceKind.CPU:
-        resource.setrlimit(resource.RLIMIT_DATA, (limit_bytes, limit_bytes))
+        limit_data_segment(limit_bytes)
         return
     import torch
 
@@ -126,6 +127,19 @@ def enforce_memory_budget(device_kind: str, index: int, limit_bytes: int) -> Non
     fraction = max(0.0, min(1.0, (limit_bytes - context) / total))
     torch.cuda.set_per_process_memory_fraction(fraction, index)
     _CUDA["cap_bytes"] = int(fraction * total)
+
+
+def limit_data_segment(limit_bytes: int) -> None:
+    """RLIMIT_DATA at the limit, set after the imports: what they hold is checked against
+    it instead (MemoryError when over, as the process would have failed under it). An
+    allocation failing inside an import does not raise: scipy's OpenBLAS (which
+    transformers imports) spins for ever in blas_memory_alloc, and a C extension failing
+    to load can kill the process before it reports."""
+    held = memory_in_use(DeviceKind.CPU)
+    if held > limit_bytes:
+        raise MemoryError(f"the imports alone hold {held / 2**20:.0f} MiB of data segment, "
+                          f"over the {limit_bytes / 2**20:.0f} MiB limit")  # fmt: skip
+    resource.setrlimit(resource.RLIMIT_DATA, (limit_bytes, limit_bytes))
 
 
 _CUDA: dict[str, Any] = {}  # this probe process's measured CUDA context (one device)

@@ -46,8 +46,6 @@ def run_probe(config: TrialConfig) -> TrialResult:
     # tells the memory predictor what the next probe's process will take
     baseline: dict[str, Any] = {}
     try:
-        if config.memory_limit_bytes is not None:
-            hardware.enforce_memory_budget(config.device_kind, index, config.memory_limit_bytes)
         result = _train(config, index, phases, baseline)
     except BaseException as exc:  # classify every failure; KeyboardInterrupt re-raised
         if isinstance(exc, KeyboardInterrupt):
@@ -83,6 +81,8 @@ def _train(
     from autotune.probe.flops import flops_per_sample
 
     phases["import"] = time.perf_counter() - tick
+    if config.memory_limit_bytes is not None:  # after the imports (limit_data_segment)
+        hardware.enforce_memory_budget(config.device_kind, index, config.memory_limit_bytes)
     recipe = _recipe(config)
     zero_init = _zero_init(config, recipe)  # alive while the model is built
     inherited = shared_model.take(config)  # built once by the fork server (#15)

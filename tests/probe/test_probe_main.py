@@ -79,6 +79,25 @@ def test_real_out_of_memory_under_rlimit_data(tmp_path: Path, tiny_gpt2: Path) -
     assert (result.baseline.get("rss_bytes") or 0) > 100 * MIB
 
 
+@pytest.mark.parametrize("budget_mib", [300, 350])
+def test_a_budget_below_what_the_imports_hold_is_an_oom_not_a_hang(
+    tmp_path: Path, tiny_gpt2: Path, budget_mib: int
+) -> None:
+    """Imports hold ~400 MiB of data segment here. Under RLIMIT_DATA from the start, a
+    malloc failing inside scipy's OpenBLAS init (transformers imports scipy) spun for
+    ever at 350 MiB: the probe timed out, and a fork server waited 300 s to give up. At
+    300 MiB a MemoryError could come where the probe could no longer write its result."""
+    from autotune.launch.forkserver import ForkServer, ServerStartError
+
+    config = trial(tmp_path, tiny_gpt2, Candidate(8, 2, "fp32", False, "adamw_torch"),
+                   memory_limit_bytes=budget_mib * MIB)  # fmt: skip
+    result = run_trial(config, timeout_s=120)
+    assert result.outcome == Outcome.OOM, result.reason
+    assert "the imports alone hold" in result.error
+    with pytest.raises(ServerStartError, match="out of memory while importing"):
+        ForkServer(tmp_path / "forkserver.log", data_limit=budget_mib * MIB)
+
+
 def test_nan_loss_is_unstable(tmp_path: Path) -> None:
     exploding = write_model(tmp_path / "nan", {**TINY_GPT2, "initializer_range": 1e30})
     config = trial(tmp_path, exploding, Candidate(8, 1, "fp32", False, "adamw_torch"))
