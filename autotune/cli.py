@@ -49,7 +49,7 @@ def search(**options: Any) -> None:
 
         click.echo(outcome_json(outcome))
         return
-    console = Console(highlight=False, soft_wrap=True)
+    console = Console(highlight=False, soft_wrap=True, markup=False)
     console.print(
         f"best: trial {best.number}: {best.candidate.describe()}: "
         f"{best.result.samples_per_s:.2f} samples/s, peak "

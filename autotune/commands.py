@@ -141,7 +141,7 @@ def _search_and_export(
     from autotune.views.progress import Progress
 
     spec, name = store.spec, store.name
-    console = Console(highlight=False, soft_wrap=True, stderr=log_to_stderr)
+    console = Console(highlight=False, soft_wrap=True, stderr=log_to_stderr, markup=False)
     progress = Progress(console, live=live, deadline=deadline)
     try:
         report = run_search(store=store, study_dir=folder, limits=limits,

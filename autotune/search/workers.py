@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = job.spec
     if job.slot.gpu:  # the one visible GPU is cuda:0 in this process
         spec = dataclasses.replace(spec, device=dataclasses.replace(spec.device, index=0))
-    console = Console(highlight=False, soft_wrap=True)
+    console = Console(highlight=False, soft_wrap=True, markup=False)
     console.print(f"worker {job.index}: {job.slot.describe()}")
     try:
         store = prepare_store(

@@ -7,17 +7,18 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from autotune.doctor import DoctorReport
 
-MARK = {True: "[green]pass[/]", False: "[red]FAIL[/]", None: "[dim]info[/]"}
+MARK = {True: Text("pass", "green"), False: Text("FAIL", "red"), None: Text("info", "dim")}
 
 
 def print_report(report: DoctorReport, fmt: str = "table") -> None:
     if fmt == "json":
         print(json.dumps(as_dict(report), indent=2))
         return
-    console = Console(highlight=False, width=160)
+    console = Console(highlight=False, width=160, markup=False)
     d = report.device
     console.print(f"device: {d.kind} {d.name}, {d.total_memory_bytes / 2**30:.1f} GiB"
                   + (f", compute capability {d.capability}" if d.capability else ""))  # fmt: skip

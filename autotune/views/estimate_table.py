@@ -52,7 +52,7 @@ def print_estimate(estimate: Estimate) -> None:
             format_size(b.step),
             format_size(b.total),
         )
-    Console(width=160).print(table)
+    Console(width=160, markup=False).print(table)
 
 
 def estimate_json(estimate: Estimate) -> str:

@@ -7,6 +7,7 @@ import time
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from autotune.core.enums import DeviceKind, Outcome
 from autotune.core.parity import Parity
@@ -104,9 +105,9 @@ class Progress:
         self.started = time.monotonic()
         self.budget = spec.fit_limit_bytes
         self.kind = spec.device.kind
-        self.console.print(f"study {study_name}: {spec.describe()}")
+        self._say(f"study {study_name}: {spec.describe()}")
         for line in data_lines(spec):
-            self.console.print(line)
+            self._say(line)
         if self.live_enabled:
             self.live = Live(self._table(), console=self.console, refresh_per_second=2)
             self.live.start()
@@ -115,7 +116,7 @@ class Progress:
         self.running = (number, candidate)
         self._refresh()
         if not self.live:
-            self.console.print(
+            self._say(
                 f"trial {number:>3} running  {candidate.describe()}  ({self._count()})",
                 soft_wrap=True,
             )
@@ -130,7 +131,7 @@ class Progress:
                 self._warn_if_long()
         self._refresh()
         if not self.live:
-            self.console.print(trial_line(number, candidate, result, self.kind), soft_wrap=True)
+            self._say(trial_line(number, candidate, result, self.kind), soft_wrap=True)
 
     def _count(self) -> str:
         left = time_left(self.walls, self.done, self.limits, self._deadline_left())
@@ -143,7 +144,7 @@ class Progress:
     def _warn_if_long(self) -> None:
         left = time_left(self.walls, self.done, self.limits, self._deadline_left())
         if left is not None and left > LONG_SEARCH_S:
-            self.console.print(
+            self._say(
                 f"note: at {format_duration(self.walls[0])} a probe, this search will take "
                 f"about {format_duration(left)} more; --time-budget, a smaller --max-trials, "
                 "--confirm-top 0 or fewer --precisions/--optimizers shorten it"
@@ -151,18 +152,18 @@ class Progress:
 
     def on_confirm(self, number: int, candidate: Candidate, result: TrialResult) -> None:
         line = trial_line(number, candidate, result, self.kind).replace("trial", "confirm", 1)
-        self.console.print(line, soft_wrap=True)
+        self._say(line, soft_wrap=True)
 
     def on_parity_start(self, label: str, candidate: Candidate) -> None:
-        self.console.print(f"parity  {label:<10} {candidate.describe()}  (training run)",
+        self._say(f"parity  {label:<10} {candidate.describe()}  (training run)",
                            soft_wrap=True)  # fmt: skip
 
     def on_parity_reused(self, study: str, runs: list[str]) -> None:
-        self.console.print(f"parity  reused: study {study}'s runs ({', '.join(runs)})",
+        self._say(f"parity  reused: study {study}'s runs ({', '.join(runs)})",
                            soft_wrap=True)  # fmt: skip
 
     def on_parity(self, candidate: Candidate, parity: Parity) -> None:
-        self.console.print(f"parity  {candidate.precision} {candidate.optim}: {parity.figures()}",
+        self._say(f"parity  {candidate.precision} {candidate.optim}: {parity.figures()}",
                            soft_wrap=True)  # fmt: skip
 
     def close(self) -> None:
@@ -174,10 +175,15 @@ class Progress:
 
     def on_search_end(self, report: SearchReport) -> None:
         self.close()
-        self.console.print(
+        self._say(
             f"stopped: {report.stop_reason}; {report.probes_this_run} probe(s) this run, "
             f"{len(report.records)} trial(s) in the study, {format_duration(report.elapsed_s)}"
         )
+
+    def _say(self, text: str, *, soft_wrap: bool = False) -> None:
+        """A line as it reads: a reason may hold brackets (a path, torch's '[enforce fail
+        at ...]') that rich would take as markup, dropping them or failing on '[/tmp...]'."""
+        self.console.print(text, markup=False, soft_wrap=soft_wrap)
 
     def _refresh(self) -> None:
         if self.live:
@@ -205,10 +211,10 @@ class Progress:
             table.add_row(
                 str(number),
                 candidate.describe(),
-                f"[{_STYLE[result.outcome]}]{result.outcome.value}[/]",
+                Text(result.outcome.value, _STYLE[result.outcome]),
                 f"{result.samples_per_s:.2f}" if result.samples_per_s else "",
                 format_size(result.peak_memory_bytes) if result.peak_memory_bytes else "",
-                result.reason[:40],
+                Text(result.reason[:40]),  # plain: brackets in it are not markup
             )
         if self.running:
             table.add_row(str(self.running[0]), self.running[1].describe(), "running…", "", "", "")

@@ -185,7 +185,7 @@ def render_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) ->
 
 
 def print_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) -> None:
-    console = Console(highlight=False, width=200)
+    console = Console(highlight=False, width=200, markup=False)
     for line in data_lines(spec):
         console.print(line)
     console.print(render_table(rows, spec, study_name))

@@ -45,3 +45,16 @@ def test_a_reused_trial_says_where_it_was_measured() -> None:
     assert trial_line(8, cand(32), oom).endswith(
         "(reused: study a trial 4 measured it; out of memory)"
     )
+
+
+def test_a_reason_with_brackets_is_printed_as_it_reads() -> None:
+    """A child's error may hold a path or torch's '[enforce fail at ...]': rich took them
+    as markup, dropping the one and failing the whole search on the other."""
+    out = io.StringIO()
+    progress = Progress(Console(file=out, width=200), live=False, deadline=Deadline.after(None))
+    progress.on_search_start(SPEC, "s", LIMITS)
+    reason = "exit code 1; no result.json; OSError: [Errno 2] no file [/tmp/data/x.json]"
+    progress.on_trial_end(3, cand(16), TrialResult(Outcome.ERROR, reason=reason))
+    oom = "RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0"
+    progress.on_confirm(3, cand(16), TrialResult(Outcome.ERROR, reason=oom))
+    assert reason in out.getvalue() and oom in out.getvalue()
