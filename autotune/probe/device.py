@@ -137,8 +137,10 @@ def limit_data_segment(limit_bytes: int) -> None:
     to load can kill the process before it reports."""
     held = memory_in_use(DeviceKind.CPU)
     if held > limit_bytes:
-        raise MemoryError(f"the imports alone hold {held / 2**20:.0f} MiB of data segment, "
-                          f"over the {limit_bytes / 2**20:.0f} MiB limit")  # fmt: skip
+        raise MemoryError(
+            f"after its imports the process holds {held / 2**20:.0f} MiB of data segment, "
+            f"over the {limit_bytes / 2**20:.0f} MiB limit"
+        )
     resource.setrlimit(resource.RLIMIT_DATA, (limit_bytes, limit_bytes))
 
 
