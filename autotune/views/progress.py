@@ -155,16 +155,14 @@ class Progress:
         self._say(line, soft_wrap=True)
 
     def on_parity_start(self, label: str, candidate: Candidate) -> None:
-        self._say(f"parity  {label:<10} {candidate.describe()}  (training run)",
-                           soft_wrap=True)  # fmt: skip
+        self._say(f"parity  {label:<10} {candidate.describe()}  (training run)", soft_wrap=True)
 
     def on_parity_reused(self, study: str, runs: list[str]) -> None:
-        self._say(f"parity  reused: study {study}'s runs ({', '.join(runs)})",
-                           soft_wrap=True)  # fmt: skip
+        self._say(f"parity  reused: study {study}'s runs ({', '.join(runs)})", soft_wrap=True)
 
     def on_parity(self, candidate: Candidate, parity: Parity) -> None:
         self._say(f"parity  {candidate.precision} {candidate.optim}: {parity.figures()}",
-                           soft_wrap=True)  # fmt: skip
+                  soft_wrap=True)  # fmt: skip
 
     def close(self) -> None:
         """Stop the live display (also when the search ends by an exception)."""

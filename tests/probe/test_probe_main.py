@@ -83,10 +83,11 @@ def test_real_out_of_memory_under_rlimit_data(tmp_path: Path, tiny_gpt2: Path) -
 def test_a_budget_below_what_the_imports_hold_is_an_oom_not_a_hang(
     tmp_path: Path, tiny_gpt2: Path, budget_mib: int
 ) -> None:
-    """Imports hold ~400 MiB of data segment here. Under RLIMIT_DATA from the start, a
-    malloc failing inside scipy's OpenBLAS init (transformers imports scipy) spun for
-    ever at 350 MiB: the probe timed out, and a fork server waited 300 s to give up. At
-    300 MiB a MemoryError could come where the probe could no longer write its result."""
+    """A probe holds 400-480 MiB of data segment after its imports here. Under RLIMIT_DATA
+    from the start, a malloc failing inside scipy's OpenBLAS init (transformers imports
+    scipy) spun for ever at 350 MiB: the probe timed out, and a fork server waited 300 s
+    to give up. At 300 MiB a MemoryError could come where the probe could no longer write
+    its result."""
     from autotune.launch.forkserver import ForkServer, ServerStartError
 
     config = trial(tmp_path, tiny_gpt2, Candidate(8, 2, "fp32", False, "adamw_torch"),
