@@ -178,7 +178,7 @@ class Progress:
             f"{len(report.records)} trial(s) in the study, {format_duration(report.elapsed_s)}"
         )
 
-    def _say(self, text: str, *, soft_wrap: bool = False) -> None:
+    def _say(self, text: str, *, soft_wrap: bool | None = None) -> None:
         """A line as it reads: a reason may hold brackets (a path, torch's '[enforce fail
         at ...]') that rich would take as markup, dropping them or failing on '[/tmp...]'."""
         self.console.print(text, markup=False, soft_wrap=soft_wrap)
