@@ -94,7 +94,13 @@ def test_a_crash_without_result_says_what_the_child_raised(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("code", "said"),
     [
-        ("raise ValueError('rank setup failed')", "ValueError: rank setup failed"),
+        # rank 0 fails; rank 1 waits until torchrun stops it (two ranks failing at once
+        # write their lines into one stderr.log interleaved)
+        (
+            "import os, time\nif os.environ['RANK'] == '0':\n"
+            "    raise ValueError('rank setup failed')\ntime.sleep(60)",
+            "ValueError: rank setup failed",
+        ),
         ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "killed by SIGSEGV"),
     ],
 )
