@@ -337,6 +337,24 @@ def autotune(
     }
 
 
+def seeds(
+    name: str, model_dir: Path, work: Path, budget: int, trials: int, prober: Prober | None,
+    grid: dict[str, Any], keep: str | None, *, label: str,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """One method's searches, a seed each, run for real and scored by the grid's truth."""
+    outs = []
+    for seed in SEEDS:
+        if name == "autotune":
+            out = autotune(model_dir, work, budget, trials, seed, keep)
+        else:
+            assert prober is not None, "the plain samplers probe through a Prober"
+            out = plain(name, prober, trials, seed)
+        out["ratio"] = round(ratio(out["found"], grid), 3)
+        outs.append(out)
+        print(f"{label or '  '}{name} seed {seed}: {out}", flush=True)
+    return outs
+
+
 def binding_budget(grid: dict[str, Any]) -> int:
     """A budget under which the unconstrained best config is judged not to fit."""
     return int(grid["peaks"][grid["best"]] * 0.98 / 0.95) // MIB * MIB
@@ -412,7 +430,7 @@ def model_folder(row: dict[str, Any], work: Path) -> Path:
 
 
 def _replay(args: argparse.Namespace, recorded: dict[str, Any], trials: int, work: Path) -> None:
-    names = [n.strip() for n in args.methods.split(",")]
+    names = args.methods.split(",")
     rows = []
     for row in selected(recorded, args.only):
         model_dir = model_folder(row, work)
@@ -423,17 +441,9 @@ def _replay(args: argparse.Namespace, recorded: dict[str, Any], trials: int, wor
         methods: dict[str, list[dict[str, Any]]] = {}
         try:
             for name in names:
-                outs = methods.setdefault(name, [])
-                for seed in SEEDS:
-                    if name == "autotune":
-                        out = autotune(model_dir, work, row["budget_mib"] * MIB, trials, seed,
-                                       args.keep)  # fmt: skip
-                    else:
-                        assert prober is not None
-                        out = plain(name, prober, trials, seed)
-                    out["ratio"] = round(ratio(out["found"], grid), 3)
-                    outs.append(out)
-                    print(f"{row['family']}, {row['budget']}: {name} seed {seed}: {out}", flush=True)
+                methods[name] = outs = seeds(name, model_dir, work, row["budget_mib"] * MIB,
+                                             trials, prober, grid, args.keep,
+                                             label=f"{row['family']}, {row['budget']}: ")  # fmt: skip
                 ratios = [o["ratio"] for o in outs]
                 print(f"  {name}: mean {statistics.mean(ratios):.3f}, worst {min(ratios):.3f}",
                       flush=True)  # fmt: skip
@@ -660,6 +670,8 @@ def main() -> None:
         "into that file and re-score its recorded methods",
     )
     args = parser.parse_args()
+    if unknown := set(args.methods.split(",")) - set(METHODS):
+        parser.error(f"--methods: unknown {', '.join(sorted(unknown))}; of {','.join(METHODS)}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     figures: dict[str, Any] = {
         **machine(),
@@ -714,17 +726,9 @@ def main() -> None:
                         {k: v for k, v in row.items() if k != "grid"},
                         flush=True,
                     )
-                    for name in ("autotune", "tpe", "random", "gp"):
-                        outs = []
-                        for seed in SEEDS:
-                            out = (
-                                autotune(model_dir, work, budget, trials, seed, args.keep)
-                                if name == "autotune"
-                                else plain(name, prober, trials, seed)
-                            )
-                            out["ratio"] = round(ratio(out["found"], grid), 3)
-                            outs.append(out)
-                            print(f"  {name} seed {seed}: {out}", flush=True)
+                    for name in METHODS:
+                        outs = seeds(name, model_dir, work, budget, trials, prober, grid,
+                                     args.keep, label="")  # fmt: skip
                         row["methods"][name] = [
                             {
                                 **o,
