@@ -215,7 +215,7 @@ class Doctor:
         return Check(f"{what} trains a step", r.outcome == Outcome.OK, _figures(r), r.reason)
 
     def matmul_peaks(self) -> list[Check]:
-        from autotune.probe.device import measure_peak_flops
+        from autotune.probe.flops import measure_peak_flops
 
         sheet = next((v for k, v in DATASHEET.items() if k in self.device.name), None)
         found = []

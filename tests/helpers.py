@@ -30,6 +30,26 @@ SPEC = SearchSpec(
 )
 
 
+# Two values of every dimension a candidate has beyond its batch split, the plain one
+# first. Written out here, not read from the code: a setting added to the candidate must
+# be named here, with what an out-of-memory says across it.
+DIMENSIONS = {
+    "precision": ("fp32", "bf16"),
+    "activation_checkpointing": (False, True),
+    "optim": ("adamw_torch", "adafactor"),
+    "train_sampling_strategy": ("random", "group_by_length"),
+    "torch_compile": (False, True),
+    "attn_implementation": ("sdpa", "eager"),
+    "use_liger_kernel": (False, True),
+    "padding_free": (False, True),
+    "dataloader_num_workers": (0, 2),
+    "zero_stage": (0, 2),
+}
+# A probe measures memory on worst-case batches: the order of the real batches and the
+# processes that load them leave its peak alone, so an out-of-memory holds across them.
+MEMORY_FREE = {"train_sampling_strategy", "dataloader_num_workers"}
+
+
 def cand(batch: int, precision: str = "fp32", ckpt: bool = False) -> Candidate:
     return SPACE.candidate(batch, precision, ckpt, "adamw_torch")
 

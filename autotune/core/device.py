@@ -7,6 +7,8 @@ Detection and everything that touches `torch.cuda` or NVML live in
 from __future__ import annotations
 
 import dataclasses
+import os
+import platform
 
 from autotune.core.enums import DeviceKind, Precision
 
@@ -45,7 +47,10 @@ def supported_precisions(device: DeviceInfo) -> tuple[Precision, ...]:
     """Precisions this device can train in, checked against what transformers accepts."""
     if device.kind == DeviceKind.CPU:
         # tf32 is a CUDA tensor-core mode; TrainingArguments refuses it without Ampere.
-        return (Precision.FP32, Precision.FP16, Precision.BF16)
+        # fp16 is accepted but trains in fp32: accelerate enables fp16 autocast only on
+        # GPU-like devices (Accelerator.native_amp; checked with accelerate 1.x and
+        # transformers 5.24), so an "fp16" config would be fp32 under another name.
+        return (Precision.FP32, Precision.BF16)
     capability = device.capability or (0, 0)
     found = [Precision.FP32]
     if capability >= (8, 0):
@@ -55,6 +60,31 @@ def supported_precisions(device: DeviceInfo) -> tuple[Precision, ...]:
     if capability >= (8, 0):
         found.append(Precision.BF16)
     return tuple(found)
+
+
+# The libraries whose release changes what a probe measures (kernels, memory, what the
+# Trainer does): a result is reused only under the same release of each. DeepSpeed and
+# Liger change every probe where installed (accelerate imports DeepSpeed); PEFT and TRL
+# build the user's adapters and trainer; bitsandbytes runs the 8-bit optimizers.
+MEASURING_LIBRARIES = (
+    "torch",
+    "transformers",
+    "accelerate",
+    "deepspeed",
+    "peft",
+    "trl",
+    "bitsandbytes",
+    "liger-kernel",
+)
+
+
+def measuring_environment() -> dict[str, str]:
+    """What a result was measured with, read without importing any of it: each measuring
+    library's installed version ("none": not installed), Python, and the cores this
+    process may use. A probe records it; a search reuses a result only where it matches."""
+    found = {name: package_version(name) for name in MEASURING_LIBRARIES}
+    cores = str(len(os.sched_getaffinity(0)))
+    return {**found, "python": platform.python_version(), "cpus": cores}
 
 
 def package_version(name: str) -> str:

@@ -41,16 +41,15 @@ class Candidate:
 
     @property
     def family(self) -> tuple[object, ...]:
-        """Settings other than the batch: memory is monotone in batch within a family.
+        """Every setting but the batch split: memory is monotone in batch within a family.
 
-        The sampling and the loader workers are left out: probes measure device memory
-        on worst-case batches, the same whatever the order of the real ones or the
-        processes that load them."""
-        return (
-            self.precision, self.activation_checkpointing, self.optim, self.torch_compile,
-            self.attn_implementation, self.use_liger_kernel, self.padding_free,
-            self.zero_stage,
-        )  # fmt: skip
+        Derived from the fields, so a new dimension or lever is part of the family
+        unless it is named in OUTSIDE_FAMILY."""
+        return tuple(
+            getattr(self, field.name)
+            for field in dataclasses.fields(self)
+            if field.name not in OUTSIDE_FAMILY
+        )
 
     def lever_values(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in LEVERS}
@@ -69,6 +68,18 @@ class Candidate:
             + (f" zero{self.zero_stage}" if self.zero_stage else "")
         )
 
+
+# Candidate fields that are not part of a family: the batch split itself, and what
+# leaves a probe's memory alone (probes measure memory on worst-case batches, the same
+# whatever the order of the real ones or the processes that load them)
+OUTSIDE_FAMILY = frozenset(
+    {
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "train_sampling_strategy",
+        "dataloader_num_workers",
+    }
+)
 
 # Candidate fields searched beyond batch, precision, checkpointing, optimizer, sampling
 LEVERS = (
@@ -210,6 +221,9 @@ class TrialResult:
     # Measured by another study and taken over, not probed again ("study S trial N")
     reused_from: str = ""
     pooled_runs: int = 1  # measured runs these figures pool (the probe + confirmations)
+    # The memory limit the probe ran under, read back from where it is enforced
+    # (probe/device.limit_in_force); None: none was set, or the run failed before it
+    memory_limit_bytes: int | None = None
 
     def to_json(self) -> str:
         raw = dataclasses.asdict(self)
@@ -235,10 +249,24 @@ class TrialResult:
 
     @property
     def mfu(self) -> float | None:
-        """Model FLOP utilisation: achieved model FLOP/s over the measured peak."""
+        """Model FLOP utilisation: achieved model FLOP/s over the measured peak. None when
+        either is unknown, or when training beat the peak (`mfu_unknown` says why): a
+        utilisation above 100% is no utilisation, and is never shown."""
         if not self.model_flops_per_s or not self.peak_flops_per_s:
             return None
-        return self.model_flops_per_s / self.peak_flops_per_s
+        ratio = self.model_flops_per_s / self.peak_flops_per_s
+        return ratio if ratio <= 1.0 else None
+
+    @property
+    def mfu_unknown(self) -> str:
+        """Why `mfu` is None although both figures were measured ('' otherwise)."""
+        achieved, peak = self.model_flops_per_s, self.peak_flops_per_s
+        if not achieved or not peak or achieved <= peak:
+            return ""
+        return (
+            f"training ran {achieved / 1e9:.3g} GFLOP/s of model FLOPs, above the "
+            f"{peak / 1e9:.3g} GFLOP/s measured as the peak: not the kernel training used"
+        )
 
     def replace(self, **changes: Any) -> TrialResult:
         return dataclasses.replace(self, **changes)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from autotune.core.device import DeviceInfo, package_version
+from autotune.core.device import DeviceInfo, measuring_environment
 from autotune.core.enums import DeviceKind
 from autotune.core.errors import UsageError
 from autotune.probe import fork_pages
@@ -127,6 +127,19 @@ def enforce_memory_budget(device_kind: str, index: int, limit_bytes: int) -> Non
     fraction = max(0.0, min(1.0, (limit_bytes - context) / total))
     torch.cuda.set_per_process_memory_fraction(fraction, index)
     _CUDA["cap_bytes"] = int(fraction * total)
+
+
+def limit_in_force(device_kind: str) -> int | None:
+    """The memory limit this process runs under, read back from where it is enforced
+    (CPU: RLIMIT_DATA; CUDA: the allocator's cap plus the context it leaves out); None
+    when none is set. A result records it, so a test can join the limit the search
+    computed to the one the probe really ran under."""
+    if device_kind == DeviceKind.CUDA:
+        if "cap_bytes" not in _CUDA:
+            return None
+        return int(_CUDA["cap_bytes"]) + int(_CUDA["context_bytes"])
+    soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
 
 
 def limit_data_segment(limit_bytes: int) -> None:
@@ -241,47 +254,6 @@ def placement(device: DeviceInfo, nproc_per_node: int) -> tuple[str, str]:
     return "cuda:0", visible_entry(device.index or 0)
 
 
-_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-
-
-def measure_peak_flops(device_kind: str, precision: str, seconds: float = 0.3) -> float:
-    """FLOP/s of a square matrix multiply at this precision on this device: the best of a
-    few sizes on the CPU, where the kernel and its speed change with the size (an AMD
-    EPYC without bf16 units: 3.0 GFLOP/s in bf16 at 128, 0.9 at 1024, where a tiny
-    model trained at 2.2, an MFU of 2.4 against the 1024 figure).
-
-    TF32 is set through torch's `fp32_precision` API only: transformers 5 sets that API,
-    and torch refuses a read of the legacy `allow_tf32` flag once it has been set.
-    """
-    import torch
-
-    sizes = (4096,) if device_kind == DeviceKind.CUDA else (128, 512)
-    dtype = getattr(torch, _DTYPES[precision])
-    device = "cuda" if device_kind == DeviceKind.CUDA else "cpu"
-    matmul = torch.backends.cuda.matmul
-    previous = matmul.fp32_precision
-    matmul.fp32_precision = "tf32" if precision == "tf32" else "ieee"
-    best = 0.0
-    try:
-        for size in sizes:
-            a = torch.randn(size, size, device=device).to(dtype)
-            b = torch.randn(size, size, device=device).to(dtype)
-            torch.matmul(a, b)  # warm-up: kernels, caches
-            synchronize(device_kind)
-            runs, started = 0, time.perf_counter()
-            while True:
-                torch.matmul(a, b)
-                runs += 1
-                synchronize(device_kind)
-                elapsed = time.perf_counter() - started
-                if elapsed >= seconds / len(sizes):
-                    break
-            best = max(best, 2.0 * size**3 * runs / elapsed)
-    finally:
-        matmul.fp32_precision = previous
-    return best
-
-
 def process_data_limit(device_kind: DeviceKind, memory_limit_bytes: int | None) -> int | None:
     """The RLIMIT_DATA a probe process (and the fork server it comes from) runs under:
     the memory limit on the CPU; none on CUDA, where the allocator is capped instead."""
@@ -381,19 +353,14 @@ def _proc_status_kib(field: str) -> int:
 
 def describe_environment(device_kind: str, index: int) -> dict[str, Any]:
     """What a result was measured with. The versions are read as a search reads them
-    before reusing a result (store/reuse.py, without importing torch): from the installed
-    metadata, where a CUDA wheel of torch says 2.11.0 and torch.__version__ 2.11.0+cu130
-    (seen on an H100; nothing measured there was ever reused)."""
+    before reusing a result (core/device.measuring_environment, without importing torch):
+    from the installed metadata, where a CUDA wheel of torch says 2.11.0 and
+    torch.__version__ 2.11.0+cu130 (seen on an H100; nothing measured there was ever
+    reused)."""
     import torch
 
     return {
-        "torch": package_version("torch"),
+        **measuring_environment(),
         "torch_build": torch.__version__,
-        "transformers": package_version("transformers"),
-        "accelerate": package_version("accelerate"),
-        # installed, it changes every probe (accelerate imports it) and runs ZeRO's
-        "deepspeed": package_version("deepspeed"),
-        "python": platform.python_version(),
-        "cpus": str(len(os.sched_getaffinity(0))),
         "device": device_name(device_kind, index),
     }

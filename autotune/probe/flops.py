@@ -28,9 +28,11 @@ the figure is model FLOP utilisation (MFU), not hardware FLOPs.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from autotune.core.enums import Task
+from autotune.core.enums import DeviceKind, Task
+from autotune.probe.device import synchronize
 
 # A cross-attention block, by the names transformers gives it (T5's `EncDecAttention`,
 # the BART family's `encoder_attn`, BERT-as-decoder's `crossattention`, `cross_attn`),
@@ -142,3 +144,60 @@ def _first(config: Any, *names: str) -> int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return 0
+
+
+_AUTOCAST = {"fp16": "float16", "bf16": "bfloat16"}  # the Trainer's mixed precision
+
+
+def measure_peak_flops(device_kind: str, precision: str, seconds: float = 0.3) -> float:
+    """FLOP/s of a linear layer's matrix multiply at this precision on this device, run
+    the way training runs it: fp32 weights and inputs, under autocast for fp16 and bf16
+    (the Trainer's mixed precision), so the peak uses the kernel training uses (a plain
+    fp16 matmul on a CPU took a slow path: 4.1 GFLOP/s where fp16 training ran 70, an
+    MFU of 1726%). The best of a few sizes on the CPU, where the kernel and its speed
+    change with the size (an AMD EPYC without bf16 units: 3.0 GFLOP/s in bf16 at 128,
+    0.9 at 1024, where a tiny model trained at 2.2).
+
+    TF32 is set through torch's `fp32_precision` API only: transformers 5 sets that API,
+    and torch refuses a read of the legacy `allow_tf32` flag once it has been set.
+    """
+    import contextlib
+
+    import torch
+
+    sizes = (4096,) if device_kind == DeviceKind.CUDA else (128, 512)
+    device = "cuda" if device_kind == DeviceKind.CUDA else "cpu"
+    mixed = (
+        torch.autocast(device, dtype=getattr(torch, _AUTOCAST[precision]))
+        if precision in _AUTOCAST
+        else contextlib.nullcontext()
+    )
+    matmul = torch.backends.cuda.matmul
+    previous = matmul.fp32_precision
+    matmul.fp32_precision = "tf32" if precision == "tf32" else "ieee"
+    best = 0.0
+    try:
+        with torch.no_grad(), mixed:
+            for size in sizes:
+                x = torch.randn(size, size, device=device)
+                weight = torch.randn(size, size, device=device)
+                best = max(best, _linear_flops(x, weight, seconds / len(sizes), device_kind))
+    finally:
+        matmul.fp32_precision = previous
+    return best
+
+
+def _linear_flops(x: Any, weight: Any, seconds: float, device_kind: str) -> float:
+    """FLOP/s of `linear(x, weight)` repeated for about `seconds`, after a warm-up."""
+    import torch
+
+    torch.nn.functional.linear(x, weight)  # warm-up: kernels, caches, autocast's casts
+    synchronize(device_kind)
+    runs, started = 0, time.perf_counter()
+    while True:
+        torch.nn.functional.linear(x, weight)
+        runs += 1
+        synchronize(device_kind)
+        elapsed = time.perf_counter() - started
+        if elapsed >= seconds:
+            return 2.0 * x.shape[0] * x.shape[1] * weight.shape[0] * runs / elapsed

@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from autotune.core.enums import Outcome
+from autotune.core.enums import DeviceKind, Outcome
 from autotune.core.files import write_atomic
 from autotune.core.schedule import Schedule
 from autotune.core.stats import StepStats
@@ -63,6 +63,7 @@ def run_probe(config: TrialConfig) -> TrialResult:
     except Exception:  # a CUDA error after a crash: the typed result still counts
         peak = None
     return result.replace(
+        memory_limit_bytes=hardware.limit_in_force(config.device_kind),
         peak_memory_bytes=peak if peak is not None else result.peak_memory_bytes,
         phases_s={k: round(v, 3) for k, v in phases.items()} | _warmup_split(result, phases),
         versions=versions,
@@ -78,9 +79,11 @@ def _train(
     from transformers import set_seed
 
     from autotune.hf.models import build_model
-    from autotune.probe.flops import flops_per_sample
+    from autotune.probe.flops import flops_per_sample, measure_peak_flops
 
     phases["import"] = time.perf_counter() - tick
+    if config.device_kind == DeviceKind.CPU:  # before the limit: kept by an OOM at it
+        baseline.update(hardware.baseline(config.device_kind, index))
     if config.memory_limit_bytes is not None:  # after the imports (limit_data_segment)
         hardware.enforce_memory_budget(config.device_kind, index, config.memory_limit_bytes)
     recipe = _recipe(config)
@@ -92,8 +95,9 @@ def _train(
             measured = hardware.baseline(config.device_kind, index)
         baseline.update(measured, model="inherited from the fork server")
         phases["build"] = 0.0
-    else:  # after imports, before the model
-        baseline.update(hardware.baseline(config.device_kind, index))
+    else:
+        if config.device_kind != DeviceKind.CPU:  # the context, created by the cap
+            baseline.update(hardware.baseline(config.device_kind, index))
         tick = time.perf_counter()
         set_seed(config.seed)
         model = build_model(config.model, attn_implementation=config.candidate.attn_implementation)
@@ -120,7 +124,7 @@ def _train(
     if result.samples_per_s is None:
         return result
     tick = time.perf_counter()
-    peak = hardware.measure_peak_flops(config.device_kind, config.candidate.precision)
+    peak = measure_peak_flops(config.device_kind, config.candidate.precision)
     phases["peak_flops"] = time.perf_counter() - tick
     achieved = per_sample * result.samples_per_s
     if result.worst_case_samples_per_s is not None:  # real batches: FLOPs of real tokens

@@ -41,5 +41,10 @@ def merge_ranks(trial_dir: Path, world_size: int) -> None:
     else:
         return
     peaks = [r.peak_memory_bytes for r in results if r.peak_memory_bytes is not None]
-    merged = merged.replace(peak_memory_bytes=max(peaks) if peaks else None)
+    # the limit the ranks ran under: the loosest rank's; None when a rank had none
+    limits = [r.memory_limit_bytes for r in results if r.memory_limit_bytes is not None]
+    loosest = max(limits) if limits and len(limits) == len(results) else None
+    merged = merged.replace(
+        peak_memory_bytes=max(peaks) if peaks else None, memory_limit_bytes=loosest
+    )
     write_atomic(trial_dir / RESULT_NAME, merged.to_json())

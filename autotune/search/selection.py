@@ -151,6 +151,19 @@ def nothing_fits(recs: list[TrialRecord], spec: SearchSpec) -> NoFitError:
             "(training parity: see `autotune show`); allow your recipe's precision and "
             "optimizer (--precisions, --optimizers) or pass --parity off to export anyway"
         )
+    held = [
+        int(r.result.baseline["vmdata_bytes"])
+        for r in recs
+        if r.result.outcome == Outcome.OOM
+        and r.result.baseline.get("vmdata_bytes", 0) > spec.fit_limit_bytes
+    ]
+    if held and len(held) == sum(r.result.outcome == Outcome.OOM for r in recs):
+        return NoFitError(
+            f"no config fits {format_size(spec.fit_limit_bytes)} (budget "
+            f"{format_size(spec.memory_budget_bytes)} less headroom): a probe process holds "
+            f"{format_size(min(held))} after importing torch and transformers, before any "
+            "training; pass a --memory-budget well above that"
+        )
     peaks = [r.result.peak_memory_bytes for r in recs if r.result.peak_memory_bytes]
     counts: dict[str, int] = {}
     for r in recs:

@@ -18,12 +18,10 @@ windows. A reused measurement is never reused again: only originals carry.
 from __future__ import annotations
 
 import dataclasses
-import os
-import platform
 
 import optuna
 
-from autotune.core.device import package_version
+from autotune.core.device import measuring_environment
 from autotune.core.enums import Outcome
 from autotune.core.parity import ParityState
 from autotune.core.spec import SearchSpec
@@ -31,16 +29,7 @@ from autotune.core.trial import Candidate, TrialRecord, TrialResult
 from autotune.store.keys import StudyAttr
 from autotune.store.store import StudyStore
 
-VERSIONED = ("torch", "transformers", "accelerate", "deepspeed")
 MARGIN = 0.9  # a peak measured under a larger limit: reused below 90% of this one
-
-
-def current_versions() -> dict[str, str]:
-    """What a probe of this environment records of it (without importing torch): the
-    versions, and the cores it may use."""
-    found = {name: package_version(name) for name in VERSIONED}
-    cores = str(len(os.sched_getaffinity(0)))
-    return {**found, "python": platform.python_version(), "cpus": cores}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +88,7 @@ class Reuse:
             except (ValueError, TypeError, KeyError):  # results this version cannot read
                 continue
             sources.append(Source(summary.study_name, other, tuple(records), parity))
-        return cls(store.spec, sources, versions=current_versions(), concurrent=concurrent,
+        return cls(store.spec, sources, versions=measuring_environment(), concurrent=concurrent,
                    whole_windows=whole_windows)  # fmt: skip
 
     def parity_runs(self, wanted: ParityState) -> tuple[str, ParityState] | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from helpers import SPACE, SPEC
+from helpers import DIMENSIONS, SPACE, SPEC
 
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate
@@ -72,3 +72,13 @@ def test_configs_that_differ_only_in_a_lever_are_claimed_apart() -> None:
 def test_an_unknown_lever_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown lever"):
         dataclasses.replace(SPACE, levers=(("fsdp", (False, True)),))
+
+
+def test_every_setting_of_a_candidate_is_in_its_claim_key() -> None:
+    """Two workers must never take two configs for one: each dimension and lever away
+    from its plain value changes the key another worker checks."""
+    plain = SPACE.candidate(8, "fp32", False, "adamw_torch")
+    keys = {claim_key(plain)}
+    for name, (_, other) in DIMENSIONS.items():
+        keys.add(claim_key(dataclasses.replace(plain, **{name: other})))
+    assert len(keys) == len(DIMENSIONS) + 1

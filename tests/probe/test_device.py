@@ -72,10 +72,10 @@ def test_a_probe_records_its_versions_as_a_reusing_search_reads_them(
     recorded from torch.__version__, no result there was ever reused."""
     import torch
 
+    from autotune.core.device import measuring_environment
     from autotune.probe.device import describe_environment
-    from autotune.store.reuse import current_versions
 
     monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
     recorded = describe_environment("cpu", 0)
-    assert {k: recorded[k] for k in current_versions()} == current_versions()
+    assert {k: recorded[k] for k in measuring_environment()} == measuring_environment()
     assert recorded["torch_build"] == "2.11.0+cu130"  # the build, kept for the record

@@ -18,8 +18,7 @@ from conftest import TINY_GPT2
 from torch.utils.flop_counter import FlopCounterMode
 
 from autotune.hf.models import PRESET_DIR
-from autotune.probe.device import measure_peak_flops
-from autotune.probe.flops import flops_per_sample
+from autotune.probe.flops import flops_per_sample, measure_peak_flops
 
 TINY = {"vocab_size": 512, "max_position_embeddings": 256}
 # name: (task, config, source length, target length)

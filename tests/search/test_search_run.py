@@ -11,7 +11,15 @@ from typing import Any
 
 import optuna
 import pytest
-from conftest import PLAIN_LEVERS, ROOT, TINY_GPT2, TinyBudgets, autotune, write_model
+from conftest import (
+    HEADROOM,
+    PLAIN_LEVERS,
+    ROOT,
+    TINY_GPT2,
+    TinyBudgets,
+    autotune,
+    write_model,
+)
 from transformers import HfArgumentParser, TrainingArguments
 
 from autotune.probe.main import CPU_WINDOW_STEPS
@@ -63,6 +71,28 @@ def test_exported_config_was_measured_within_the_budget(
     assert winner.user_attrs["outcome"] == "ok"
     assert winner.params["per_device_train_batch_size"] == args.per_device_train_batch_size
     assert "samples_per_s" not in json.loads(best.read_text())
+
+
+def limits_in_force(work: Path) -> dict[str, int | None]:
+    """Each probe's memory limit as the probe read it back (RLIMIT_DATA on the CPU)."""
+    found = {}
+    for result in (work / "studies" / "tiny" / "trials").glob("*/result.json"):
+        raw = json.loads(result.read_text())
+        if raw["outcome"] in ("ok", "oom"):
+            found[result.parent.name] = raw["memory_limit_bytes"]
+    assert found, "no probe ran"
+    return found
+
+
+def test_every_probe_ran_under_the_budget_less_the_headroom(
+    searched_study: tuple[Path, list[str], str],
+) -> None:
+    """The limit the search computes is the one each probe enforces (forked from the
+    fork server here): the headroom left spare in the user's run, not only compared."""
+    work, argv, _ = searched_study
+    budget = int(argv[argv.index("--memory-budget") + 1].removesuffix("B"))
+    limit = int(budget * (1 - HEADROOM))
+    assert set(limits_in_force(work).values()) == {limit}
 
 
 def test_rerun_resumes_without_reprobing(searched_study: tuple[Path, list[str], str]) -> None:
@@ -162,6 +192,25 @@ def test_nothing_fits_reports_and_writes_no_config(
     assert not (tmp_path / "studies" / "tiny.best.json").exists()
 
 
+def test_a_budget_below_what_the_imports_hold_says_so(
+    tmp_path: Path, tiny_budgets: TinyBudgets
+) -> None:
+    """Smaller batches, checkpointing or a lighter optimizer cannot help a budget that
+    torch and transformers alone exceed: the error says what a probe holds before training."""
+    write_model(tmp_path / "tiny", TINY_GPT2)
+    done = autotune(
+        tmp_path, "search", "--model", "./tiny", "--device", "cpu", *PLAIN_LEVERS,
+        "--memory-budget", f"{tiny_budgets.below_imports}B", "--global-batch-size", "8",
+        "--seq-len", "256", "--precisions", "fp32", "--optimizers", "adamw_torch",
+        "--checkpointing", "off", "--max-trials", "1", "--quiet",
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: no config fits ") and "after importing torch" in last
+    assert "--memory-budget" in last and "--checkpointing" not in last
+    assert not (tmp_path / "studies" / "tiny.best.json").exists()
+
+
 @pytest.mark.slow
 def test_a_ddp_search_exports_what_torchrun_needs(tmp_path: Path) -> None:
     write_model(tmp_path / "tiny", TINY_GPT2)
@@ -175,6 +224,8 @@ def test_a_ddp_search_exports_what_torchrun_needs(tmp_path: Path) -> None:
         *PLAIN_LEVERS,
         "--nproc-per-node",
         "2",
+        "--memory-budget",
+        "4GiB",
         "--global-batch-size",
         "32",
         "--seq-len",
@@ -202,6 +253,13 @@ def test_a_ddp_search_exports_what_torchrun_needs(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "studies" / "tiny.best.summary.json").read_text())
     assert summary["launch"] == "torchrun --nproc-per-node 2 your_script.py ARGS.json"
     assert summary["best"]["runs"] == 1 and summary["nproc_per_node"] == 2
+    # the budget is per process: every rank ran under it less the headroom
+    probed = [r.parent for r in (tmp_path / "studies" / "tiny" / "trials").glob("*/result.json")]
+    assert probed
+    for trial in probed:
+        ranks = [json.loads(r.read_text()) for r in trial.glob("result.rank*.json")]
+        assert len(ranks) == 2
+        assert {r["memory_limit_bytes"] for r in ranks} == {int(4 * 2**30 * (1 - HEADROOM))}
 
 
 @pytest.mark.slow
@@ -241,6 +299,7 @@ def test_the_search_options_reach_the_probes_and_the_export(tmp_path: Path) -> N
     assert summary["fit_limit_bytes"] == int(summary["memory_budget_bytes"] * 0.8)
     assert summary["best"]["runs"] == 2 and summary["best"]["measured_steps"] == 2 + 3
     assert not (tmp_path / "studies" / "tiny" / "forkserver.log").exists()  # fresh processes
+    assert set(limits_in_force(tmp_path).values()) == {summary["fit_limit_bytes"]}
 
 
 @pytest.mark.slow

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from helpers import SPACE, cand, rec
+import pytest
+from helpers import DIMENSIONS, MEMORY_FREE, SPACE, cand, rec
 
-from autotune.core.trial import Candidate, Outcome
+from autotune.core.trial import LEVERS, Candidate, Outcome
 from autotune.search.skips import open_candidates, skip_reason
 
 
@@ -195,3 +196,27 @@ def test_a_lighter_optimizer_out_of_memory_at_8_opens_the_heavier_ones_fallbacks
     records = [rec(1, with_optim(8, "adafactor"), Outcome.OOM, peak_gib=5.0)]
     assert skip_reason(with_optim(4, "adamw_torch"), records, OPTIMIZERS) is None
     assert skip_reason(with_optim(4, "adafactor"), records, OPTIMIZERS) is None
+
+
+def test_the_tests_dimensions_are_every_setting_of_a_candidate_and_every_lever() -> None:
+    fields = {f.name for f in dataclasses.fields(Candidate)}
+    assert set(DIMENSIONS) == fields - {
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+    }
+    assert set(LEVERS) <= set(DIMENSIONS)
+
+
+@pytest.mark.parametrize("name", sorted(DIMENSIONS))
+def test_an_oom_skips_larger_batches_of_its_own_settings_only(name: str) -> None:
+    """An out-of-memory with one attention kernel (say) says nothing of the others: a
+    faster config would never be probed."""
+    plain, other = DIMENSIONS[name]
+    records = [rec(4, dataclasses.replace(cand(16), **{name: plain}), Outcome.OOM)]
+    same = skip_reason(dataclasses.replace(cand(32), **{name: plain}), records, SPACE)
+    assert same is not None and same.implies_oom
+    across = skip_reason(dataclasses.replace(cand(32), **{name: other}), records, SPACE)
+    if name in MEMORY_FREE:
+        assert across is not None and across.implies_oom
+    else:
+        assert across is None, across

@@ -6,14 +6,15 @@ import dataclasses
 import functools
 from pathlib import Path
 
-from helpers import GIB, SPEC, cand
+from helpers import DIMENSIONS, GIB, SPACE, SPEC, cand
 
+from autotune.core.device import measuring_environment
 from autotune.core.enums import Outcome
 from autotune.core.parity import Curve, Parity, ParityState, Status
 from autotune.core.spec import SearchSpec
-from autotune.core.trial import TrialResult
+from autotune.core.trial import LEVERS, TrialResult
 from autotune.search.selection import verdict
-from autotune.store.reuse import Reuse, current_versions
+from autotune.store.reuse import Reuse
 from autotune.store.samplers import make_sampler
 from autotune.store.store import StudyStore
 
@@ -22,7 +23,7 @@ def measured(peak_gib: float, outcome: Outcome = Outcome.OK, **versions: str) ->
     return TrialResult(
         outcome, samples_per_s=10.0 if outcome == Outcome.OK else None,
         peak_memory_bytes=int(peak_gib * GIB), step_time_median_s=0.1, step_times_s=(0.1,) * 5,
-        versions={**current_versions(), "device": "test cpu", **versions},
+        versions={**measuring_environment(), "device": "test cpu", **versions},
     )  # fmt: skip
 
 
@@ -75,7 +76,7 @@ def test_nothing_is_reused_from_another_model_device_length_or_version(
         study(url, name, spec, {8: measured(1.0)})
     study(url, "old-torch", SPEC, {8: measured(1.0, torch="1.13.0")})
     # DeepSpeed installed or not changes every probe (accelerate imports it when present)
-    other = "none" if current_versions()["deepspeed"] != "none" else "0.19.8"
+    other = "none" if measuring_environment()["deepspeed"] != "none" else "0.19.8"
     study(url, "other-deepspeed", SPEC, {8: measured(1.0, deepspeed=other)})
     study(url, "concurrent", SPEC, {8: dataclasses.replace(measured(1.0), concurrent=2)})
     reuse = Reuse.gather(study(url, "new", SPEC, {}))
@@ -83,6 +84,62 @@ def test_nothing_is_reused_from_another_model_device_length_or_version(
     # the same search as each of those others finds its measurement
     for name, spec in others.items():
         assert Reuse.gather(study(url, f"{name}-again", spec, {})).found.get(cand(8)) is not None
+
+
+# What a probe's figures depend on beyond the spec, written out here rather than read from
+# the code's list, so dropping one from it (a result reused under another transformers
+# release, whose kernels and memory differ) fails this test.
+MEASURED_WITH = (
+    "torch",
+    "transformers",
+    "accelerate",
+    "deepspeed",
+    "peft",
+    "trl",
+    "bitsandbytes",
+    "liger-kernel",
+    "python",
+    "cpus",
+)
+
+
+def test_a_result_is_reused_only_under_the_same_release_of_everything_it_depends_on(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    for name in MEASURED_WITH:
+        other = measuring_environment()[name] + ".other"
+        study(url, f"other-{name}", SPEC, {8: measured(1.0, **{name: other})})
+    assert len(Reuse.gather(study(url, "new", SPEC, {}))) == 0
+    study(url, "same", SPEC, {8: measured(1.0)})
+    assert Reuse.gather(study(url, "newer", SPEC, {})).found[cand(8)].reused_from == (
+        "study same trial 0"
+    )
+
+
+def test_a_measurement_stands_only_for_its_own_settings(tmp_path: Path) -> None:
+    """Every dimension and lever of the space is part of what a reused result matches (a
+    lever lost on the way through the study's params would make one config stand for
+    another)."""
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    space = dataclasses.replace(
+        SPACE,
+        precisions=DIMENSIONS["precision"],
+        checkpointing=DIMENSIONS["activation_checkpointing"],
+        optimizers=DIMENSIONS["optim"],
+        samplings=DIMENSIONS["train_sampling_strategy"],
+        levers=tuple((name, DIMENSIONS[name]) for name in LEVERS),
+    )
+    spec = dataclasses.replace(SPEC, space=space)
+    plain = space.candidate(8, "fp32", False, "adamw_torch")
+    variants = {dataclasses.replace(plain, **{n: v[1]}) for n, v in DIMENSIONS.items()}
+    first = StudyStore.open(url=url, name="first", spec=spec, sampler=make_sampler("tpe", 0))
+    for variant in variants:
+        first.enqueue(variant)
+        trial, _ = first.ask()
+        first.tell(trial, measured(1.0), verdict(measured(1.0), spec, implied=False))
+    new = StudyStore.open(url=url, name="new", spec=spec, sampler=make_sampler("tpe", 0))
+    assert set(Reuse.gather(new).found) == variants
 
 
 def test_a_nan_needs_the_same_seed_and_a_whole_window_search_takes_only_whole_windows(
