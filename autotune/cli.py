@@ -35,7 +35,7 @@ def cli(debug: bool) -> None:
 @search_options
 def search(**options: Any) -> None:
     """Search configs for a model and export the fastest that fits."""
-    from autotune.commands import search_command
+    from autotune.search_command import search_command
 
     # SIGTERM unwinds like Ctrl-C, so the running trial's process group is killed and
     # the trial is failed and re-queued (other commands keep the default: just exit).
@@ -55,9 +55,10 @@ def search(**options: Any) -> None:
         f"{best.result.samples_per_s:.2f} samples/s, peak "
         f"{format_size(best.result.peak_memory_bytes or 0)}"
     )
-    from autotune.views.summary import change_lines, finish_lines
+    from autotune.views.summary import change_lines, finish_lines, versus_line
 
-    for line in [*finish_lines(outcome.best, outcome.train_steps), *change_lines(outcome.parity)]:
+    lines = [*versus_line(outcome), *finish_lines(outcome.best, outcome.train_steps)]
+    for line in [*lines, *change_lines(outcome.parity)]:
         console.print(line)
     console.print(f"wrote {outcome.output}")
 
@@ -288,9 +289,20 @@ def doctor(device: str, fmt: str) -> None:
 _RESUME = ": the running trial was failed and re-queued; rerun to resume"
 
 
+def library_logs(*, debug: bool) -> None:
+    """Only autotune speaks on the user's terminal: what the libraries log without a
+    handler of their own (bitsandbytes, imported through peft, warned of a missing
+    optional kernel on every search) goes nowhere, and to stderr with --debug. A probe's
+    libraries log into its trial's stderr.log as before."""
+    import logging
+
+    logging.getLogger().addHandler(logging.StreamHandler() if debug else logging.NullHandler())
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
+    library_logs(debug=debug)
     if debug:  # accepted anywhere on the line, not only before the command
         args = ["--debug", *(a for a in args if a != "--debug")]
     try:

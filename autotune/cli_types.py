@@ -230,19 +230,20 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     ),
     click.option(
         "--parity",
-        type=click.Choice(["on", "off"]),
+        type=click.Choice(["on", "quick", "off"]),
         default="on",
         show_default=True,
         help="Train each finalist whose precision or optimizer differs from your recipe "
-        "beside it and never export one that learns differently (off: skip, and say so).",
+        "beside it and never export one that learns differently. quick: a short check "
+        "(4 steps) that catches NaNs and gross divergence but cannot verify, and exports "
+        "such unverified configs, saying so; off: skip the check, and say so.",
     ),
     click.option(
         "--parity-steps",
-        default=20,
-        show_default=True,
-        type=click.IntRange(4),
-        help="Optimizer steps of each parity run (more: a stricter check, and with "
-        "--time-budget less time to explore).",
+        type=click.IntRange(2),
+        help="Optimizer steps of each parity run [default: 20; 4 with --parity quick]. "
+        "Fewer than 20 cannot verify a config: within the tolerance it is 'unverified', "
+        "exported only with --parity quick.",
     ),
     click.option(
         "--fork-server/--no-fork-server",

@@ -3,40 +3,19 @@ print it and the CLI turns errors into one line and an exit code."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 from autotune.core.enums import DeviceKind, Objective
-from autotune.core.errors import ExportError, NoFitError, StudyError, UsageError
+from autotune.core.errors import ExportError, NoFitError
 from autotune.core.files import write_atomic
-from autotune.core.paths import (
-    check_study_name,
-    claim_folder,
-    default_storage,
-    default_study_name,
-    study_folder,
-)
+from autotune.core.paths import default_storage
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import TrialRecord
-from autotune.search.deadline import Deadline
-from autotune.search.run import SearchLimits
 from autotune.search.selection import select_best
 from autotune.store.storage import STORAGE_ENV
 from autotune.store.store import StudyStore
-
-
-@dataclasses.dataclass(frozen=True)
-class SearchOutcome:
-    study_name: str
-    best: TrialRecord
-    output: Path
-    probes_this_run: int
-    elapsed_s: float
-    stop_reason: str
-    parity: dict[str, Any]  # views.export.parity_summary: what changed, and its verdict
-    train_steps: int = 0  # the user's run length, when selection ranked by time to finish
 
 
 def resolve_storage(storage: str | None, studies_dir: Path) -> str:
@@ -44,135 +23,6 @@ def resolve_storage(storage: str | None, studies_dir: Path) -> str:
     import os
 
     return storage or os.environ.get(STORAGE_ENV) or default_storage(studies_dir)
-
-
-def search_command(  # long: one keyword per `search` option, then a few calls
-    *,
-    studies_dir: Path,
-    model: str,
-    study_name: str | None,
-    storage: str | None,
-    output: Path | None,
-    max_trials: int,
-    time_budget: float | None,
-    trial_timeout: float,
-    sampler: str,
-    objective: Objective,
-    quiet: bool,
-    confirm_top: int,
-    confirm_steps: int | None,
-    parity: str = "on",
-    parity_steps: int = 20,
-    fork_server: bool,
-    fixed_steps: bool = False,
-    reuse: bool = True,
-    parallel: int = 1,
-    devices: tuple[str, ...] | None = None,
-    nproc_per_node: int = 1,
-    dataset: str | None = None,
-    dataset_split: str = "train",
-    text_column: str | None = None,
-    target_column: str | None = None,
-    tokenizer: str | None = None,
-    force: bool = False,
-    log_to_stderr: bool = False,
-    **spec_options: Any,
-) -> SearchOutcome:  # the search's options, one keyword each (cli.search passes them)
-    """Search, record every trial in the study, export the best config to `output`."""
-    from autotune.search.plan import DataOptions, Layout, SpecOptions, build_spec
-    from autotune.search.run import prepare_store
-    from autotune.search.workers import run_workers
-    from autotune.views.export import previous_export
-
-    name = check_study_name(study_name or default_study_name(model))
-    url = resolve_storage(storage, studies_dir)
-    folder = study_folder(studies_dir, name, url)
-    output = output or studies_dir / f"{folder.name}.best.json"
-    previous_export(output, force=force)  # refuse now, not after the search
-    claim_folder(folder, name, url, write=False)  # before the data is tokenized into it
-    if dataset is None and (text_column or target_column or tokenizer):
-        raise UsageError("--text-column, --target-column and --tokenizer need --dataset")
-    data = None
-    if dataset is not None:
-        data = DataOptions(dataset, dataset_split, text_column, target_column, tokenizer,
-                           folder / "data")  # fmt: skip
-    layout = Layout(nproc_per_node, parallel, devices)
-    spec, slots = build_spec(SpecOptions(model=model, **spec_options), dataset=data, layout=layout)
-    _ensure_sqlite_folder(url)
-    store = prepare_store(spec=spec, study_name=name, storage=url, sampler=sampler)
-    claim_folder(folder, name, url)
-    limits = SearchLimits(
-        max_trials=max_trials,
-        trial_timeout_s=trial_timeout,
-        confirm_top=confirm_top,
-        confirm_steps=confirm_steps or 2 * spec.measure_steps,
-        parity_steps=parity_steps if parity == "on" else 0,
-        objective=objective,
-        fork_server=fork_server,
-        adaptive=not fixed_steps,
-        reuse=reuse,
-        propose=sampler == "model",
-    )
-    deadline = Deadline.after(time_budget)
-    if slots:
-        run_workers(
-            spec=spec, slots=slots, study_name=name, storage=url, study_dir=folder,
-            sampler=sampler, limits=limits, deadline=deadline,
-        )  # fmt: skip
-    return _search_and_export(
-        store=store, folder=folder, limits=limits, deadline=deadline, explore=not slots,
-        live=not quiet and not slots, output=output, objective=objective, force=force,
-        log_to_stderr=log_to_stderr,
-    )  # fmt: skip
-
-
-def _search_and_export(
-    *, store: StudyStore, folder: Path, limits: SearchLimits, deadline: Deadline,
-    explore: bool, live: bool, output: Path, objective: Objective, force: bool,
-    log_to_stderr: bool = False,
-) -> SearchOutcome:  # fmt: skip
-    """The parent's part: explore (unless workers did), confirm, select, export."""
-    from rich.console import Console
-
-    from autotune.search.parity import reference_for
-    from autotune.search.run import run_search
-    from autotune.search.selection import nothing_fits
-    from autotune.views.export import export_selected, parity_summary
-    from autotune.views.progress import Progress
-
-    spec, name = store.spec, store.name
-    console = Console(highlight=False, soft_wrap=True, stderr=log_to_stderr, markup=False)
-    progress = Progress(console, live=live, deadline=deadline)
-    try:
-        report = run_search(store=store, study_dir=folder, limits=limits,
-                            deadline=deadline, observer=progress, explore=explore)  # fmt: skip
-        parity = store.parity() if limits.parity_steps else None
-        records = list(report.records)
-        if parity is None:  # --parity off: verdicts of earlier runs do not apply either
-            records = [dataclasses.replace(r, parity=None) for r in records]
-        best = export_selected(records=records, spec=spec, study_name=name, output=output,
-                               objective=objective, validate=True, force=force,
-                               parity=parity)  # fmt: skip
-        progress.on_search_end(report)
-    finally:
-        progress.close()
-    if best is None:
-        raise nothing_fits(records, spec)
-    changed = parity_summary(best, reference_for(spec, records, parity), parity)
-    return SearchOutcome(name, best, output, report.probes_this_run, report.elapsed_s,
-                         report.stop_reason, changed, spec.train_steps)  # fmt: skip
-
-
-def _ensure_sqlite_folder(url: str) -> None:
-    if not url.startswith("sqlite:///"):
-        return
-    folder = Path(url.removeprefix("sqlite:///")).parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StudyError(
-            f"cannot open storage {url!r}: cannot create {folder} ({exc.strerror})"
-        ) from None
 
 
 def best_of_study(

@@ -22,10 +22,10 @@ started = time.perf_counter()
 
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
-from autotune.probe.data import WorstCaseDataset  # noqa: E402
+from autotune.core.trial import ModelSpec  # noqa: E402
 from autotune.hf.models import build_model  # noqa: E402
 from autotune.launch.outcomes import is_out_of_memory  # noqa: E402
-from autotune.core.trial import ModelSpec  # noqa: E402
+from autotune.probe.data import WorstCaseDataset  # noqa: E402
 
 
 class Steps(TrainerCallback):

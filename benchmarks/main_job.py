@@ -33,7 +33,8 @@ from search_efficiency import score
 from autotune.core.trial import Candidate, TrialResult
 from autotune.launch.runner import Launcher
 from autotune.probe.shared_model import model_to_share
-from autotune.search.run import SearchLimits, SearchRun
+from autotune.search.limits import SearchLimits
+from autotune.search.run import SearchRun
 from autotune.store.store import StudyStore
 
 FIXTURE = HERE / "main_job.json"

@@ -37,12 +37,12 @@ from pathlib import Path
 
 import optuna
 
-from autotune.launch.forkserver import ForkServer
-from autotune.probe.device import cpu_memory_bytes, cpu_name
-from autotune.hf.models import resolve_model
-from autotune.launch.runner import run_trial
 from autotune.core.space import SearchSpace
 from autotune.core.trial import Outcome, TrialConfig, TrialResult
+from autotune.hf.models import resolve_model
+from autotune.launch.forkserver import ForkServer
+from autotune.launch.runner import run_trial
+from autotune.probe.device import cpu_memory_bytes, cpu_name
 
 HERE = Path(__file__).resolve().parent
 MODEL = {

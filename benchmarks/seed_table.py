@@ -21,10 +21,10 @@ from typing import Any
 
 from _common import machine, save
 
-from autotune.launch.forkserver import ForkServer
-from autotune.hf.models import resolve_model
-from autotune.launch.runner import run_trial
 from autotune.core.trial import Candidate, TrialConfig
+from autotune.hf.models import resolve_model
+from autotune.launch.forkserver import ForkServer
+from autotune.launch.runner import run_trial
 
 BERT = {
     "model_type": "bert", "architectures": ["BertForSequenceClassification"],

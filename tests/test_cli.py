@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -313,3 +315,18 @@ def test_debug_works_after_the_command_too(capsys: pytest.CaptureFixture[str]) -
         main(["search", "--model", "nobody/no-such-model", "--debug"])
     code, err = run(["search", "--model", "nobody/no-such-model"], capsys)
     assert code == 2 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("debug", "shown"), [(False, ""), (True, "kernel missing\n")])
+def test_what_the_libraries_log_stays_off_the_terminal_unless_debugging(
+    debug: bool, shown: str
+) -> None:
+    """bitsandbytes (imported through peft) logged a missing optional kernel on every
+    search, as the first line a user saw: only autotune speaks, --debug shows it."""
+    code = (
+        "import logging; from autotune.cli import library_logs; "
+        f"library_logs(debug={debug}); "
+        "logging.getLogger('bitsandbytes.backends.cpu.ops').warning('kernel missing')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stderr == shown

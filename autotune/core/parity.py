@@ -33,6 +33,12 @@ ROUNDING_FACTOR = 4.0  # a change may move the loss 4x what a split change does
 MIN_PROGRESS = 0.05  # the reference must lower its loss by 5% for a verdict
 TAIL = 0.25  # the last quarter of the curve is compared
 MAX_TOLERANCE = 0.25  # a noisy twin never widens it past a quarter of the progress
+# The shortest run the floor was calibrated for (benchmarks/RESULTS.md: tiny T5's split
+# twin differs by 2.5-5.1% of the progress at 12 steps, within the floor at 20-30; mt5-small's
+# Adafactor against AdamW sits +1.1% from it at 4 steps and +15.0% at 20). A shorter run
+# within the tolerance is unverified: it rules out a NaN, a collapsing loss scale and a
+# gross divergence, not a drift that grows with the steps.
+CALIBRATED_STEPS = 20
 # fp16 steps skipped by the loss scaler (its initial calibration included) beyond this
 # share of the run: a collapsing scale
 MAX_SKIPPED = 0.25
@@ -41,6 +47,8 @@ MAX_SKIPPED = 0.25
 class Status(enum.StrEnum):
     SAME = "same-arithmetic"  # differs from the reference only in what keeps the arithmetic
     OK = "ok"  # measured: learns like the reference
+    # measured within the tolerance, by a run too short to tell it from rounding noise
+    UNVERIFIED = "unverified"
     DIVERGED = "diverged"  # measured: does not (NaN, collapsing scale, or off the curve)
     UNCHECKED = "unchecked"  # not measured (--parity off, or no verdict possible)
 
@@ -194,6 +202,8 @@ class Parity:
     gap: float | None = None  # (end - reference end) / reference progress; + is worse
     tolerance: float | None = None
     steps: int = 0
+    # unverified, and exported because the user allowed that (--parity quick)
+    allowed: bool = False
 
     @property
     def ratio(self) -> float | None:
@@ -204,7 +214,9 @@ class Parity:
 
     @property
     def blocks_export(self) -> bool:
-        return self.status == Status.DIVERGED
+        return self.status == Status.DIVERGED or (
+            self.status == Status.UNVERIFIED and not self.allowed
+        )
 
     def figures(self) -> str:
         """One line: the verdict and its figures."""
@@ -218,6 +230,7 @@ class Parity:
             f"{self.status}: loss {_num(self.final_loss)} vs reference "
             f"{_num(self.reference_final_loss)} after {self.steps} steps{gap}{tol}"
             + (f"; {self.reason}" if self.reason else "")
+            + ("; exported unverified, as --parity quick allows" if self.allowed else "")
         )
 
     @classmethod
@@ -263,11 +276,31 @@ def judge(reference: Curve, run: Curve, tol: Tolerance) -> Parity:
         )
     gap = _gap(reference, run)
     if abs(gap) <= tol.fraction:
+        if unresolved := _unresolved(tol, steps):
+            return verdict(Status.UNVERIFIED, unresolved, gap)
         return verdict(Status.OK, "", gap)
     if gap > 0:
         return verdict(Status.DIVERGED, "learns slower than the reference", gap)
     return verdict(Status.DIVERGED, "learns faster than the reference: a different "
                    "training, not the same one faster", gap)  # fmt: skip
+
+
+def _unresolved(tol: Tolerance, steps: int) -> str:
+    """Why a run within the tolerance cannot be called the same training ('' when it can):
+    too few steps for the tolerance's calibration, or a rounding noise (the split twin's
+    gap) that no tolerance up to the cap separates from a real change."""
+    if tol.rounding_gap is not None and ROUNDING_FACTOR * tol.rounding_gap > MAX_TOLERANCE:
+        return (
+            f"rounding alone (the recipe under another batch split) moved the loss by "
+            f"{tol.rounding_gap:.1%} of its progress in {steps} steps, too much to tell a "
+            "real change from; raise --parity-steps"
+        )
+    if steps < CALIBRATED_STEPS:
+        return (
+            f"{steps} steps cannot separate a {tol.fraction:.0%} gap from rounding noise; "
+            f"{CALIBRATED_STEPS} can (--parity-steps {CALIBRATED_STEPS})"
+        )
+    return ""
 
 
 def needs_twin(verdict: Parity) -> bool:
@@ -301,12 +334,18 @@ class ParityState:
     curves: dict[str, Curve] = dataclasses.field(default_factory=dict)  # "reference", "twin", keys
     verdicts: dict[str, Parity] = dataclasses.field(default_factory=dict)  # by arithmetic key
     tolerance: Tolerance | None = None
+    # the user allows unverified verdicts to be exported (--parity quick): a policy of
+    # the latest search, not part of the setup runs are compared under
+    quick: bool = False
 
     def verdict(self, candidate: Candidate) -> Parity | None:
         """The candidate's verdict; None when its arithmetic was not checked."""
         if Arithmetic.of(candidate) == Arithmetic.of(self.reference):
             return Parity(Status.SAME)
-        return self.verdicts.get(Arithmetic.of(candidate).key)
+        found = self.verdicts.get(Arithmetic.of(candidate).key)
+        if found is not None and found.status == Status.UNVERIFIED:
+            return dataclasses.replace(found, allowed=self.quick)
+        return found
 
     def same_setup(self, other: ParityState) -> bool:
         """Whether runs made under `other`'s settings can be compared with these."""
@@ -331,6 +370,7 @@ class ParityState:
             "curves": {k: c.to_dict() for k, c in self.curves.items()},
             "verdicts": {k: dataclasses.asdict(v) for k, v in self.verdicts.items()},
             "tolerance": dataclasses.asdict(self.tolerance) if self.tolerance else None,
+            "quick": self.quick,
         }, sort_keys=True)  # fmt: skip
 
     @classmethod
@@ -344,4 +384,5 @@ class ParityState:
             curves={k: Curve.from_dict(c) for k, c in raw["curves"].items()},
             verdicts={k: Parity.from_dict(v) for k, v in raw["verdicts"].items()},
             tolerance=Tolerance(**raw["tolerance"]) if raw["tolerance"] else None,
+            quick=bool(raw.get("quick", False)),
         )

@@ -107,3 +107,43 @@ def combine(original: TrialResult, confirmations: Sequence[TrialResult]) -> Tria
         model_flops_per_s=flops_per_sample * samples_per_s if flops_per_sample else None,
         pooled_runs=sum(run.pooled_runs for run in runs),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedRatio:
+    """How many times faster one config trains than another: the ratio of their median
+    step times (the global batch is the same, so of their samples/s), with the range
+    their step times allow: from the slower config's lower quartile over the faster's
+    upper, to its upper over the faster's lower. A range that holds 1 is a tie."""
+
+    value: float
+    low: float
+    high: float
+
+    @property
+    def tie(self) -> bool:
+        return self.low <= 1.0 <= self.high
+
+    def describe(self) -> str:
+        spread = f"{self.low:.2f}-{self.high:.2f}x over their step times"
+        if self.tie:
+            return f"{self.value:.2f}x, a tie within the noise ({spread})"
+        return f"{self.value:.2f}x ({spread})"
+
+
+def speed_ratio(faster: TrialResult, slower: TrialResult) -> SpeedRatio | None:
+    """`faster`'s speed over `slower`'s; None where either has no measured steps."""
+    if not faster.step_times_s or not slower.step_times_s:
+        return None
+    fast_low, fast_high = _quartiles(faster.step_times_s)
+    slow_low, slow_high = _quartiles(slower.step_times_s)
+    value = statistics.median(slower.step_times_s) / statistics.median(faster.step_times_s)
+    return SpeedRatio(value, slow_low / fast_high, slow_high / fast_low)
+
+
+def _quartiles(times: Sequence[float]) -> tuple[float, float]:
+    """The lower and upper quartiles, interpolated between the steps (one step: itself)."""
+    if len(times) < 2:
+        return times[0], times[0]
+    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return q1, q3

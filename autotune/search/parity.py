@@ -35,6 +35,7 @@ from autotune.probe import device
 from autotune.search.selection import fitting, ranked, select_best
 
 if TYPE_CHECKING:
+    from autotune.search.limits import SearchLimits
     from autotune.search.run import SearchRun
 
 PARITY_LR = 1e-3  # without a learning_rate in --base-args: the loss falls within K steps
@@ -104,13 +105,14 @@ class ParityCheck:
     """Runs what the finalists' verdicts need and stores them (`run`: the SearchRun whose
     launcher and folders the runs use)."""
 
-    def __init__(self, run: SearchRun, steps: int, top: int, objective: Objective) -> None:
+    def __init__(self, run: SearchRun, limits: SearchLimits) -> None:
         self.run = run
         self.store = run.store
         self.spec = run.spec
-        self.steps = steps
-        self.top = max(1, top)
-        self.objective = objective
+        self.steps = limits.parity_steps
+        self.top = max(1, limits.confirm_top)
+        self.objective = limits.objective
+        self.quick = limits.parity_quick  # unverified verdicts may be exported
 
     def settle(self) -> ParityState:
         """Judge the finalists' arithmetics (the top by speed and the one selection would
@@ -126,6 +128,7 @@ class ParityCheck:
                 state = taken[1]
                 runs = sorted(state.curves, key=lambda k: (k != "reference", k))
                 self.run.observer.on_parity_reused(taken[0], [k.replace("|", " ") for k in runs])
+        state = dataclasses.replace(state, quick=self.quick)  # this search's policy
         self.store.save_parity(state)  # also when no run is needed: the check was on
         arithmetics = len(self.spec.space.precisions) * len(self.spec.space.optimizers)
         for _ in range(arithmetics + 1):

@@ -14,13 +14,11 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Protocol
 
 import optuna
 
 from autotune.core.enums import Objective, Outcome
 from autotune.core.errors import AutotuneError
-from autotune.core.parity import Parity
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialConfig, TrialRecord, TrialResult
 from autotune.hf.training_args import recipe
@@ -28,6 +26,7 @@ from autotune.launch.runner import Launcher
 from autotune.probe import device
 from autotune.probe.shared_model import model_to_share
 from autotune.search.deadline import Deadline
+from autotune.search.limits import Observer, SearchLimits
 from autotune.search.memory_verdict import far_over_budget
 from autotune.search.parity import ParityCheck, parity_stop, run_s
 from autotune.search.propose import Proposal, next_config
@@ -36,45 +35,6 @@ from autotune.search.skips import Verdictor, open_candidates, skip_reason
 from autotune.store.keys import Attr
 from autotune.store.reuse import Reuse
 from autotune.store.store import StudyStore, TrialLost
-
-
-@dataclasses.dataclass(frozen=True)
-class SearchLimits:
-    max_trials: int = 20  # probes launched in the whole study (resumes count earlier ones)
-    trial_timeout_s: float = 600.0
-    confirm_top: int = 3  # finalists measured again before selection (0: none)
-    confirm_steps: int = 10  # measured steps of a confirmation run
-    # With confirmation on, exploring stops at this share of the time budget.
-    search_share: float = 0.8
-    fork_server: bool = True  # children forked from a pre-imported server
-    # How many probes share this machine's cores at a time (--parallel on the CPU);
-    # recorded with each result, so figures measured side by side are told apart.
-    concurrent: int = 1
-    poll_s: float = 2.0  # how often a worker waiting on other workers' trials looks again
-    parity_steps: int = 0  # >0: parity runs of this many steps settle the finalists
-    # Finalists whose arithmetic parity settles, when not confirm_top (a worker confirms
-    # none; its parent settles its top confirm_top, and the worker leaves them time)
-    parity_top: int | None = None
-    objective: Objective = Objective.THROUGHPUT  # what selection (and so parity) ranks by
-    # Explore probes warm up until steady and stop once rankable against the best so far
-    # (core/schedule.py; CPU); False: every probe runs --warmup-steps + --measure-steps
-    adaptive: bool = True
-    # A config another study in the storage measured alike is not probed again
-    reuse: bool = True
-    # --sampler model: an additive model of step time proposes, and may stop the search
-    propose: bool = False
-
-
-class Observer(Protocol):
-    def on_search_start(
-        self, spec: SearchSpec, study_name: str, limits: SearchLimits, done: int
-    ) -> None: ...
-    def on_trial_start(self, number: int, candidate: Candidate) -> None: ...
-    def on_trial_end(self, number: int, candidate: Candidate, result: TrialResult) -> None: ...
-    def on_confirm(self, number: int, candidate: Candidate, result: TrialResult) -> None: ...
-    def on_parity_start(self, label: str, candidate: Candidate) -> None: ...
-    def on_parity_reused(self, study: str, runs: list[str]) -> None: ...
-    def on_parity(self, candidate: Candidate, parity: Parity) -> None: ...
 
 
 class SearchRun:
@@ -387,8 +347,7 @@ def run_search(
         if confirm:  # parity first: only configs that may be exported are confirmed
             check = None
             if limits.parity_steps:  # within the time budget: exploring left them room
-                check = ParityCheck(run, limits.parity_steps, limits.confirm_top,
-                                    limits.objective)  # fmt: skip
+                check = ParityCheck(run, limits)
                 check.settle()
             run.confirm(deadline)
             if check is not None:  # confirmation may have reordered the finalists

@@ -22,7 +22,8 @@ from autotune.core.enums import DeviceKind
 from autotune.core.errors import AutotuneError, Terminated, UsageError, raise_terminated
 from autotune.core.spec import SearchSpec
 from autotune.search.deadline import Deadline
-from autotune.search.run import SearchLimits, prepare_store, run_search
+from autotune.search.limits import SearchLimits
+from autotune.search.run import prepare_store, run_search
 from autotune.store.storage import STORAGE_ENV
 
 STOP_GRACE_S = 60.0  # a worker told to stop fails and re-queues its trial in this time

@@ -216,6 +216,7 @@ def _figures(record: TrialRecord) -> dict[str, Any]:
         "model_flops_per_s": r.model_flops_per_s,
         "peak_flops_per_s": r.peak_flops_per_s,
         "mfu": r.mfu,
+        "mfu_unknown": r.mfu_unknown,
         "worst_case_samples_per_s": r.worst_case_samples_per_s,
         "padding_fraction": r.padding_fraction,
         "one_time_s": r.one_time_s,

@@ -15,7 +15,8 @@ from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialResult
 from autotune.core.units import format_duration, format_size
 from autotune.search.deadline import Deadline
-from autotune.search.run import SearchLimits, SearchReport
+from autotune.search.limits import SearchLimits
+from autotune.search.run import SearchReport
 from autotune.views.show import data_lines
 
 _STYLE = {

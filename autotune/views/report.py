@@ -15,6 +15,7 @@ from pathlib import Path
 
 from autotune.core.files import write_atomic
 from autotune.core.spec import SearchSpec
+from autotune.core.stats import speed_ratio
 from autotune.core.trial import Candidate, TrialRecord
 from autotune.core.units import format_duration, format_size
 from autotune.hf.training_args import cli_flags, study_arguments
@@ -59,9 +60,12 @@ def _headline(found: Insight, spec: SearchSpec) -> str:
     sps = best.result.samples_per_s or 0.0
     peak = best.result.peak_memory_bytes or 0
     versus = ""
-    if ref is not None and ref.number != best.number and ref.result.samples_per_s:
-        versus = (f" = <b>{sps / ref.result.samples_per_s:.2f}x</b> the plain default "
-                  f"(trial {ref.number}, {ref.result.samples_per_s:.2f} samples/s)")  # fmt: skip
+    ratio = speed_ratio(best.result, ref.result) if ref and ref.number != best.number else None
+    if ref is not None and ratio is not None:
+        versus = (
+            f" = <b>{html.escape(ratio.describe())}</b> the plain default's speed (trial "
+            f"{ref.number}, {ref.result.samples_per_s:.2f} samples/s)"
+        )
     ties = [n for n in found.ties if n != best.number]
     tie = ""
     if ties:

@@ -44,6 +44,7 @@ class TrialRow:
     one_time_s: float | None = None  # setup + compilation + slow first steps
     finish_s: float | None = None  # the user's --train-steps at this speed, one-time included
     reused_from: str = ""  # "study S trial N": figures taken over, not probed in this study
+    mfu_unknown: str = ""  # why no MFU is shown though the figures were measured
 
 
 def explain(record: TrialRecord, spec: SearchSpec) -> str:
@@ -108,6 +109,7 @@ def trial_rows(
                 if spec.train_steps
                 else None,
                 reused_from=r.reused_from,
+                mfu_unknown=r.mfu_unknown,
             )
         )
     # The selected trial first, then the rest as ranked.
@@ -176,7 +178,7 @@ def render_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) ->
             f"{row.peak_memory_gib:.2f} GiB" if row.peak_memory_gib is not None else "",
             f"{row.budget_used_pct:.0f}%" if row.budget_used_pct is not None else "",
             f"±{row.step_time_spread_pct:.0f}%" if row.step_time_spread_pct is not None else "",
-            f"{row.mfu_pct:.1f}%" if row.mfu_pct is not None else "",
+            f"{row.mfu_pct:.1f}%" if row.mfu_pct is not None else "-" if row.mfu_unknown else "",
             "" if row.outcome != "ok" else row.parity,
             row.why,
         ]

@@ -9,7 +9,7 @@ from autotune.core.trial import TrialRecord
 from autotune.views.export import script_changes
 
 if TYPE_CHECKING:
-    from autotune.commands import SearchOutcome
+    from autotune.search_command import SearchOutcome
 
 
 def record_dict(record: TrialRecord) -> dict[str, object]:
@@ -47,9 +47,21 @@ def outcome_json(outcome: SearchOutcome) -> str:
             if outcome.train_steps
             else None,
             "script_changes": script_changes(outcome.best.candidate),
+            "versus_default": _versus(outcome),
         },
         indent=2,
     )
+
+
+def versus_line(outcome: SearchOutcome) -> list[str]:
+    """The best's speed over the plain default's, with the range their steps allow."""
+    default, ratio = outcome.default, outcome.versus_default
+    if default is None or ratio is None:
+        return []
+    return [
+        f"{ratio.describe()} the speed of the plain default (trial {default.number}, "
+        f"{default.candidate.describe()}: {default.result.samples_per_s:.2f} samples/s)"
+    ]
 
 
 def change_lines(parity: dict[str, object]) -> list[str]:
@@ -84,3 +96,17 @@ def finish_lines(record: TrialRecord, train_steps: int) -> list[str]:
                      "the measured speed; pass --train-steps to weigh it")  # fmt: skip
     lines += [f"in your script: {line}" for line in script_changes(record.candidate)]
     return lines
+
+
+def _versus(outcome: SearchOutcome) -> dict[str, object] | None:
+    ratio, default = outcome.versus_default, outcome.default
+    if ratio is None or default is None:
+        return None
+    return {
+        "trial": default.number,
+        "config": default.candidate.describe(),
+        "ratio": round(ratio.value, 3),
+        "low": round(ratio.low, 3),
+        "high": round(ratio.high, 3),
+        "tie": ratio.tie,
+    }

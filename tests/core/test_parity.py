@@ -159,3 +159,37 @@ def test_zero_in_16_bits_is_its_own_arithmetic_and_in_fp32_the_same_as_ddp() -> 
     assert {c.describe(): c.keeps_arithmetic for c in changes(bf16, bf16_zero)} == {
         "zero_stage default -> 2": False  # DeepSpeed's 16-bit weights, fp32 master copies
     }
+
+
+def short(*losses: float) -> Curve:
+    """A run of one optimizer step between held-out evaluations."""
+    return Curve(tuple(enumerate(losses)), 0, len(losses) - 1)
+
+
+def test_a_run_too_short_to_tell_is_unverified_never_ok() -> None:
+    """mt5-small's Adafactor sat +1.1% from AdamW after 4 steps and +15% after 20: within
+    the floor's calibration (20 steps) a short run cannot call it the same training."""
+    reference = short(6.0, 5.0, 4.6, 4.4)
+    tol = tolerance(reference, None)
+    verdict = judge(reference, short(6.0, 5.0, 4.61, 4.41), tol)
+    assert verdict.status == Status.UNVERIFIED and verdict.blocks_export
+    assert "3 steps cannot separate a 5% gap from rounding noise; 20 can" in verdict.figures()
+    # a gross divergence is caught all the same
+    assert judge(reference, short(6.0, 5.9, 5.8, 5.7), tol).status == Status.DIVERGED
+    # --parity quick: exported, and saying so
+    adafactor = dataclasses.replace(cand(16), optim="adafactor")
+    key = Arithmetic.of(adafactor).key
+    state = ParityState(cand(16), 3, 1e-3, verdicts={key: verdict})
+    assert state.verdict(adafactor).blocks_export  # type: ignore[union-attr]
+    quick = ParityState.from_json(dataclasses.replace(state, quick=True).to_json())
+    allowed = quick.verdict(adafactor)
+    assert allowed is not None and allowed.status == Status.UNVERIFIED
+    assert not allowed.blocks_export and "exported unverified" in allowed.figures()
+
+
+def test_a_twin_noisier_than_any_tolerance_leaves_a_close_run_unverified() -> None:
+    twin = curve(6.0, 5.5, 5.2, 5.0, 4.9, 4.8, 4.85, 4.8)  # 7.8% of the progress: 4x is 31%
+    tol = tolerance(REFERENCE, twin)
+    close = curve(6.0, 5.5, 5.2, 5.0, 4.9, 4.8, 4.76, 4.72)
+    verdict = judge(REFERENCE, close, tol)
+    assert verdict.status == Status.UNVERIFIED and "rounding alone" in verdict.reason

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 from helpers import GIB, cand
 
-from autotune.core.stats import StepStats, combine, pooled, quiet_step_s
+from autotune.core.stats import StepStats, combine, pooled, quiet_step_s, speed_ratio
 from autotune.core.trial import Outcome, TrialRecord, TrialResult
 from autotune.search.selection import select_best
 
@@ -115,3 +116,21 @@ def test_runs_measured_side_by_side_are_not_pooled_with_runs_measured_alone() ->
     assert pooled_result.samples_per_s == 16 / 1.0
     assert pooled_result.peak_memory_bytes == int(1.5 * GIB)  # the highest peak of every run
     assert pooled(shared, []) == [shared]  # nothing measured alone yet: what there is
+
+
+def test_a_speed_ratio_carries_the_range_its_step_times_allow() -> None:
+    fast = TrialResult(Outcome.OK, step_times_s=(0.10, 0.11, 0.10, 0.12, 0.10))
+    slow = TrialResult(Outcome.OK, step_times_s=(0.20, 0.22, 0.21, 0.20, 0.25))
+    ratio = speed_ratio(fast, slow)
+    assert ratio is not None and math.isclose(ratio.value, 0.21 / 0.10)
+    assert ratio.low < ratio.value < ratio.high and not ratio.tie
+    assert math.isclose(ratio.low, 0.20 / 0.11) and math.isclose(ratio.high, 0.22 / 0.10)
+    assert ratio.describe().startswith("2.10x (1.82-2.20x")
+
+
+def test_a_ratio_whose_range_holds_one_is_a_tie() -> None:
+    a = TrialResult(Outcome.OK, step_times_s=(0.10, 0.13, 0.10, 0.12))
+    b = TrialResult(Outcome.OK, step_times_s=(0.11, 0.10, 0.12, 0.11))
+    ratio = speed_ratio(a, b)
+    assert ratio is not None and ratio.tie and "a tie within the noise" in ratio.describe()
+    assert speed_ratio(a, TrialResult(Outcome.OOM)) is None

@@ -13,8 +13,9 @@ from autotune.core.space import SearchSpace
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialConfig, TrialResult
 from autotune.search.deadline import Deadline
+from autotune.search.limits import SearchLimits
 from autotune.search.memory_verdict import far_over_budget
-from autotune.search.run import SearchLimits, SearchRun, prepare_store
+from autotune.search.run import SearchRun, prepare_store
 from autotune.search.skips import open_candidates
 from autotune.store.keys import Attr
 from autotune.store.store import StudyStore

@@ -54,6 +54,24 @@ def test_parity_off_exports_the_fastest_and_says_it_was_not_checked(tmp_path: Pa
     assert "--parity off" in summary["parity"]["verdict"]
 
 
+@pytest.mark.slow
+def test_a_short_check_never_calls_adafactor_the_same_training(tmp_path: Path) -> None:
+    """3 steps beside an AdamW recipe cannot tell Adafactor's drift from rounding: its
+    verdict is unverified (or diverged), never ok, and without --parity quick it is not
+    exported."""
+    write_model(tmp_path / "tiny", TINY_GPT2)
+    args = [a if a != "adamw_torch,sgd" else "adamw_torch,adafactor" for a in ARGS]
+    done = autotune(tmp_path, *args, "--parity-steps", "3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "parity  fp32 adafactor: " in done.stdout, done.stdout
+    assert "parity  fp32 adafactor: ok" not in done.stdout
+    rows = json.loads(autotune(tmp_path, "show", "--study", "tiny", "--format", "json").stdout)
+    adafactor = [r for r in rows["trials"] if " adafactor" in r["config"] and r["outcome"] == "ok"]
+    assert adafactor and {r["parity"] for r in adafactor} <= {"unverified", "diverged"}
+    exported = json.loads((tmp_path / "studies" / "tiny.best.json").read_text())
+    assert exported["optim"] == "adamw_torch"
+
+
 def test_the_reference_is_the_users_recipe_else_the_plain_default_at_the_largest_fit() -> None:
     records = [rec(0, cand(8), sps=10.0), rec(1, cand(32), sps=12.0),
                rec(2, cand(64), sps=0.0, peak_gib=999.0)]  # fmt: skip
@@ -117,6 +135,7 @@ def test_the_reference_run_trains_the_quickest_measured_config_of_the_recipes_ar
     from autotune.core.enums import Objective
     from autotune.core.parity import Curve, ParityState
     from autotune.core.trial import Candidate
+    from autotune.search.limits import SearchLimits
     from autotune.search.parity import ParityCheck
 
     fused = dataclasses.replace(cand(16), optim="adamw_torch_fused")
@@ -129,7 +148,8 @@ def test_the_reference_run_trains_the_quickest_measured_config_of_the_recipes_ar
     store = SimpleNamespace(records=lambda: records)
     observer = SimpleNamespace(on_parity=lambda candidate, verdict: None)
     run = SimpleNamespace(store=store, spec=SPEC, observer=observer)
-    check = ParityCheck(run, steps=20, top=1, objective=Objective.THROUGHPUT)  # type: ignore[arg-type]
+    limits = SearchLimits(parity_steps=20, confirm_top=1, objective=Objective.THROUGHPUT)
+    check = ParityCheck(run, limits)  # type: ignore[arg-type]
     trained: dict[str, Candidate] = {}
     curve = Curve(((0, 5.0), (20, 4.0)), steps=20)
 

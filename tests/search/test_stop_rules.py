@@ -15,8 +15,9 @@ from autotune.core.enums import Objective
 from autotune.core.parity import Arithmetic, Curve, Parity, ParityState, Status
 from autotune.core.trial import Candidate, TrialRecord
 from autotune.search.deadline import Deadline
+from autotune.search.limits import SearchLimits
 from autotune.search.parity import reserved_s
-from autotune.search.run import SearchLimits, SearchRun
+from autotune.search.run import SearchRun
 from autotune.search.skips import NO_ESTIMATE
 
 

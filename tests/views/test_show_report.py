@@ -46,6 +46,20 @@ def test_show_json_for_scripts(searched_study: Study) -> None:
     assert all(t["why"] for t in trials if t["outcome"] != "ok")  # every other row says why
 
 
+def test_every_figure_show_gives_is_within_its_physical_range(searched_study: Study) -> None:
+    """fp32 and bf16 trials of a real study: no MFU above 100% (the peak is measured with
+    the kernel training uses), no negative spread, a budget overrun only with its reason."""
+    work, _, _ = searched_study
+    trials = json.loads(autotune(work, "show", "--study", "tiny", "--format", "json").stdout)
+    ok = [t for t in trials["trials"] if t["outcome"] == "ok"]
+    assert {t["config"].split()[2] for t in ok} == {"fp32", "bf16"}
+    for row in ok:
+        assert row["mfu_pct"] is not None and 0 < row["mfu_pct"] <= 100, row
+        assert row["step_time_spread_pct"] >= 0 and row["samples_per_s"] > 0
+        assert 0 < row["budget_used_pct"] <= 100 or row["why"], row
+        assert row["padding_pct"] is None or 0 <= row["padding_pct"] <= 100
+
+
 def test_report_writes_html_with_its_charts_and_the_hand_off(searched_study: Study) -> None:
     work, _, _ = searched_study
     done = autotune(work, "report", "--study", "tiny", "--output-dir", "out")
