@@ -103,7 +103,10 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     ),
     click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N."),
     click.option(
-        "--memory-budget", type=SIZE, help="e.g. 8GiB, 7500MB [default: the device's capacity]"
+        "--memory-budget",
+        type=SIZE,
+        help="What one training process may use, e.g. 8GiB, 7500MB [default: the device's "
+        "capacity].",
     ),
     click.option(
         "--headroom",
@@ -169,7 +172,8 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         "levers",
         multiple=True,
         metavar="NAME=V[,V]",
-        help="Fix or narrow a lever beyond the five above; each is searched where offered: "
+        help="Fix or narrow a lever (beyond batch, precision, checkpointing and optimizer); "
+        "each is searched where offered: "
         "torch_compile (a C++ compiler on the CPU, triton on CUDA), attn_implementation "
         "(sdpa, eager; flash_attention_2 with flash-attn on CUDA; flex_attention on CUDA; "
         "those the model supports), use_liger_kernel (liger-kernel on CUDA, for the model "
@@ -189,9 +193,9 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option(
         "--time-budget",
         type=DURATION,
-        help="The whole search's time, e.g. 10m: exploring stops at 80% of it (all of it "
-        "with --confirm-top 0), earlier by the parity runs' expected time; confirming "
-        "gets the rest (a run expected to end past it does not start).",
+        help="The whole search's time, e.g. 10m [default: 30m]: exploring stops at 80% of "
+        "it (all of it with --confirm-top 0), earlier by the parity runs' expected time; "
+        "confirming gets the rest (a run expected to end past it does not start).",
     ),
     click.option(
         "--trial-timeout",
@@ -205,9 +209,9 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         default="model",
         show_default=True,
         type=click.Choice(values(SamplerName)),
-        help="What proposes configs: model (a model of step time fitted to the probes "
-        "proposes the most promising and stops the search when none can win), or one of "
-        "Optuna's samplers.",
+        help="What proposes the next config: model is autotune's own model of step time "
+        "(fitted to the probes so far: it proposes the most promising config and stops the "
+        "search when none can win); the others are Optuna's samplers.",
     ),
     click.option(
         "--seed",
@@ -264,10 +268,10 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         default=5,
         show_default=True,
         type=click.IntRange(2),
-        help="At most this many optimizer steps timed per probe: on the CPU timing stops "
-        "once the config ranks clearly against the best so far, and steps shorter than "
-        "this many make a second are timed for one (at most 20; --fixed-steps: always this "
-        "many); on a GPU at least 2 s and 20 steps.",
+        help="Optimizer steps timed per probe, at most. On the CPU timing stops early once "
+        "the config is clearly slower than the best so far, and where steps are fast it "
+        "times about one second of them instead (up to 20); on a GPU it times at least 2 s "
+        "and 20 steps; --fixed-steps: always exactly this many.",
     ),
     click.option(
         "--reuse/--no-reuse",
@@ -308,10 +312,16 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         "global batch = per-device batch x accumulation x N.",
     ),
     click.option(
-        "--output", type=click.Path(path_type=Path), help="[default: studies/<study>.best.json]"
+        "--output",
+        type=click.Path(path_type=Path),
+        help="Where to write the tuned arguments JSON [default: studies/<study>.best.json].",
     ),
     OBJECTIVE,
-    click.option("--quiet", is_flag=True, help="Plain log lines instead of the live table."),
+    click.option(
+        "--quiet",
+        is_flag=True,
+        help="Print one plain line per event instead of the live table (for logs and CI).",
+    ),
     table_or_json("json: the result as JSON on stdout, the progress lines on stderr."),
     click.option(
         "--force",
@@ -327,18 +337,22 @@ def search_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+# `search --help`: the options most searches set first, the rest under "Advanced"
 SEARCH_GROUPS = {
-    "What to tune for": ("memory_budget", "headroom", "objective", "train_steps",
-                         "global_batch_size", "seq_len", "target_len", "base_args"),
-    "The model and data": ("model", "task", "device", "dataset", "dataset_split",
-                           "text_column", "target_column", "tokenizer"),
-    "The search": ("precisions", "optimizers", "checkpointing", "levers", "max_trials",
-                   "time_budget",
-                   "trial_timeout", "sampler", "seed", "confirm_top", "confirm_steps",
-                   "parity", "parity_steps", "fork_server", "warmup_steps", "measure_steps",
-                   "fixed_steps", "reuse"),
-    "Storage and workers": ("study_name", "storage", "parallel", "devices", "nproc_per_node"),
-    "Output": ("output", "quiet", "fmt", "force", "help"),
+    "Common": ("model", "base_args", "memory_budget", "time_budget", "global_batch_size",
+               "seq_len", "output"),
+    "Advanced: the workload": ("target_len", "train_steps", "task", "device", "headroom",
+                               "objective"),
+    "Advanced: your data": ("dataset", "dataset_split", "text_column", "target_column",
+                            "tokenizer"),
+    "Advanced: what to try": ("precisions", "optimizers", "checkpointing", "levers"),
+    "Advanced: how to search": ("max_trials", "trial_timeout", "sampler", "seed",
+                                "confirm_top", "confirm_steps", "parity", "parity_steps",
+                                "warmup_steps", "measure_steps", "fixed_steps", "fork_server",
+                                "reuse"),
+    "Advanced: storage and workers": ("study_name", "storage", "parallel", "devices",
+                                      "nproc_per_node"),
+    "Advanced: output": ("quiet", "fmt", "force", "help"),
 }  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from autotune.core.parity import CALIBRATED_STEPS
 from autotune.core.paths import check_study_name, claim_folder, default_study_name, study_folder
 from autotune.core.stats import SpeedRatio, speed_ratio
 from autotune.core.trial import TrialRecord
+from autotune.core.units import format_duration
 from autotune.search.deadline import Deadline
 from autotune.search.limits import SearchLimits
 from autotune.store.store import StudyStore
@@ -34,6 +35,10 @@ class SearchOutcome:
     default: TrialRecord | None = None
     versus_default: SpeedRatio | None = None
 
+
+# A search given no --time-budget stops within this: never hours unasked (20 probes of
+# up to --trial-timeout's 10 minutes each would be over three)
+DEFAULT_TIME_BUDGET_S = 30 * 60.0
 
 # Parity run length by --parity mode, when --parity-steps is not given: 20 steps verify
 # (core/parity.CALIBRATED_STEPS); a quick check's 4 catch NaNs and gross divergence
@@ -73,7 +78,13 @@ def search_command(  # long: one keyword per `search` option, then a few calls
     **spec_options: Any,
 ) -> SearchOutcome:  # the search's options, one keyword each (cli.search passes them)
     """Search, record every trial in the study, export the best config to `output`."""
-    from autotune.search.plan import DataOptions, Layout, SpecOptions, build_spec
+    from autotune.search.plan import (
+        DataOptions,
+        Layout,
+        SpecOptions,
+        build_spec,
+        workload_defaults,
+    )
     from autotune.search.run import prepare_store
     from autotune.search.workers import run_workers
     from autotune.views.export import previous_export
@@ -91,7 +102,12 @@ def search_command(  # long: one keyword per `search` option, then a few calls
         data = DataOptions(dataset, dataset_split, text_column, target_column, tokenizer,
                            folder / "data")  # fmt: skip
     layout = Layout(nproc_per_node, parallel, devices)
-    spec, slots = build_spec(SpecOptions(model=model, **spec_options), dataset=data, layout=layout)
+    options = SpecOptions(model=model, **spec_options)
+    spec, slots = build_spec(options, dataset=data, layout=layout)
+    notes = workload_defaults(options, spec)
+    if time_budget is None:
+        time_budget = DEFAULT_TIME_BUDGET_S
+        notes.append(f"time budget {format_duration(time_budget)}: a default; set --time-budget")
     _ensure_sqlite_folder(url)
     store = prepare_store(spec=spec, study_name=name, storage=url, sampler=sampler)
     claim_folder(folder, name, url)
@@ -117,14 +133,14 @@ def search_command(  # long: one keyword per `search` option, then a few calls
     return _search_and_export(
         store=store, folder=folder, limits=limits, deadline=deadline, explore=not slots,
         live=not quiet and not slots, output=output, objective=objective, force=force,
-        log_to_stderr=log_to_stderr,
+        log_to_stderr=log_to_stderr, notes=notes,
     )  # fmt: skip
 
 
 def _search_and_export(
     *, store: StudyStore, folder: Path, limits: SearchLimits, deadline: Deadline,
     explore: bool, live: bool, output: Path, objective: Objective, force: bool,
-    log_to_stderr: bool = False,
+    log_to_stderr: bool = False, notes: list[str] | None = None,
 ) -> SearchOutcome:  # fmt: skip
     """The parent's part: explore (unless workers did), confirm, select, export."""
     from rich.console import Console
@@ -138,7 +154,7 @@ def _search_and_export(
 
     spec, name = store.spec, store.name
     console = Console(highlight=False, soft_wrap=True, stderr=log_to_stderr, markup=False)
-    progress = Progress(console, live=live, deadline=deadline)
+    progress = Progress(console, live=live, deadline=deadline, notes=notes or [])
     try:
         report = run_search(store=store, study_dir=folder, limits=limits,
                             deadline=deadline, observer=progress, explore=explore)  # fmt: skip

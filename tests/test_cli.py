@@ -300,11 +300,19 @@ def test_estimate_as_json_for_scripts(capsys: pytest.CaptureFixture[str]) -> Non
 def test_search_help_groups_its_options(capsys: pytest.CaptureFixture[str]) -> None:
     main(["search", "--help"])
     out = capsys.readouterr().out
-    headings = ["What to tune for:", "The model and data:", "The search:",
-                "Storage and workers:", "Output:"]  # fmt: skip
+    headings = ["Common:", "Advanced: the workload:", "Advanced: your data:",
+                "Advanced: what to try:", "Advanced: how to search:",
+                "Advanced: storage and workers:", "Advanced: output:"]  # fmt: skip
     positions = [out.index(h) for h in headings]
     assert positions == sorted(positions) and "Other options:" not in out
-    assert out.index("--memory-budget") < out.index("The model and data:")
+    common = out[out.index("Common:") : out.index("Advanced: the workload:")]
+    # the few options most searches set, first, and no more than 8 of them
+    assert [o for o in ("--model", "--memory-budget", "--time-budget") if o in common] == [
+        "--model",
+        "--memory-budget",
+        "--time-budget",
+    ]
+    assert common.count("\n  --") <= 8 and "30m]" in common
     for lever in ("torch_compile", "attn_implementation", "use_liger_kernel", "padding_free",
                   "dataloader_num_workers"):  # fmt: skip
         assert lever in out  # every searched dimension, and when it is offered

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.dataset import DataSpec
-from autotune.core.enums import DeviceKind
+from autotune.core.enums import DeviceKind, Task
 from autotune.core.errors import UsageError
 from autotune.core.space import SearchSpace, derive_space
 from autotune.core.spec import SearchSpec
@@ -135,6 +135,29 @@ def build_spec(
         train_steps=_train_steps(o.train_steps, base),
     )  # fmt: skip
     return spec, slots
+
+
+def workload_defaults(options: SpecOptions, spec: SearchSpec) -> list[str]:
+    """The workload figures this search took from a default rather than from you, each
+    with how to set it: a config that fits 512 tokens says little of a 4k-token run."""
+    o = options
+    base = _base(o.base_args, o.global_batch_size)
+    notes = []
+    if not (o.global_batch_size or base.global_batch_size):
+        notes.append(
+            f"global batch {spec.global_batch_size}: a default; set --global-batch-size, or "
+            "per_device_train_batch_size and gradient_accumulation_steps in --base-args"
+        )
+    if spec.data is None and not (o.seq_len or base.seq_len):
+        notes.append(
+            f"sequence length {spec.seq_len}: a default (the model's limit, at most 512); "
+            "set --seq-len to your longest input, or pass --dataset"
+        )
+    if spec.model.task == Task.SEQ2SEQ and spec.data is None and not (
+        o.target_len or base.target_len
+    ):
+        notes.append(f"target length {spec.target_len}: a default; set --target-len")
+    return notes
 
 
 def _train_steps(asked: int | None, base: BaseArguments) -> int:

@@ -85,7 +85,15 @@ def time_left(
 class Progress:
     """Observer of a search. `live=False` (or no terminal) prints one line per trial."""
 
-    def __init__(self, console: Console, *, live: bool, deadline: Deadline | None = None) -> None:
+    def __init__(
+        self,
+        console: Console,
+        *,
+        live: bool,
+        deadline: Deadline | None = None,
+        notes: list[str] | None = None,
+    ) -> None:
+        self.notes = notes or []  # what the search took from a default, said first
         self.console = console
         self.deadline = deadline
         self.live_enabled = live and console.is_terminal
@@ -107,7 +115,7 @@ class Progress:
         self.budget = spec.fit_limit_bytes
         self.kind = spec.device.kind
         self._say(f"study {study_name}: {spec.describe()}")
-        for line in data_lines(spec):
+        for line in [*data_lines(spec), *self.notes]:
             self._say(line)
         if self.live_enabled:
             self.live = Live(self._table(), console=self.console, refresh_per_second=2)
