@@ -147,9 +147,8 @@ def _search_and_export(
 
     from autotune.search.parity import reference_for
     from autotune.search.run import run_search
-    from autotune.search.selection import nothing_fits
+    from autotune.search.selection import nothing_fits, plain_default
     from autotune.views.export import export_selected, parity_summary
-    from autotune.views.insight import plain_default
     from autotune.views.progress import Progress
 
     spec, name = store.spec, store.name

@@ -153,8 +153,10 @@ def workload_defaults(options: SpecOptions, spec: SearchSpec) -> list[str]:
             f"sequence length {spec.seq_len}: a default (the model's limit, at most 512); "
             "set --seq-len to your longest input, or pass --dataset"
         )
-    if spec.model.task == Task.SEQ2SEQ and spec.data is None and not (
-        o.target_len or base.target_len
+    if (
+        spec.model.task == Task.SEQ2SEQ
+        and spec.data is None
+        and not (o.target_len or base.target_len)
     ):
         notes.append(f"target length {spec.target_len}: a default; set --target-len")
     return notes

@@ -30,7 +30,14 @@ from autotune.search.limits import Observer, SearchLimits
 from autotune.search.memory_verdict import far_over_budget
 from autotune.search.parity import ParityCheck, parity_stop, run_s
 from autotune.search.propose import Proposal, next_config
-from autotune.search.selection import fitting, incumbent_cost, ranked, select_best, verdict
+from autotune.search.selection import (
+    fitting,
+    incumbent_cost,
+    plain_default,
+    ranked,
+    select_best,
+    verdict,
+)
 from autotune.search.skips import Verdictor, open_candidates, skip_reason
 from autotune.store.keys import Attr
 from autotune.store.reuse import Reuse
@@ -207,9 +214,11 @@ class SearchRun:
     # ---- confirming -----------------------------------------------------------------
 
     def confirm(self, deadline: Deadline) -> int:
-        """Measure the top finalists again, longer, until each has two runs. Returns runs."""
+        """Measure the top finalists again, longer, until each has two runs, and then the
+        plain default (where measured and it fits), so the ratio to it rests on runs
+        measured alike. Returns runs."""
         runs = 0
-        for _ in range(2 * self.limits.confirm_top):
+        for _ in range(2 * self.limits.confirm_top + 1 if self.limits.confirm_top else 0):
             if deadline.passed():
                 break
             fits = fitting(self.store.records(), self.spec.fit_limit_bytes)
@@ -222,7 +231,12 @@ class SearchRun:
             finalists = [r for r in pool if r == chosen] + [r for r in ranked(pool) if r != chosen]
             left = deadline.left()  # a run expected to end past the budget does not start
             steps = self.spec.warmup_steps + self.limits.confirm_steps
-            todo = [r for r in finalists[: self.limits.confirm_top] if r.runs < 2
+            # and then the plain default, which the headline ratio is taken against
+            default = plain_default(pool, self.spec)
+            wanted = finalists[: self.limits.confirm_top]
+            if default is not None and default.number not in {r.number for r in wanted}:
+                wanted.append(default)
+            todo = [r for r in wanted if r.runs < 2
                     and (left is None or run_s(r.result, steps, 1) <= left)]  # fmt: skip
             if not todo:
                 break

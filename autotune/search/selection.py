@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autotune.core.enums import Objective, Outcome
+from autotune.core.enums import Objective, Outcome, Precision
 from autotune.core.errors import NoFitError
 from autotune.core.spec import SearchSpec
 from autotune.core.stats import quiet_step_s
@@ -176,3 +176,17 @@ def nothing_fits(recs: list[TrialRecord], spec: SearchSpec) -> NoFitError:
         "--memory-budget, --optimizers adamw_bnb_8bit or adafactor, --checkpointing on, "
         "a shorter --seq-len or a smaller --global-batch-size"
     )
+
+
+def plain_default(records: Sequence[TrialRecord], spec: SearchSpec) -> TrialRecord | None:
+    """The measured plain default: fp32, adamw_torch, no checkpointing, smallest regular batch."""
+    batch = spec.space.micro_batches[0]
+    for r in records:
+        c = r.candidate
+        plain = (c.precision, c.optim, c.activation_checkpointing, c.per_device_train_batch_size)
+        if (
+            plain == (Precision.FP32, "adamw_torch", False, batch)
+            and r.result.outcome == Outcome.OK
+        ):
+            return r
+    return None

@@ -9,12 +9,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from autotune.core.enums import Outcome, Precision
+from autotune.core.enums import Outcome
 from autotune.core.parity import Change, changes
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
 from autotune.search.parity import reference_candidate
-from autotune.search.selection import fitting, noise_band, ranked_sps, select_best
+from autotune.search.selection import (
+    fitting,
+    noise_band,
+    plain_default,
+    ranked_sps,
+    select_best,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,20 +49,6 @@ def pareto_front(records: Sequence[TrialRecord], fit_limit_bytes: int) -> list[T
         )
 
     return sorted((r for r in pool if not beaten(r)), key=lambda r: r.result.peak_memory_bytes or 0)
-
-
-def plain_default(records: Sequence[TrialRecord], spec: SearchSpec) -> TrialRecord | None:
-    """The measured plain default: fp32, adamw_torch, no checkpointing, smallest regular batch."""
-    batch = spec.space.micro_batches[0]
-    for r in records:
-        c = r.candidate
-        plain = (c.precision, c.optim, c.activation_checkpointing, c.per_device_train_batch_size)
-        if (
-            plain == (Precision.FP32, "adamw_torch", False, batch)
-            and r.result.outcome == Outcome.OK
-        ):
-            return r
-    return None
 
 
 def insight(

@@ -201,3 +201,35 @@ def test_a_confirmation_expected_to_end_past_the_time_budget_does_not_start() ->
     assert search.confirm(Deadline(clock.now + expected - 1, clock)) == 0 and not ran
     assert search.confirm(Deadline(clock.now + expected + 1, clock)) >= 1
     assert ran[0] == cand(64, "bf16")
+
+
+def test_the_plain_default_is_confirmed_after_the_finalists() -> None:
+    """The headline ratio to the plain default rests on runs measured as the finalists'
+    are: after the finalists, the default (fp32 AdamW at batch 8) is measured again too,
+    and with --confirm-top 0 nothing is."""
+    from types import SimpleNamespace
+
+    from autotune.core.enums import Outcome
+    from autotune.core.trial import TrialResult
+
+    records = {r.number: r for r in [*RECORDS, timed(3, cand(8), 4.0, 1.0)]}
+
+    def confirmed(record: TrialRecord, *_: object) -> None:
+        records[record.number] = dataclasses.replace(record, runs=record.runs + 1)
+
+    ran: list[Candidate] = []
+    store = SimpleNamespace(spec=SPEC, records=lambda: list(records.values()),
+                            add_confirmation=confirmed)  # fmt: skip
+    launcher = SimpleNamespace(
+        run=lambda config, timeout_s: ran.append(config.candidate) or TrialResult(Outcome.OK)
+    )
+    observer = SimpleNamespace(on_confirm=lambda *a: None)
+
+    def search(top: int) -> SearchRun:
+        return SearchRun(store=store, study_dir=Path("unused"),  # type: ignore[arg-type]
+                         limits=SearchLimits(confirm_top=top, confirm_steps=4),
+                         observer=observer, launcher=launcher)  # type: ignore[arg-type]  # fmt: skip
+
+    assert search(0).confirm(Deadline(None)) == 0 and not ran
+    assert search(1).confirm(Deadline(None)) == 2
+    assert ran == [cand(64, "bf16"), cand(8)]
