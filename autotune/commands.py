@@ -196,8 +196,8 @@ def estimate_command(
     from autotune.core.space import derive_space
     from autotune.hf.models import count_parameters, max_positions, resolve_model
     from autotune.hf.training_args import available_optimizers
-    from autotune.probe.device import detect_device
     from autotune.search.estimate import estimate_rows
+    from autotune.system.devices import detect_device
 
     model_spec = resolve_model(model, task=task)
     device_info = detect_device(device)
@@ -223,7 +223,7 @@ def doctor_command(*, device: str) -> Any:
 
     from autotune.doctor import run_doctor
     from autotune.hf.training_args import available_optimizers
-    from autotune.probe.device import detect_device
+    from autotune.system.devices import detect_device
 
     info = detect_device(device)
     installed = available_optimizers()

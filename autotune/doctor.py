@@ -20,7 +20,7 @@ from autotune.core.trial import Candidate, ModelSpec, TrialConfig, TrialResult
 from autotune.core.units import format_size
 from autotune.launch.forkserver import ForkServer
 from autotune.launch.runner import run_trial
-from autotune.probe.device import process_data_limit
+from autotune.system.devices import process_data_limit
 
 MIB = 2**20
 TINY = {
@@ -272,6 +272,6 @@ def _figures(result: TrialResult) -> str:
 
 
 def _gpus() -> int:
-    from autotune.probe.device import cuda_device_count
+    from autotune.system.devices import cuda_device_count
 
     return cuda_device_count()

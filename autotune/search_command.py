@@ -12,29 +12,12 @@ from autotune.core.enums import Objective
 from autotune.core.errors import StudyError, UsageError
 from autotune.core.parity import CALIBRATED_STEPS
 from autotune.core.paths import check_study_name, claim_folder, default_study_name, study_folder
-from autotune.core.stats import SpeedRatio, speed_ratio
-from autotune.core.trial import TrialRecord
+from autotune.core.stats import speed_ratio
 from autotune.core.units import format_duration
 from autotune.search.deadline import Deadline
 from autotune.search.limits import SearchLimits
+from autotune.search.outcome import SearchOutcome
 from autotune.store.store import StudyStore
-
-
-@dataclasses.dataclass(frozen=True)
-class SearchOutcome:
-    study_name: str
-    best: TrialRecord
-    output: Path
-    probes_this_run: int
-    elapsed_s: float
-    stop_reason: str
-    parity: dict[str, Any]  # views.export.parity_summary: what changed, and its verdict
-    train_steps: int = 0  # the user's run length, when selection ranked by time to finish
-    # the plain default (fp32 AdamW at the smallest batch), when measured, and the best's
-    # speed over it
-    default: TrialRecord | None = None
-    versus_default: SpeedRatio | None = None
-
 
 # A search given no --time-budget stops within this: never hours unasked (20 probes of
 # up to --trial-timeout's 10 minutes each would be over three)

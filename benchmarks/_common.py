@@ -22,13 +22,13 @@ def machine() -> dict[str, str]:
     import torch
     import transformers
 
-    from autotune.probe.device import cpu_memory_bytes, cpu_name
+    from autotune.system.devices import cpu_memory_bytes, cpu_name
 
     return {
         "date": datetime.date.today().isoformat(),
         "machine": f"{cpu_name()}, {os.cpu_count()} cores, {cpu_memory_bytes() / 2**30:.0f} GiB",
         "versions": f"Python {platform.python_version()}, torch {torch.__version__}, "
-                    f"transformers {transformers.__version__}",
+        f"transformers {transformers.__version__}",
     }
 
 
@@ -40,13 +40,19 @@ def train(spec: dict[str, Any], work: Path) -> dict[str, Any]:
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, str(HERE / "_train_child.py"), handle.name, str(out)],
-        capture_output=True, text=True, check=False, cwd=work,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=work,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     if not out.exists():
         killed = done.returncode < 0
-        return {"outcome": "oom" if killed else "error", "wall_s": time.monotonic() - started,
-                "error": done.stderr[-300:]}
+        return {
+            "outcome": "oom" if killed else "error",
+            "wall_s": time.monotonic() - started,
+            "error": done.stderr[-300:],
+        }
     result: dict[str, Any] = json.loads(out.read_text())
     result["process_wall_s"] = time.monotonic() - started
     return result
@@ -67,8 +73,12 @@ def readme_main_job() -> list[str]:
 
 def autotune(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "autotune", *args], cwd=work, capture_output=True, text=True,
-        check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        [sys.executable, "-m", "autotune", *args],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
 
 

@@ -22,9 +22,9 @@ started = time.perf_counter()
 
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
+from autotune.core.outcomes import is_out_of_memory  # noqa: E402
 from autotune.core.trial import ModelSpec  # noqa: E402
 from autotune.hf.models import build_model  # noqa: E402
-from autotune.launch.outcomes import is_out_of_memory  # noqa: E402
 from autotune.probe.data import WorstCaseDataset  # noqa: E402
 
 
@@ -45,9 +45,13 @@ steps = Steps()
 try:
     model = build_model(ModelSpec("bench", "local", spec["task"], spec["model"]))
     args = TrainingArguments(**spec["args"])
-    data = WorstCaseDataset(task=spec["task"], length=spec["num_samples"],
-                            seq_len=spec["seq_len"], target_len=spec["target_len"],
-                            vocab_size=spec["model"]["vocab_size"])
+    data = WorstCaseDataset(
+        task=spec["task"],
+        length=spec["num_samples"],
+        seq_len=spec["seq_len"],
+        target_len=spec["target_len"],
+        vocab_size=spec["model"]["vocab_size"],
+    )
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[steps])
     trainer.train()
     per_device = int(getattr(trainer, "_train_batch_size", args.per_device_train_batch_size))

@@ -437,7 +437,9 @@ def _replay(args: argparse.Namespace, recorded: dict[str, Any], trials: int, wor
         grid = recorded_grid(row)
         prober = None
         if set(names) - {"autotune"}:  # the plain samplers' probe, as the full run's
-            prober = Prober(resolve_model(str(model_dir)), int(row["budget_mib"] * MIB * 0.95), work)
+            prober = Prober(
+                resolve_model(str(model_dir)), int(row["budget_mib"] * MIB * 0.95), work
+            )
         methods: dict[str, list[dict[str, Any]]] = {}
         try:
             for name in names:
@@ -651,7 +653,8 @@ def main() -> None:
     parser.add_argument(
         "--methods",
         default="autotune",
-        help="with --grid: the methods to run, comma-separated, of " + ",".join(METHODS)
+        help="with --grid: the methods to run, comma-separated, of "
+        + ",".join(METHODS)
         + "; more than one prints the results table",
     )
     parser.add_argument("--keep", help="copy each autotune search's studies/ here")

@@ -22,17 +22,34 @@ from typing import Any
 from _common import autotune, machine, save, train
 
 MODEL = {
-    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 192, "n_layer": 4,
-    "n_head": 4, "n_positions": 512, "vocab_size": 8192, "bos_token_id": 0, "eos_token_id": 0,
+    "model_type": "gpt2",
+    "architectures": ["GPT2LMHeadModel"],
+    "n_embd": 192,
+    "n_layer": 4,
+    "n_head": 4,
+    "n_positions": 512,
+    "vocab_size": 8192,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
 }
 
 
 def settings(quick: bool) -> dict[str, Any]:
     if quick:
-        return {"global_batch": 16, "seq_len": 128, "budget_mib": 1000, "long_steps": 8,
-                "max_trials": 4}
-    return {"global_batch": 32, "seq_len": 256, "budget_mib": 1300, "long_steps": 60,
-            "max_trials": 12}
+        return {
+            "global_batch": 16,
+            "seq_len": 128,
+            "budget_mib": 1000,
+            "long_steps": 8,
+            "max_trials": 4,
+        }
+    return {
+        "global_batch": 32,
+        "seq_len": 256,
+        "budget_mib": 1300,
+        "long_steps": 60,
+        "max_trials": 12,
+    }
 
 
 def pick(study_json: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -43,8 +60,11 @@ def pick(study_json: dict[str, Any]) -> dict[str, dict[str, Any]]:
     others = [t for t in by_speed if t is not selected]
     middle = others[len(others) // 2] if others else selected
     rest = [t for t in others if t is not middle] or [selected]
-    return {"selected": selected, "middle": middle,  # three distinct configs where there are
-            "nearest the budget": max(rest, key=lambda t: t["peak_memory_gib"])}
+    return {
+        "selected": selected,
+        "middle": middle,  # three distinct configs where there are
+        "nearest the budget": max(rest, key=lambda t: t["peak_memory_gib"]),
+    }
 
 
 def main() -> None:
@@ -59,37 +79,64 @@ def main() -> None:
         (work / "bench-gpt2").mkdir()
         (work / "bench-gpt2" / "config.json").write_text(json.dumps(MODEL))
         done = autotune(
-            work, "search", "--model", "./bench-gpt2", "--device", "cpu",
-        # the classic five only: benchmarks/levers.py measures compilation and attention
-        "--lever", "torch_compile=false", "--lever", "attn_implementation=sdpa",
-            "--memory-budget", f"{s['budget_mib']}MiB", "--global-batch-size",
-            str(s["global_batch"]), "--seq-len", str(s["seq_len"]),
-            "--max-trials", str(s["max_trials"]), "--quiet",
+            work,
+            "search",
+            "--model",
+            "./bench-gpt2",
+            "--device",
+            "cpu",
+            # the classic five only: benchmarks/levers.py measures compilation and attention
+            "--lever",
+            "torch_compile=false",
+            "--lever",
+            "attn_implementation=sdpa",
+            "--memory-budget",
+            f"{s['budget_mib']}MiB",
+            "--global-batch-size",
+            str(s["global_batch"]),
+            "--seq-len",
+            str(s["seq_len"]),
+            "--max-trials",
+            str(s["max_trials"]),
+            "--quiet",
         )
         if done.returncode != 0:
             raise SystemExit(f"autotune search failed: {done.stderr[-500:]}")
-        shown = json.loads(autotune(work, "show", "--study", "bench-gpt2", "--format",
-                                    "json").stdout)
+        shown = json.loads(
+            autotune(work, "show", "--study", "bench-gpt2", "--format", "json").stdout
+        )
         for name, trial in pick(shown).items():
             args = {k: v for k, v in trial["training_arguments"].items()}
             batch = args["per_device_train_batch_size"] * args["gradient_accumulation_steps"]
             spec = {
-                "model": MODEL, "task": "causal-lm", "seq_len": s["seq_len"], "target_len": 0,
-                "budget_bytes": s["budget_mib"] * 2**20, "num_samples": batch * (s["long_steps"] + 2),
-                "args": {"output_dir": "out", "report_to": "none", "save_strategy": "no",
-                         "max_steps": s["long_steps"], "disable_tqdm": True, **args},
+                "model": MODEL,
+                "task": "causal-lm",
+                "seq_len": s["seq_len"],
+                "target_len": 0,
+                "budget_bytes": s["budget_mib"] * 2**20,
+                "num_samples": batch * (s["long_steps"] + 2),
+                "args": {
+                    "output_dir": "out",
+                    "report_to": "none",
+                    "save_strategy": "no",
+                    "max_steps": s["long_steps"],
+                    "disable_tqdm": True,
+                    **args,
+                },
             }
             run = train(spec, work)
             probe_peak = trial["peak_memory_gib"] * 2**30
             rows[name] = {
-                "trial": trial["trial"], "config": trial["config"],
+                "trial": trial["trial"],
+                "config": trial["config"],
                 "probe_samples_per_s": trial["samples_per_s"],
                 "probe_peak_bytes": int(probe_peak),
                 "long_outcome": run["outcome"],
                 "long_samples_per_s": run.get("steady_samples_per_s"),
                 "long_peak_bytes": run.get("peak_rss_bytes"),
-                "throughput_ratio": round((run.get("steady_samples_per_s") or 0)
-                                          / trial["samples_per_s"], 3),
+                "throughput_ratio": round(
+                    (run.get("steady_samples_per_s") or 0) / trial["samples_per_s"], 3
+                ),
                 "peak_ratio": round((run.get("peak_rss_bytes") or 0) / probe_peak, 3),
             }
     figures = {**machine(), **s, "quick": options.quick, "rows": rows}
@@ -105,11 +152,11 @@ def markdown(f: dict[str, Any]) -> str:
         for name, r in f["rows"].items()
     )
     return f"""
-## Fidelity: probe figures against a long real run ({f['date']}{', quick' if f['quick'] else ''})
+## Fidelity: probe figures against a long real run ({f["date"]}{", quick" if f["quick"] else ""})
 
-Machine: {f['machine']}; {f['versions']}. Command: `python benchmarks/fidelity.py{' --quick' if f['quick'] else ''}`.
-A GPT-2-style model (n_embd 192, 4 layers, vocab 8192), {f['seq_len']} tokens, global batch {f['global_batch']},
-budget {f['budget_mib']} MiB (RLIMIT_DATA). Each long run: {f['long_steps']} optimizer steps of a real Trainer
+Machine: {f["machine"]}; {f["versions"]}. Command: `python benchmarks/fidelity.py{" --quick" if f["quick"] else ""}`.
+A GPT-2-style model (n_embd 192, 4 layers, vocab 8192), {f["seq_len"]} tokens, global batch {f["global_batch"]},
+budget {f["budget_mib"]} MiB (RLIMIT_DATA). Each long run: {f["long_steps"]} optimizer steps of a real Trainer
 (steady samples/s: the steps after the first two; peak: the process's peak RSS).
 
 | config | settings | probe samples/s | long-run samples/s | ratio | probe peak | long-run peak | ratio | long run |

@@ -31,8 +31,8 @@ from _truth import Truth, measure
 from search_efficiency import score
 
 from autotune.core.trial import Candidate, TrialResult
+from autotune.launch.forkserver import model_to_share
 from autotune.launch.runner import Launcher
-from autotune.probe.shared_model import model_to_share
 from autotune.search.limits import SearchLimits
 from autotune.search.run import SearchRun
 from autotune.store.store import StudyStore

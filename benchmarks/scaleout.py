@@ -23,8 +23,15 @@ from typing import Any
 from _common import autotune, machine, save
 
 MODEL = {
-    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 128, "n_layer": 2,
-    "n_head": 4, "n_positions": 256, "vocab_size": 4096, "bos_token_id": 0, "eos_token_id": 0,
+    "model_type": "gpt2",
+    "architectures": ["GPT2LMHeadModel"],
+    "n_embd": 128,
+    "n_layer": 2,
+    "n_head": 4,
+    "n_positions": 256,
+    "vocab_size": 4096,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
 }
 
 
@@ -37,13 +44,34 @@ def settings(quick: bool) -> dict[str, Any]:
 def search(work: Path, s: dict[str, Any], study: str, parallel: int) -> dict[str, Any]:
     started = time.monotonic()
     done = autotune(
-        work, "search", "--model", "./bench-gpt2", "--device", "cpu",
+        work,
+        "search",
+        "--model",
+        "./bench-gpt2",
+        "--device",
+        "cpu",
         # the classic five only: benchmarks/levers.py measures compilation and attention
-        "--lever", "torch_compile=false", "--lever", "attn_implementation=sdpa", "--study", study,
-        "--global-batch-size", str(s["global_batch"]), "--seq-len", str(s["seq_len"]),
-        "--precisions", "fp32,bf16", "--optimizers", "adamw_torch,adafactor,adamw_bnb_8bit",
-        "--max-trials", str(s["max_trials"]), "--confirm-top", str(s["confirm_top"]),
-        "--parallel", str(parallel), "--quiet",
+        "--lever",
+        "torch_compile=false",
+        "--lever",
+        "attn_implementation=sdpa",
+        "--study",
+        study,
+        "--global-batch-size",
+        str(s["global_batch"]),
+        "--seq-len",
+        str(s["seq_len"]),
+        "--precisions",
+        "fp32,bf16",
+        "--optimizers",
+        "adamw_torch,adafactor,adamw_bnb_8bit",
+        "--max-trials",
+        str(s["max_trials"]),
+        "--confirm-top",
+        str(s["confirm_top"]),
+        "--parallel",
+        str(parallel),
+        "--quiet",
     )
     wall = time.monotonic() - started
     if done.returncode != 0:
@@ -51,8 +79,12 @@ def search(work: Path, s: dict[str, Any], study: str, parallel: int) -> dict[str
     shown = json.loads(autotune(work, "show", "--study", study, "--format", "json").stdout)
     best = next(t for t in shown["trials"] if t["best"])
     probes = [t for t in shown["trials"] if t["outcome"] != "skipped"]
-    return {"wall_s": round(wall, 1), "probes": len(probes), "best": best["config"],
-            "best_samples_per_s": best["samples_per_s"]}
+    return {
+        "wall_s": round(wall, 1),
+        "probes": len(probes),
+        "best": best["config"],
+        "best_samples_per_s": best["samples_per_s"],
+    }
 
 
 def main() -> None:
@@ -67,8 +99,14 @@ def main() -> None:
         (work / "bench-gpt2" / "config.json").write_text(json.dumps(MODEL))
         one = search(work, s, "one-worker", 1)
         two = search(work, s, "two-workers", 2)
-    figures = {**machine(), **s, "quick": options.quick, "one_worker": one, "two_workers": two,
-               "wall_ratio": round(one["wall_s"] / two["wall_s"], 2)}
+    figures = {
+        **machine(),
+        **s,
+        "quick": options.quick,
+        "one_worker": one,
+        "two_workers": two,
+        "wall_ratio": round(one["wall_s"] / two["wall_s"], 2),
+    }
     save("scaleout", figures, markdown(figures), not options.no_append)
 
 
@@ -76,22 +114,24 @@ def markdown(f: dict[str, Any]) -> str:
     rows = "\n".join(
         f"| {name} | {r['wall_s']:.0f} s | {r['probes']} | {r['best']} | "
         f"{r['best_samples_per_s']:.2f} |"
-        for name, r in (("1 worker", f["one_worker"]), ("2 workers (--parallel 2)",
-                                                        f["two_workers"]))
+        for name, r in (
+            ("1 worker", f["one_worker"]),
+            ("2 workers (--parallel 2)", f["two_workers"]),
+        )
     )
     return f"""
-## Scale-out: 1 worker against 2 workers on one study ({f['date']}{', quick' if f['quick'] else ''})
+## Scale-out: 1 worker against 2 workers on one study ({f["date"]}{", quick" if f["quick"] else ""})
 
-Machine: {f['machine']}; {f['versions']}. Command: `python benchmarks/scaleout.py{' --quick' if f['quick'] else ''}`.
-A GPT-2-style model (n_embd 128, 2 layers), {f['seq_len']} tokens, global batch {f['global_batch']},
-precisions fp32/bf16, optimizers adamw_torch/adafactor/adamw_bnb_8bit, --max-trials {f['max_trials']},
---confirm-top {f['confirm_top']}. Wall: the whole `autotune search` command, confirmation included.
+Machine: {f["machine"]}; {f["versions"]}. Command: `python benchmarks/scaleout.py{" --quick" if f["quick"] else ""}`.
+A GPT-2-style model (n_embd 128, 2 layers), {f["seq_len"]} tokens, global batch {f["global_batch"]},
+precisions fp32/bf16, optimizers adamw_torch/adafactor/adamw_bnb_8bit, --max-trials {f["max_trials"]},
+--confirm-top {f["confirm_top"]}. Wall: the whole `autotune search` command, confirmation included.
 
 | search | wall | probes | selected | selected samples/s (alone) |
 | --- | --- | --- | --- | --- |
 {rows}
 
-1 worker / 2 workers wall time: **{f['wall_ratio']}x**.
+1 worker / 2 workers wall time: **{f["wall_ratio"]}x**.
 """
 
 

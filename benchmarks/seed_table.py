@@ -27,9 +27,14 @@ from autotune.launch.forkserver import ForkServer
 from autotune.launch.runner import run_trial
 
 BERT = {
-    "model_type": "bert", "architectures": ["BertForSequenceClassification"],
-    "hidden_size": 512, "num_hidden_layers": 6, "num_attention_heads": 8,
-    "intermediate_size": 2048, "vocab_size": 30522, "max_position_embeddings": 512,
+    "model_type": "bert",
+    "architectures": ["BertForSequenceClassification"],
+    "hidden_size": 512,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 8,
+    "intermediate_size": 2048,
+    "vocab_size": 30522,
+    "max_position_embeddings": 512,
     "num_labels": 2,
 }
 ROWS = {
@@ -55,8 +60,12 @@ def main() -> None:
     parser.add_argument("--no-append", action="store_true")
     options = parser.parse_args()
     s = settings(options.quick)
-    config = {**BERT, "hidden_size": s["hidden"], "num_hidden_layers": s["layers"],
-              "intermediate_size": 4 * s["hidden"]}
+    config = {
+        **BERT,
+        "hidden_size": s["hidden"],
+        "num_hidden_layers": s["layers"],
+        "intermediate_size": 4 * s["hidden"],
+    }
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -67,19 +76,28 @@ def main() -> None:
         try:
             for n, (name, (precision, ckpt, optim)) in enumerate(ROWS.items()):
                 trial = TrialConfig(
-                    number=n, trial_dir=str(work / str(n)), model=model,
-                    candidate=Candidate(s["batch"], 1, precision, ckpt, optim), device="cpu",
-                    seq_len=s["seq_len"], target_len=8, memory_limit_bytes=BUDGET,
-                    warmup_steps=s["steps"][0], measure_steps=s["steps"][1],
+                    number=n,
+                    trial_dir=str(work / str(n)),
+                    model=model,
+                    candidate=Candidate(s["batch"], 1, precision, ckpt, optim),
+                    device="cpu",
+                    seq_len=s["seq_len"],
+                    target_len=8,
+                    memory_limit_bytes=BUDGET,
+                    warmup_steps=s["steps"][0],
+                    measure_steps=s["steps"][1],
                 )
                 r = run_trial(trial, timeout_s=900, server=server)
-                rows[name] = {"outcome": r.outcome.value, "samples_per_s": r.samples_per_s,
-                              "peak_bytes": r.peak_memory_bytes, "spread": r.step_time_spread,
-                              "reason": r.reason}
+                rows[name] = {
+                    "outcome": r.outcome.value,
+                    "samples_per_s": r.samples_per_s,
+                    "peak_bytes": r.peak_memory_bytes,
+                    "spread": r.step_time_spread,
+                    "reason": r.reason,
+                }
         finally:
             server.close()
-    figures = {**machine(), **s, "quick": options.quick, "rows": rows,
-               "findings": findings(rows)}
+    figures = {**machine(), **s, "quick": options.quick, "rows": rows, "findings": findings(rows)}
     save("seed_table", figures, markdown(figures), not options.no_append)
 
 
@@ -96,18 +114,36 @@ def findings(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         return peak(name) < 0.99 * peak(v)
 
     checks = [
-        ("fp16 is faster than vanilla (guide: 2.1x)", sps("fp16") > sps(v),
-         f"{sps('fp16') / sps(v):.2f}x"),
-        ("fp16 uses less memory than vanilla (guide: 13.9 vs 14.9 GB)", saves("fp16"),
-         f"{peak('fp16') / peak(v):.2f}x the peak"),
-        ("gradient checkpointing is about 20% slower", 0.6 < sps("gradient checkpointing") / sps(v) < 0.95,
-         f"{1 - sps('gradient checkpointing') / sps(v):+.0%} slower"),
-        ("gradient checkpointing saves memory", saves("gradient checkpointing"),
-         f"{peak('gradient checkpointing') / peak(v):.2f}x the peak"),
-        ("Adafactor saves optimizer memory", saves("adafactor"),
-         f"{(peak(v) - peak('adafactor')) / 2**20:.0f} MiB less"),
-        ("8-bit Adam saves optimizer memory", saves("8-bit adam"),
-         f"{(peak(v) - peak('8-bit adam')) / 2**20:.0f} MiB less"),
+        (
+            "fp16 is faster than vanilla (guide: 2.1x)",
+            sps("fp16") > sps(v),
+            f"{sps('fp16') / sps(v):.2f}x",
+        ),
+        (
+            "fp16 uses less memory than vanilla (guide: 13.9 vs 14.9 GB)",
+            saves("fp16"),
+            f"{peak('fp16') / peak(v):.2f}x the peak",
+        ),
+        (
+            "gradient checkpointing is about 20% slower",
+            0.6 < sps("gradient checkpointing") / sps(v) < 0.95,
+            f"{1 - sps('gradient checkpointing') / sps(v):+.0%} slower",
+        ),
+        (
+            "gradient checkpointing saves memory",
+            saves("gradient checkpointing"),
+            f"{peak('gradient checkpointing') / peak(v):.2f}x the peak",
+        ),
+        (
+            "Adafactor saves optimizer memory",
+            saves("adafactor"),
+            f"{(peak(v) - peak('adafactor')) / 2**20:.0f} MiB less",
+        ),
+        (
+            "8-bit Adam saves optimizer memory",
+            saves("8-bit adam"),
+            f"{(peak(v) - peak('8-bit adam')) / 2**20:.0f} MiB less",
+        ),
     ]
     return [{"finding": f, "holds here": bool(ok), "figure": fig} for f, ok, fig in checks]
 
@@ -123,11 +159,11 @@ def markdown(f: dict[str, Any]) -> str:
         for x in f["findings"]
     )
     return f"""
-## The guide's bert-large table, redone on this CPU ({f['date']}{', quick' if f['quick'] else ''})
+## The guide's bert-large table, redone on this CPU ({f["date"]}{", quick" if f["quick"] else ""})
 
-Machine: {f['machine']}; {f['versions']}. Command: `python benchmarks/seed_table.py{' --quick' if f['quick'] else ''}`.
-A BERT classifier from its config (hidden {f['hidden']}, {f['layers']} layers, vocab 30522), batch {f['batch']},
-{f['seq_len']} tokens, through autotune's probe (warm-up {f['steps'][0]}, measured {f['steps'][1]} optimizer steps).
+Machine: {f["machine"]}; {f["versions"]}. Command: `python benchmarks/seed_table.py{" --quick" if f["quick"] else ""}`.
+A BERT classifier from its config (hidden {f["hidden"]}, {f["layers"]} layers, vocab 30522), batch {f["batch"]},
+{f["seq_len"]} tokens, through autotune's probe (warm-up {f["steps"][0]}, measured {f["steps"][1]} optimizer steps).
 
 | row | samples/s | peak RSS | step spread | outcome |
 | --- | --- | --- | --- | --- |

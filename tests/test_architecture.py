@@ -3,7 +3,6 @@ an Optuna adapter that fails loudly when Optuna moves, and review commands witho
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -23,33 +22,21 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def module_imports(path: Path, known: dict[str, Path]) -> set[str]:
-    """autotune modules imported at module level (imports inside functions are lazy)."""
-    found = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autotune"):
-            for alias in node.names:
-                sub = f"{node.module}.{alias.name}"
-                found.add(sub if sub in known else str(node.module))
-    return found
+def test_the_layers_of_the_architecture_hold() -> None:
+    """docs/ARCHITECTURE.md's layers, as import-linter contracts (pyproject.toml): every
+    import counts, inside functions and under TYPE_CHECKING too."""
+    lint_imports = Path(sys.executable).parent / "lint-imports"  # import-linter's command
+    command = [str(lint_imports), "--no-cache"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]
 
 
-def test_no_import_cycle_inside_the_package() -> None:
-    known = modules()
-    graph = {name: module_imports(path, known) & set(known) for name, path in known.items()}
-    state: dict[str, int] = {}
-
-    def visit(name: str, trail: list[str]) -> None:
-        state[name] = 1
-        for dep in graph[name] - {name}:
-            assert state.get(dep) != 1, "cycle: " + " -> ".join([*trail, name, dep])
-            if dep not in state:
-                visit(dep, [*trail, name])
-        state[name] = 2
-
-    for name in graph:
-        if name not in state:
-            visit(name, [])
+def test_the_formatter_and_the_linter_pass() -> None:
+    """ruff format decides the layout and ruff check the rest, over the whole tree."""
+    for argv in (["format", "--check", "."], ["check", "."]):
+        command = [sys.executable, "-m", "ruff", *argv]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]
 
 
 def test_modules_stay_small_and_the_core_stays_pure() -> None:

@@ -169,7 +169,7 @@ def test_parallel_cpu_probes_cannot_share_more_memory_than_the_machine_has(
 ) -> None:
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two cores for --parallel 2")
-    from autotune.probe.device import cpu_memory_bytes
+    from autotune.system.devices import cpu_memory_bytes
 
     budget = int(0.6 * cpu_memory_bytes())
     argv = ["search", "--model", "gpt2", "--device", "cpu", "--parallel", "2",

@@ -25,10 +25,13 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from autotune.core.enums import DeviceKind
 from autotune.core.errors import LaunchError
 from autotune.core.files import write_atomic
-from autotune.launch.process import child_env, die_with_parent, dies_with
+from autotune.core.spec import SearchSpec
 from autotune.probe.shared_model import SharedModel
+from autotune.system.devices import cpu_memory_bytes
+from autotune.system.process import child_env, die_with_parent, dies_with
 
 PRELOAD = (
     "torch",
@@ -56,10 +59,11 @@ def serve(
     # driver, which a forked child cannot use (torch's documented fork-safe check)
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     from autotune.probe import device, fork_pages
+    from autotune.system.devices import capability_from_nvml, cuda_initialized
 
     try:
         importlib.import_module(PRELOAD[0])  # torch
-        with device.capability_from_nvml():
+        with capability_from_nvml():
             for name in PRELOAD[1:]:
                 importlib.import_module(name)
         if data_limit is not None:  # as a fresh probe sets it; the children inherit it
@@ -70,7 +74,7 @@ def serve(
 
     fork_pages.remember()  # so that the children report peaks as a fresh process would
     built = _build_shared(shared) if shared else None
-    _reply(replies, {"ready": True, "cuda_initialized": device.cuda_initialized(),
+    _reply(replies, {"ready": True, "cuda_initialized": cuda_initialized(),
                      "shared_model": built})  # fmt: skip
     for line in requests:
         request = json.loads(line)
@@ -257,3 +261,22 @@ if __name__ == "__main__":  # LIMIT ("-": none) [SHARED_MODEL_JSON_FILE]
     limit = sys.argv[1] if len(sys.argv) > 1 else "-"
     serve(sys.stdin, sys.stdout, None if limit == "-" else int(limit),
           sys.argv[2] if len(sys.argv) > 2 else None)  # fmt: skip
+
+
+def model_to_share(spec: SearchSpec, concurrent: int = 1) -> SharedModel | None:
+    """The model the fork server builds once for every probe (with the space's first
+    attention), or None: DDP probes start fresh; on the CPU each worker's server copy
+    must fit in the machine beside a probe at its limit (its pages are shared until the
+    probe writes them, so together they hold at most the limit plus the copy); beside
+    a GPU the copies may take at most half the host's memory."""
+    if spec.nproc_per_node > 1 or not spec.parameters:
+        return None
+    copy = 4 * spec.parameters  # built in fp32
+    if spec.device.kind == DeviceKind.CPU:  # each of `concurrent` workers has a server
+        if concurrent * (spec.fit_limit_bytes + copy) > spec.device.total_memory_bytes:
+            return None
+    else:  # host memory, beside a GPU
+        if concurrent * copy > cpu_memory_bytes() // 2:
+            return None
+    attention = dict(spec.space.levers).get("attn_implementation", ("",))[0]
+    return SharedModel(spec.model, spec.seed, str(attention))

@@ -18,13 +18,13 @@ from pathlib import Path
 from autotune.core.enums import DeviceKind, Outcome
 from autotune.core.errors import TrialFilesError
 from autotune.core.files import write_atomic
+from autotune.core.outcomes import classify_exit, failure_line
 from autotune.core.trial import TrialConfig, TrialResult
 from autotune.launch.forkserver import ForkServer, ServerStartError
-from autotune.launch.outcomes import classify_exit, failure_line
-from autotune.launch.process import child_env, dies_with, kill_group, stop
-from autotune.probe import device
 from autotune.probe.ranks import RESULT_NAME, merge_ranks
 from autotune.probe.shared_model import SharedModel
+from autotune.system.devices import process_data_limit
+from autotune.system.process import child_env, dies_with, kill_group, stop
 
 CONFIG_NAME = "config.json"
 DDP_GRACE_S = 15.0  # torchrun stops its ranks on SIGTERM; SIGKILL after this
@@ -64,9 +64,7 @@ class Launcher:
         self.no_server: set[int | None] = set()  # limits under which a server cannot start
 
     def run(self, config: TrialConfig, *, timeout_s: float) -> TrialResult:
-        server = self._server(
-            device.process_data_limit(self.device_kind, config.memory_limit_bytes)
-        )
+        server = self._server(process_data_limit(self.device_kind, config.memory_limit_bytes))
         if server is None or config.nproc_per_node > 1:
             return run_trial(config, timeout_s=timeout_s)
         return run_trial(config, timeout_s=timeout_s, server=server)

@@ -24,10 +24,10 @@ from typing import Any
 
 from autotune.core.enums import DeviceKind, Outcome
 from autotune.core.files import write_atomic
+from autotune.core.outcomes import is_out_of_memory, loss_outcome
 from autotune.core.schedule import Schedule
 from autotune.core.stats import StepStats
 from autotune.core.trial import TrialConfig, TrialResult
-from autotune.launch.outcomes import is_out_of_memory, loss_outcome
 from autotune.probe import device as hardware
 from autotune.probe import shared_model
 from autotune.probe.ranks import RESULT_NAME, rank_result_name
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     prepare_environment(config)
     ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if ddp:  # torchrun starts ranks in sessions of their own: die with the agent
-        from autotune.launch.process import die_with_parent
+        from autotune.system.process import die_with_parent
 
         die_with_parent(agent)
     try:

@@ -16,8 +16,6 @@ import dataclasses
 import json
 from typing import Any
 
-from autotune.core.enums import DeviceKind
-from autotune.core.spec import SearchSpec
 from autotune.core.trial import ModelSpec, TrialConfig
 
 
@@ -83,24 +81,3 @@ def take(config: TrialConfig) -> tuple[Any, dict[str, Any]] | None:
         gc.collect()
         return None
     return model, dict(_BUILT["baseline"])
-
-
-def model_to_share(spec: SearchSpec, concurrent: int = 1) -> SharedModel | None:
-    """The model the fork server builds once for every probe (with the space's first
-    attention), or None: DDP probes start fresh; on the CPU each worker's server copy
-    must fit in the machine beside a probe at its limit (its pages are shared until the
-    probe writes them, so together they hold at most the limit plus the copy); beside
-    a GPU the copies may take at most half the host's memory."""
-    if spec.nproc_per_node > 1 or not spec.parameters:
-        return None
-    copy = 4 * spec.parameters  # built in fp32
-    if spec.device.kind == DeviceKind.CPU:  # each of `concurrent` workers has a server
-        if concurrent * (spec.fit_limit_bytes + copy) > spec.device.total_memory_bytes:
-            return None
-    else:  # host memory, beside a GPU
-        from autotune.probe.device import cpu_memory_bytes
-
-        if concurrent * copy > cpu_memory_bytes() // 2:
-            return None
-    attention = dict(spec.space.levers).get("attn_implementation", ("",))[0]
-    return SharedModel(spec.model, spec.seed, str(attention))

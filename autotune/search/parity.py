@@ -31,8 +31,8 @@ from autotune.core.parity import (
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord, TrialResult
 from autotune.core.units import format_duration
-from autotune.probe import device
 from autotune.search.selection import fitting, ranked, select_best
+from autotune.system import devices as device
 
 if TYPE_CHECKING:
     from autotune.search.limits import SearchLimits

@@ -27,9 +27,9 @@ from autotune.hf.training_args import (
     checkpointing_field,
     read_arguments_file,
 )
-from autotune.probe.device import cuda_device_count, detect_device
 from autotune.search.estimate import check_budget
 from autotune.search.workers import Slot, plan_slots
+from autotune.system.devices import cuda_device_count, detect_device
 
 DEFAULT_GLOBAL_BATCH = 32
 DEFAULT_TARGET_LEN = 128

@@ -8,7 +8,6 @@ is the caller's (commands), so a worker that only explores writes nothing else.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import random
@@ -22,12 +21,12 @@ from autotune.core.errors import AutotuneError
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialConfig, TrialRecord, TrialResult
 from autotune.hf.training_args import recipe
+from autotune.launch.forkserver import model_to_share
 from autotune.launch.runner import Launcher
-from autotune.probe import device
-from autotune.probe.shared_model import model_to_share
 from autotune.search.deadline import Deadline
 from autotune.search.limits import Observer, SearchLimits
 from autotune.search.memory_verdict import far_over_budget
+from autotune.search.outcome import SearchReport
 from autotune.search.parity import ParityCheck, parity_stop, run_s
 from autotune.search.propose import Proposal, next_config
 from autotune.search.selection import (
@@ -42,6 +41,7 @@ from autotune.search.skips import Verdictor, open_candidates, skip_reason
 from autotune.store.keys import Attr
 from autotune.store.reuse import Reuse
 from autotune.store.store import StudyStore, TrialLost
+from autotune.system import devices as device
 
 
 class SearchRun:
@@ -295,15 +295,6 @@ class SearchRun:
 def is_probe(record: TrialRecord) -> bool:
     """A trial --max-trials counts: one that ran (not skipped, not reused)."""
     return record.result.outcome != Outcome.SKIPPED and not record.result.reused_from
-
-
-@dataclasses.dataclass(frozen=True)
-class SearchReport:
-    study_name: str
-    records: tuple[TrialRecord, ...]
-    probes_this_run: int
-    elapsed_s: float
-    stop_reason: str
 
 
 def prepare_store(*, spec: SearchSpec, study_name: str, storage: str, sampler: str) -> StudyStore:

@@ -1,6 +1,6 @@
 """`--parallel N` and `--devices`: several searching processes on one study.
 
-Each worker is `python -m autotune.workers JOB.json`, the same search loop a second
+Each worker is `python -m autotune.worker JOB.json`, the same search loop a second
 machine runs against a shared storage, confined to its share of this machine: CPU
 cores (affinity and thread count) or one GPU (CUDA_VISIBLE_DEVICES). Workers only
 explore; the parent then confirms the finalists alone, so the figures it selects on
@@ -19,11 +19,10 @@ import time
 from pathlib import Path
 
 from autotune.core.enums import DeviceKind
-from autotune.core.errors import AutotuneError, Terminated, UsageError, raise_terminated
+from autotune.core.errors import AutotuneError, UsageError
 from autotune.core.spec import SearchSpec
 from autotune.search.deadline import Deadline
 from autotune.search.limits import SearchLimits
-from autotune.search.run import prepare_store, run_search
 from autotune.store.storage import STORAGE_ENV
 
 STOP_GRACE_S = 60.0  # a worker told to stop fails and re-queues its trial in this time
@@ -105,8 +104,8 @@ def run_workers(
     limits: SearchLimits,
     deadline: Deadline,
 ) -> None:
-    """Run one worker per slot on the study until each stops; then return."""
-    prepare_store(spec=spec, study_name=study_name, storage=storage, sampler=sampler)
+    """Run one worker per slot on the study (which the caller has prepared) until each
+    stops; then return."""
     folder = study_dir / "workers"
     folder.mkdir(parents=True, exist_ok=True)
     concurrent = len(slots) if spec.device.kind == DeviceKind.CPU else 1
@@ -125,7 +124,7 @@ def run_workers(
             paths.append(path)
             processes.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "autotune.search.workers", str(path)],
+                    [sys.executable, "-m", "autotune.worker", str(path)],
                     env={**os.environ, STORAGE_ENV: storage},
                 )
             )
@@ -167,53 +166,10 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
 def confine(slot: Slot) -> None:
     """Restrict this process (and the probes it starts) to the slot."""
     if slot.gpu:
-        from autotune.probe.device import visible_entry
+        from autotune.system.devices import visible_entry
 
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_entry(int(slot.gpu))
     if slot.cores:
         os.sched_setaffinity(0, slot.cores)
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[name] = str(len(slot.cores))
-
-
-def main(argv: list[str] | None = None) -> int:
-    from rich.console import Console
-
-    from autotune.views.progress import Progress
-
-    argv = sys.argv[1:] if argv is None else argv
-    job = WorkerJob.from_json(Path(argv[0]).read_text(encoding="utf-8"))
-    signal.signal(signal.SIGTERM, raise_terminated)
-    confine(job.slot)
-    spec = job.spec
-    if job.slot.gpu:  # the one visible GPU is cuda:0 in this process
-        spec = dataclasses.replace(spec, device=dataclasses.replace(spec.device, index=0))
-    console = Console(highlight=False, soft_wrap=True, markup=False)
-    console.print(f"worker {job.index}: {job.slot.describe()}")
-    try:
-        store = prepare_store(
-            spec=spec,
-            study_name=job.study_name,
-            storage=os.environ[STORAGE_ENV],
-            sampler=job.sampler,
-        )
-        run_search(
-            store=store,
-            study_dir=Path(job.study_dir),
-            limits=job.limits,
-            deadline=Deadline.after(job.explore_s),
-            observer=Progress(console, live=False),
-            confirm=False,
-        )
-    except KeyboardInterrupt:
-        return 130
-    except Terminated:
-        return 143
-    except AutotuneError as exc:
-        print(f"worker {job.index}: error: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

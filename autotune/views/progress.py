@@ -16,7 +16,7 @@ from autotune.core.trial import Candidate, TrialResult
 from autotune.core.units import format_duration, format_size
 from autotune.search.deadline import Deadline
 from autotune.search.limits import SearchLimits
-from autotune.search.run import SearchReport
+from autotune.search.outcome import SearchReport
 from autotune.views.show import data_lines
 
 _STYLE = {

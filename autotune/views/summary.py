@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 from autotune.core.trial import TrialRecord
+from autotune.search.outcome import SearchOutcome
 from autotune.views.export import script_changes
-
-if TYPE_CHECKING:
-    from autotune.search_command import SearchOutcome
 
 
 def record_dict(record: TrialRecord) -> dict[str, object]:

@@ -113,7 +113,7 @@ def test_a_cpu_with_bf16_instructions_guesses_bf16_early_and_another_fp32() -> N
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
-    from autotune.probe.device import NATIVE_BF16, cpu_flags
+    from autotune.system.devices import NATIVE_BF16, cpu_flags
 
     info = tmp_path / "cpuinfo"
     info.write_text("model name\t: AMD EPYC\nflags\t\t: fpu avx512f avx512_bf16\n")

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from autotune.core.device import DeviceInfo
-from autotune.probe.device import detect_device, peak_memory_bytes
+from autotune.probe.device import peak_memory_bytes
+from autotune.system.devices import detect_device
 
 GIB = 2**30
 

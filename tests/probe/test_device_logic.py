@@ -13,24 +13,25 @@ from autotune.core.enums import DeviceKind
 from autotune.core.errors import UsageError
 from autotune.probe import device
 from autotune.probe.cuda_context import nvml_used_bytes
+from autotune.system import devices
 
 A100 = DeviceInfo(DeviceKind.CUDA, 1, "A100", 80 * 2**30, (8, 0))
 
 
 def test_a_gpu_index_maps_through_the_users_visible_devices() -> None:
-    assert device.visible_entry(1, "4,6") == "6"
-    assert device.visible_entry(0, "GPU-aaaa,GPU-bbbb") == "GPU-aaaa"
-    assert device.visible_entry(3, None) == "3"  # nothing set: the index is the GPU
+    assert devices.visible_entry(1, "4,6") == "6"
+    assert devices.visible_entry(0, "GPU-aaaa,GPU-bbbb") == "GPU-aaaa"
+    assert devices.visible_entry(3, None) == "3"  # nothing set: the index is the GPU
     with pytest.raises(UsageError, match="shows 2 GPU"):
-        device.visible_entry(2, "4,6")
+        devices.visible_entry(2, "4,6")
 
 
 def test_a_single_process_probe_sees_exactly_its_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5,7")
-    assert device.placement(A100, 1) == ("cuda:0", "5")  # --device cuda:1 is GPU 5
-    assert device.placement(A100, 2) == ("cuda:0", "2,5,7")  # DDP ranks pick by LOCAL_RANK
+    assert devices.placement(A100, 1) == ("cuda:0", "5")  # --device cuda:1 is GPU 5
+    assert devices.placement(A100, 2) == ("cuda:0", "2,5,7")  # DDP ranks pick by LOCAL_RANK
     cpu = DeviceInfo(DeviceKind.CPU, None, "cpu", 2**30)
-    assert device.placement(cpu, 1) == ("cpu", "")
+    assert devices.placement(cpu, 1) == ("cpu", "")
 
 
 class FakeNvml:
@@ -95,9 +96,9 @@ def test_importing_libraries_before_a_fork_reads_capabilities_without_cuda(
     import torch
 
     asked: list[int] = []
-    monkeypatch.setattr(device, "nvml_capability", lambda i: asked.append(i) or (9, 0))
+    monkeypatch.setattr(devices, "nvml_capability", lambda i: asked.append(i) or (9, 0))
     real = torch.cuda.get_device_capability
-    with device.capability_from_nvml():
+    with devices.capability_from_nvml():
         assert torch.cuda.get_device_capability(torch.cuda.device(1)) == (9, 0)
         assert torch.cuda.get_device_capability(0) == (9, 0)
         assert not torch.cuda.is_initialized()
@@ -113,9 +114,9 @@ def test_a_device_nvml_cannot_answer_for_falls_through_to_torch(
     def no_nvml(index: int) -> tuple[int, int]:
         raise RuntimeError("no driver library")
 
-    monkeypatch.setattr(device, "nvml_capability", no_nvml)
+    monkeypatch.setattr(devices, "nvml_capability", no_nvml)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 5))
-    with device.capability_from_nvml():
+    with devices.capability_from_nvml():
         assert torch.cuda.get_device_capability(0) == (7, 5)
 
 

@@ -12,10 +12,10 @@ from conftest import write_model
 from helpers import SPEC
 
 from autotune.core.trial import Candidate, TrialConfig
-from autotune.launch.forkserver import ForkServer
+from autotune.launch.forkserver import ForkServer, model_to_share
 from autotune.launch.runner import run_trial
 from autotune.probe import shared_model
-from autotune.probe.shared_model import SharedModel, model_to_share
+from autotune.probe.shared_model import SharedModel
 
 # 95M parameters (380 MB in fp32): a second copy would add about a fifth to the peak
 MID_GPT2 = {

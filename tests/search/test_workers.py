@@ -90,7 +90,7 @@ def test_a_worker_killed_mid_search_fails_the_search_loudly_and_a_rerun_finishes
                 cmdline = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"autotune.search.workers" in cmdline and cmdline[-2].endswith(b"1.json"):
+            if b"autotune.worker" in cmdline and cmdline[-2].endswith(b"1.json"):
                 worker = int(entry.name)
         time.sleep(0.05)
     assert worker is not None, "worker 1 never started"

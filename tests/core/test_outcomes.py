@@ -4,8 +4,8 @@ import signal
 
 import pytest
 
+from autotune.core.outcomes import classify_exit, is_out_of_memory, loss_outcome
 from autotune.core.trial import Outcome, TrialResult
-from autotune.launch.outcomes import classify_exit, is_out_of_memory, loss_outcome
 
 GIB = 2**30
 

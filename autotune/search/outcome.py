@@ -1,0 +1,37 @@
+"""What a search hands back: the study loop's report (`SearchReport`) and the whole
+search's outcome, the exported config with the figures the end of a search shows
+(`SearchOutcome`). Plain values: views read them without importing the search."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from autotune.core.stats import SpeedRatio
+from autotune.core.trial import TrialRecord
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchReport:
+    study_name: str
+    records: tuple[TrialRecord, ...]
+    probes_this_run: int
+    elapsed_s: float
+    stop_reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchOutcome:
+    study_name: str
+    best: TrialRecord
+    output: Path
+    probes_this_run: int
+    elapsed_s: float
+    stop_reason: str
+    parity: dict[str, Any]  # views.export.parity_summary: what changed, and its verdict
+    train_steps: int = 0  # the user's run length, when selection ranked by time to finish
+    # the plain default (fp32 AdamW at the smallest batch), when measured, and the best's
+    # speed over it
+    default: TrialRecord | None = None
+    versus_default: SpeedRatio | None = None
