@@ -146,8 +146,10 @@ def export(
     from autotune import commands
 
     if fmt == "cli" and (output is not None or merge_into is not None):
-        raise click.UsageError("--format cli prints flags; it writes no file: drop --output "
-                               "and --merge-into, or drop --format cli")  # fmt: skip
+        raise click.UsageError(
+            "--format cli prints flags; it writes no file: drop --output "
+            "and --merge-into, or drop --format cli"
+        )
     if output is not None and merge_into is not None:
         raise click.UsageError("give --output (a new file) or --merge-into (your file), not both")
     url = commands.resolve_storage(storage, DEFAULT_STUDIES)
@@ -165,9 +167,12 @@ def export(
         click.echo(flags)
     elif merge_into is not None:
         changed, notes = commands.merge_command(
-            study_name=study_name, storage=url, objective=goal, merge_into=merge_into,
+            study_name=study_name,
+            storage=url,
+            objective=goal,
+            merge_into=merge_into,
             for_device=target,
-        )  # fmt: skip
+        )
         diff = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()) or "nothing"
         click.echo(f"updated {merge_into}: {diff}")
     else:

@@ -85,8 +85,14 @@ def table_or_json(
     help_text: str = "table for people, json for scripts.",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """--format table|json, as every command that prints results has it."""
-    return click.option("--format", "fmt", default="table", show_default=True,
-                        type=click.Choice(["table", "json"]), help=help_text)  # fmt: skip
+    return click.option(
+        "--format",
+        "fmt",
+        default="table",
+        show_default=True,
+        type=click.Choice(["table", "json"]),
+        help=help_text,
+    )
 
 
 TABLE_OR_JSON = table_or_json()
@@ -338,7 +344,7 @@ def search_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 # `search --help`: the options most searches set first, the rest under "Advanced"
-SEARCH_GROUPS = {
+SEARCH_GROUPS = {  # a table: one heading and its options a line, aligned to read
     "Common": ("model", "base_args", "memory_budget", "time_budget", "global_batch_size",
                "seq_len", "output"),
     "Advanced: the workload": ("target_len", "train_steps", "task", "device", "headroom",

@@ -73,8 +73,9 @@ def hand_off(
 
     tuned_on = spec.device.kind
     target = target or tuned_on
-    tuned = tuned_arguments(record.candidate, device_kind=target,
-                            checkpointing_field=spec.checkpointing_field)  # fmt: skip
+    tuned = tuned_arguments(
+        record.candidate, device_kind=target, checkpointing_field=spec.checkpointing_field
+    )
     notes = []
     if target != tuned_on:
         notes.append(
@@ -82,8 +83,10 @@ def hand_off(
             f"that device's, not {target}'s; tune on the {target} to know"
         )
     elif tuned.get("use_cpu"):
-        notes.append("tuned on the CPU, so use_cpu true is set: for a GPU run pass "
-                     "--for-device cuda (and tune on the GPU for its figures)")  # fmt: skip
+        notes.append(
+            "tuned on the CPU, so use_cpu true is set: for a GPU run pass "
+            "--for-device cuda (and tune on the GPU for its figures)"
+        )
     from autotune.views.export import script_changes
 
     notes.extend(f"in your script: {line}" for line in script_changes(record.candidate))
@@ -160,8 +163,14 @@ def report_command(*, study_name: str, storage: str, output_dir: Path) -> list[P
     rows = trial_rows(recs, store.spec, Objective.THROUGHPUT)
     state = store.parity()
     recipe = state.reference if state else None
-    return write_report(records=recs, rows=rows, spec=store.spec, study_name=study_name,
-                        output_dir=output_dir, recipe=recipe)  # fmt: skip
+    return write_report(
+        records=recs,
+        rows=rows,
+        spec=store.spec,
+        study_name=study_name,
+        output_dir=output_dir,
+        recipe=recipe,
+    )
 
 
 def dashboard_command(*, study_name: str, storage: str, host: str, port: int) -> None:
@@ -228,8 +237,13 @@ def doctor_command(*, device: str) -> Any:
     info = detect_device(device)
     installed = available_optimizers()
     wanted = ("adamw_torch", "adamw_torch_fused", "adafactor", "adamw_bnb_8bit", "adamw_torch_8bit")
-    versions = {"python": platform.python_version(), "torch": torch.__version__,
-                "transformers": transformers.__version__, "optuna": optuna.__version__,
-                "cuda": str(torch.version.cuda)}  # fmt: skip
-    return run_doctor(device=info, optimizers=tuple(o for o in wanted if o in installed),
-                      versions=versions)  # fmt: skip
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "optuna": optuna.__version__,
+        "cuda": str(torch.version.cuda),
+    }
+    return run_doctor(
+        device=info, optimizers=tuple(o for o in wanted if o in installed), versions=versions
+    )

@@ -204,8 +204,10 @@ class Doctor:
         )
 
     def precisions(self) -> list[Check]:
-        return [self.one_step(f"precision {p}", self.plain(8, p))
-                for p in supported_precisions(self.device)]  # fmt: skip
+        return [
+            self.one_step(f"precision {p}", self.plain(8, p))
+            for p in supported_precisions(self.device)
+        ]
 
     def optimizers(self, names: tuple[str, ...]) -> list[Check]:
         return [self.one_step(f"optimizer {o}", self.plain(8, "fp32", o)) for o in names]

@@ -82,8 +82,9 @@ def search_command(  # long: one keyword per `search` option, then a few calls
         raise UsageError("--text-column, --target-column and --tokenizer need --dataset")
     data = None
     if dataset is not None:
-        data = DataOptions(dataset, dataset_split, text_column, target_column, tokenizer,
-                           folder / "data")  # fmt: skip
+        data = DataOptions(
+            dataset, dataset_split, text_column, target_column, tokenizer, folder / "data"
+        )
     layout = Layout(nproc_per_node, parallel, devices)
     options = SpecOptions(model=model, **spec_options)
     spec, slots = build_spec(options, dataset=data, layout=layout)
@@ -110,21 +111,44 @@ def search_command(  # long: one keyword per `search` option, then a few calls
     deadline = Deadline.after(time_budget)
     if slots:
         run_workers(
-            spec=spec, slots=slots, study_name=name, storage=url, study_dir=folder,
-            sampler=sampler, limits=limits, deadline=deadline,
-        )  # fmt: skip
+            spec=spec,
+            slots=slots,
+            study_name=name,
+            storage=url,
+            study_dir=folder,
+            sampler=sampler,
+            limits=limits,
+            deadline=deadline,
+        )
     return _search_and_export(
-        store=store, folder=folder, limits=limits, deadline=deadline, explore=not slots,
-        live=not quiet and not slots, output=output, objective=objective, force=force,
-        log_to_stderr=log_to_stderr, notes=notes,
-    )  # fmt: skip
+        store=store,
+        folder=folder,
+        limits=limits,
+        deadline=deadline,
+        explore=not slots,
+        live=not quiet and not slots,
+        output=output,
+        objective=objective,
+        force=force,
+        log_to_stderr=log_to_stderr,
+        notes=notes,
+    )
 
 
 def _search_and_export(
-    *, store: StudyStore, folder: Path, limits: SearchLimits, deadline: Deadline,
-    explore: bool, live: bool, output: Path, objective: Objective, force: bool,
-    log_to_stderr: bool = False, notes: list[str] | None = None,
-) -> SearchOutcome:  # fmt: skip
+    *,
+    store: StudyStore,
+    folder: Path,
+    limits: SearchLimits,
+    deadline: Deadline,
+    explore: bool,
+    live: bool,
+    output: Path,
+    objective: Objective,
+    force: bool,
+    log_to_stderr: bool = False,
+    notes: list[str] | None = None,
+) -> SearchOutcome:
     """The parent's part: explore (unless workers did), confirm, select, export."""
     from rich.console import Console
 
@@ -138,15 +162,28 @@ def _search_and_export(
     console = Console(highlight=False, soft_wrap=True, stderr=log_to_stderr, markup=False)
     progress = Progress(console, live=live, deadline=deadline, notes=notes or [])
     try:
-        report = run_search(store=store, study_dir=folder, limits=limits,
-                            deadline=deadline, observer=progress, explore=explore)  # fmt: skip
+        report = run_search(
+            store=store,
+            study_dir=folder,
+            limits=limits,
+            deadline=deadline,
+            observer=progress,
+            explore=explore,
+        )
         parity = store.parity() if limits.parity_steps else None
         records = list(report.records)
         if parity is None:  # --parity off: verdicts of earlier runs do not apply either
             records = [dataclasses.replace(r, parity=None) for r in records]
-        best = export_selected(records=records, spec=spec, study_name=name, output=output,
-                               objective=objective, validate=True, force=force,
-                               parity=parity)  # fmt: skip
+        best = export_selected(
+            records=records,
+            spec=spec,
+            study_name=name,
+            output=output,
+            objective=objective,
+            validate=True,
+            force=force,
+            parity=parity,
+        )
         progress.on_search_end(report)
     finally:
         progress.close()
@@ -155,9 +192,18 @@ def _search_and_export(
     changed = parity_summary(best, reference_for(spec, records, parity), parity)
     default = plain_default(records, spec)
     ratio = speed_ratio(best.result, default.result) if default and default != best else None
-    return SearchOutcome(name, best, output, report.probes_this_run, report.elapsed_s,
-                         report.stop_reason, changed, spec.train_steps, default,
-                         ratio)  # fmt: skip
+    return SearchOutcome(
+        name,
+        best,
+        output,
+        report.probes_this_run,
+        report.elapsed_s,
+        report.stop_reason,
+        changed,
+        spec.train_steps,
+        default,
+        ratio,
+    )
 
 
 def _ensure_sqlite_folder(url: str) -> None:

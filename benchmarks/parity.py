@@ -74,7 +74,8 @@ def search(
 
 
 def table(runs: list[dict[str, Any]], steps: int) -> str:
-    from autotune.core.parity import ParityState, judge, tolerance
+    from autotune.core.parity import judge, tolerance
+    from autotune.core.parity_state import ParityState
 
     info = machine()
     out = [

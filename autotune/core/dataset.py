@@ -30,12 +30,20 @@ class LengthStats:
         def pct(q: float) -> int:
             return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
-        return cls(len(ordered), ordered[-1], round(statistics.fmean(ordered), 1),
-                   pct(0.5), pct(0.9), pct(0.99))  # fmt: skip
+        return cls(
+            len(ordered),
+            ordered[-1],
+            round(statistics.fmean(ordered), 1),
+            pct(0.5),
+            pct(0.9),
+            pct(0.99),
+        )
 
     def describe(self) -> str:
-        return (f"{self.count} samples, tokens: max {self.max}, p99 {self.p99}, p90 {self.p90}, "
-                f"median {self.p50}, mean {self.mean}")  # fmt: skip
+        return (
+            f"{self.count} samples, tokens: max {self.max}, p99 {self.p99}, p90 {self.p90}, "
+            f"median {self.p50}, mean {self.mean}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +67,13 @@ class DataSpec:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> DataSpec:
         target = raw.get("target_lengths")
-        return cls(**{**raw, "lengths": LengthStats(**raw["lengths"]),
-                      "target_lengths": LengthStats(**target) if target else None})  # fmt: skip
+        return cls(
+            **{
+                **raw,
+                "lengths": LengthStats(**raw["lengths"]),
+                "target_lengths": LengthStats(**target) if target else None,
+            }
+        )
 
     def summary(self) -> dict[str, Any]:
         """Length distribution, truncation and padding waste (for show and the sidecar)."""

@@ -106,8 +106,9 @@ def classify_exit(
 
 
 _EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?::.*)?$")
-_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*-\d+[^\n]*\((SIG\w+)\)",
-                         re.S)  # fmt: skip
+_ROOT_CAUSE = re.compile(
+    r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*-\d+[^\n]*\((SIG\w+)\)", re.S
+)
 
 
 def failure_line(stderr: str) -> str:

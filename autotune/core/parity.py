@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import math
 from typing import Any
 
@@ -66,8 +65,11 @@ class Arithmetic:
     @classmethod
     def of(cls, candidate: Candidate) -> Arithmetic:
         sixteen = candidate.precision in (Precision.FP16, Precision.BF16)
-        return cls(candidate.precision, SAME_UPDATE.get(candidate.optim, candidate.optim),
-                   "deepspeed" if candidate.zero_stage and sixteen else "")  # fmt: skip
+        return cls(
+            candidate.precision,
+            SAME_UPDATE.get(candidate.optim, candidate.optim),
+            "deepspeed" if candidate.zero_stage and sixteen else "",
+        )
 
     @property
     def key(self) -> str:
@@ -108,8 +110,14 @@ def changes(reference: Candidate, candidate: Candidate) -> list[Change]:
             )
         )
     if candidate.train_sampling_strategy != reference.train_sampling_strategy:
-        found.append(Change("sampling", reference.train_sampling_strategy,
-                            candidate.train_sampling_strategy, True))  # fmt: skip
+        found.append(
+            Change(
+                "sampling",
+                reference.train_sampling_strategy,
+                candidate.train_sampling_strategy,
+                True,
+            )
+        )
     for name in LEVERS:  # compiled, attention kernels, packed rows: the same sums
         before, after = getattr(reference, name), getattr(candidate, name)
         if before != after:
@@ -155,8 +163,12 @@ class Curve:
         return sum(losses) / len(losses)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"points": [list(p) for p in self.points], "skipped_steps": self.skipped_steps,
-                "steps": self.steps, "error": self.error}  # fmt: skip
+        return {
+            "points": [list(p) for p in self.points],
+            "skipped_steps": self.skipped_steps,
+            "steps": self.steps,
+            "error": self.error,
+        }
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Curve:
@@ -174,8 +186,10 @@ class Tolerance:
 
     def describe(self) -> str:
         if self.rounding_gap is None:
-            return (f"{self.fraction:.1%} of the reference's progress (the floor: no verdict "
-                    "so far needed the split twin's calibration)")  # fmt: skip
+            return (
+                f"{self.fraction:.1%} of the reference's progress (the floor: no verdict "
+                "so far needed the split twin's calibration)"
+            )
         return (
             f"{self.fraction:.1%} of the reference's progress (max of the {FLOOR:.0%} floor "
             f"and {ROUNDING_FACTOR:g}x the split twin's {self.rounding_gap:.2%}, at most "
@@ -250,19 +264,27 @@ def judge(reference: Curve, run: Curve, tol: Tolerance) -> Parity:
 
     def verdict(status: Status, reason: str, gap: float | None = None) -> Parity:
         end = run.end if run.points else None
-        return Parity(status, reason, final_loss=end, reference_final_loss=ref_end,
-                      start_loss=start, gap=gap, tolerance=tol.fraction,
-                      steps=steps)  # fmt: skip
+        return Parity(
+            status,
+            reason,
+            final_loss=end,
+            reference_final_loss=ref_end,
+            start_loss=start,
+            gap=gap,
+            tolerance=tol.fraction,
+            steps=steps,
+        )
 
     if run.error or not run.points:
-        return Parity(Status.UNCHECKED, f"its parity run did not finish ({run.error})",
-                      steps=steps)  # fmt: skip
+        return Parity(Status.UNCHECKED, f"its parity run did not finish ({run.error})", steps=steps)
     if not run.finite:
         at = next(s for s, loss in run.points if not math.isfinite(loss))
         return verdict(Status.DIVERGED, f"the loss became NaN/inf by step {at}")
     if run.skipped_steps > MAX_SKIPPED * max(1, steps):
-        return verdict(Status.DIVERGED, f"the fp16 loss scale collapsed "
-                       f"({run.skipped_steps} of {steps} steps skipped)")  # fmt: skip
+        return verdict(
+            Status.DIVERGED,
+            f"the fp16 loss scale collapsed ({run.skipped_steps} of {steps} steps skipped)",
+        )
     if reference.error or not reference.points:
         return verdict(Status.UNCHECKED, f"the reference run did not finish ({reference.error})")
     if not reference.finite:
@@ -281,8 +303,11 @@ def judge(reference: Curve, run: Curve, tol: Tolerance) -> Parity:
         return verdict(Status.OK, "", gap)
     if gap > 0:
         return verdict(Status.DIVERGED, "learns slower than the reference", gap)
-    return verdict(Status.DIVERGED, "learns faster than the reference: a different "
-                   "training, not the same one faster", gap)  # fmt: skip
+    return verdict(
+        Status.DIVERGED,
+        "learns faster than the reference: a different training, not the same one faster",
+        gap,
+    )
 
 
 def _unresolved(tol: Tolerance, steps: int) -> str:
@@ -321,68 +346,3 @@ def _gap(reference: Curve, run: Curve) -> float:
 
 def _num(value: float) -> str:
     return f"{value:.4g}"
-
-
-@dataclasses.dataclass(frozen=True)
-class ParityState:
-    """What a study holds about parity: the reference, the runs and the verdicts."""
-
-    reference: Candidate  # per process, as the study's candidates are
-    steps: int
-    learning_rate: float
-    seed: int = 0
-    curves: dict[str, Curve] = dataclasses.field(default_factory=dict)  # "reference", "twin", keys
-    verdicts: dict[str, Parity] = dataclasses.field(default_factory=dict)  # by arithmetic key
-    tolerance: Tolerance | None = None
-    # the user allows unverified verdicts to be exported (--parity quick): a policy of
-    # the latest search, not part of the setup runs are compared under
-    quick: bool = False
-
-    def verdict(self, candidate: Candidate) -> Parity | None:
-        """The candidate's verdict; None when its arithmetic was not checked."""
-        if Arithmetic.of(candidate) == Arithmetic.of(self.reference):
-            return Parity(Status.SAME)
-        found = self.verdicts.get(Arithmetic.of(candidate).key)
-        if found is not None and found.status == Status.UNVERIFIED:
-            return dataclasses.replace(found, allowed=self.quick)
-        return found
-
-    def same_setup(self, other: ParityState) -> bool:
-        """Whether runs made under `other`'s settings can be compared with these."""
-        return (Arithmetic.of(other.reference), other.steps, other.learning_rate,
-                other.seed) == (Arithmetic.of(self.reference), self.steps,
-                                self.learning_rate, self.seed)  # fmt: skip
-
-    def retrying(self) -> ParityState:
-        """This state less what did not finish (unchecked verdicts, failed reference or
-        twin runs): a rerun of the search tries them again."""
-        curves = {k: c for k, c in self.curves.items()
-                  if not (k in ("reference", "twin") and c.error)}  # fmt: skip
-        if "reference" not in curves:
-            curves.pop("twin", None)
-        verdicts = {k: v for k, v in self.verdicts.items() if v.status != Status.UNCHECKED}
-        return dataclasses.replace(self, curves=curves, verdicts=verdicts)
-
-    def to_json(self) -> str:
-        return json.dumps({
-            "reference": dataclasses.asdict(self.reference), "steps": self.steps,
-            "learning_rate": self.learning_rate, "seed": self.seed,
-            "curves": {k: c.to_dict() for k, c in self.curves.items()},
-            "verdicts": {k: dataclasses.asdict(v) for k, v in self.verdicts.items()},
-            "tolerance": dataclasses.asdict(self.tolerance) if self.tolerance else None,
-            "quick": self.quick,
-        }, sort_keys=True)  # fmt: skip
-
-    @classmethod
-    def from_json(cls, text: str) -> ParityState:
-        raw = json.loads(text)
-        return cls(
-            reference=Candidate(**raw["reference"]),
-            steps=int(raw["steps"]),
-            learning_rate=float(raw["learning_rate"]),
-            seed=int(raw.get("seed", 0)),
-            curves={k: Curve.from_dict(c) for k, c in raw["curves"].items()},
-            verdicts={k: Parity.from_dict(v) for k, v in raw["verdicts"].items()},
-            tolerance=Tolerance(**raw["tolerance"]) if raw["tolerance"] else None,
-            quick=bool(raw.get("quick", False)),
-        )

@@ -84,9 +84,13 @@ class SearchSpace:
         batches = self.all_batches if include_fallback else self.micro_batches
         names = list(self.varied_levers)
         for batch, prec, ckpt, opt, sampling, *values in itertools.product(
-            batches, self.precisions, self.checkpointing, self.optimizers, self.samplings,
+            batches,
+            self.precisions,
+            self.checkpointing,
+            self.optimizers,
+            self.samplings,
             *self.varied_levers.values(),
-        ):  # fmt: skip
+        ):
             levers = dict(zip(names, values, strict=True))
             yield self.candidate(batch, prec, ckpt, opt, sampling, **levers)
 

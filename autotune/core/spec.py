@@ -90,9 +90,19 @@ class SearchSpec:
         study's (besides the config itself and the library versions): the model, the
         device, the lengths, the recipe's other fields, the processes, the data, and the
         probe's window."""
-        keys = ("model", "model_config_sha256", "task", "device", "seq_len", "target_len",
-                "base_arguments", "nproc_per_node", "data", "warmup_steps",
-                "measure_steps")  # fmt: skip
+        keys = (
+            "model",
+            "model_config_sha256",
+            "task",
+            "device",
+            "seq_len",
+            "target_len",
+            "base_arguments",
+            "nproc_per_node",
+            "data",
+            "warmup_steps",
+            "measure_steps",
+        )
         return {k: v for k, v in self.identity().items() if k in keys}
 
     def to_json(self) -> str:
@@ -108,8 +118,9 @@ class SearchSpec:
         raw["device"] = DeviceInfo(**device)
         space = {k: tuple(v) if isinstance(v, list) else v for k, v in raw["space"].items()}
         for key in ("levers", "not_offered"):  # pairs, as JSON lists
-            space[key] = tuple((n, tuple(v) if isinstance(v, list) else v)
-                               for n, v in space.get(key, ()))  # fmt: skip
+            space[key] = tuple(
+                (n, tuple(v) if isinstance(v, list) else v) for n, v in space.get(key, ())
+            )
         raw["space"] = SearchSpace(**space)  # type: ignore[arg-type]
         if raw.get("data"):
             raw["data"] = DataSpec.from_dict(raw["data"])

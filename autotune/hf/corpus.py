@@ -20,8 +20,13 @@ from autotune.core.dataset import DataSpec, LengthStats
 from autotune.core.enums import Task
 from autotune.core.errors import UsageError
 
-FILE_KINDS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet",
-              ".txt": "text"}  # fmt: skip
+FILE_KINDS = {
+    ".json": "json",
+    ".jsonl": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".txt": "text",
+}
 SAMPLINGS = ("random", "group_by_length")  # values of TrainingArguments.train_sampling_strategy
 LENGTH_COLUMN = "length"  # TrainingArguments.length_column_name's default
 
@@ -37,15 +42,19 @@ def load_source(source: str, *, split: str) -> Any:
             loaded = datasets.load_from_disk(str(path))
             if isinstance(loaded, datasets.DatasetDict):
                 if split not in loaded:
-                    raise UsageError(f"--dataset {source} has no split {split!r}; it has "
-                                     f"{', '.join(loaded)}; pass --dataset-split")  # fmt: skip
+                    raise UsageError(
+                        f"--dataset {source} has no split {split!r}; it has "
+                        f"{', '.join(loaded)}; pass --dataset-split"
+                    )
                 loaded = loaded[split]
             return loaded
         if path.is_file():
             kind = FILE_KINDS.get(path.suffix.lower())
             if kind is None:
-                raise UsageError(f"--dataset {source}: cannot read {path.suffix!r} files; use "
-                                 f"{', '.join(FILE_KINDS)} or a save_to_disk folder")  # fmt: skip
+                raise UsageError(
+                    f"--dataset {source}: cannot read {path.suffix!r} files; use "
+                    f"{', '.join(FILE_KINDS)} or a save_to_disk folder"
+                )
             return datasets.load_dataset(kind, data_files=str(path), split="train")
         if source.startswith((".", "/", "~")):
             raise UsageError(f"--dataset {source}: no such file or folder")
@@ -103,16 +112,21 @@ def prepare(  # long: one pass over the data: load, tokenize, measure, save
     pad_id = 0
     if tokenized:
         ids = [list(map(int, x)) for x in table["input_ids"]]
-        targets = ([list(map(int, x)) for x in table["labels"]]
-                   if task == Task.SEQ2SEQ and "labels" in columns else None)  # fmt: skip
+        targets = (
+            [list(map(int, x)) for x in table["labels"]]
+            if task == Task.SEQ2SEQ and "labels" in columns
+            else None
+        )
         if task == Task.SEQ2SEQ and targets is None:
             raise UsageError(f"--dataset {source} has input_ids but no labels for seq2seq")
         text_column = text_column or "input_ids"
     else:
         text_column = text_column or _pick(columns, ("text", "content", "sentence", "source"))
         if text_column not in columns:
-            raise UsageError(f"--dataset {source} has no column {text_column!r}; columns: "
-                             f"{', '.join(columns)}; pass --text-column")  # fmt: skip
+            raise UsageError(
+                f"--dataset {source} has no column {text_column!r}; columns: "
+                f"{', '.join(columns)}; pass --text-column"
+            )
         used_tokenizer = tokenizer or model_name
         tok = load_tokenizer(used_tokenizer)
         pad_id = int(tok.pad_token_id)
@@ -121,10 +135,13 @@ def prepare(  # long: one pass over the data: load, tokenize, measure, save
         if task == Task.SEQ2SEQ:
             target_column = target_column or _pick(columns, ("target", "summary", "labels"))
             if target_column not in columns:
-                raise UsageError(f"seq2seq needs a target column; --dataset {source} has "
-                                 f"{', '.join(columns)}; pass --target-column")  # fmt: skip
-            targets = tok(text_target=[str(t) for t in table[target_column]],
-                          truncation=False)["input_ids"]  # fmt: skip
+                raise UsageError(
+                    f"seq2seq needs a target column; --dataset {source} has "
+                    f"{', '.join(columns)}; pass --target-column"
+                )
+            targets = tok(text_target=[str(t) for t in table[target_column]], truncation=False)[
+                "input_ids"
+            ]
     lengths = [len(x) for x in ids]
     if min(lengths) == 0:
         raise UsageError(f"--dataset {source} has empty samples in {text_column!r}; drop them")
@@ -147,16 +164,24 @@ def prepare(  # long: one pass over the data: load, tokenize, measure, save
     if not saved.exists():
         _save(rows, saved)
     waste = {
-        str(b): {s: round(padding_waste(rows[LENGTH_COLUMN], b, global_batch, s), 4)
-                 for s in SAMPLINGS}
+        str(b): {
+            s: round(padding_waste(rows[LENGTH_COLUMN], b, global_batch, s), 4) for s in SAMPLINGS
+        }
         for b in micro_batches
-    }  # fmt: skip
+    }
     data = DataSpec(
-        source=source, path=str(saved.resolve()), tokenizer=used_tokenizer,
-        text_column=text_column or "", target_column=target_column or "",
-        lengths=LengthStats.of(lengths), target_lengths=target_stats, truncated=round(cut, 4),
-        padding_waste=waste, fingerprint=fingerprint, pad_token_id=pad_id,
-    )  # fmt: skip
+        source=source,
+        path=str(saved.resolve()),
+        tokenizer=used_tokenizer,
+        text_column=text_column or "",
+        target_column=target_column or "",
+        lengths=LengthStats.of(lengths),
+        target_lengths=target_stats,
+        truncated=round(cut, 4),
+        padding_waste=waste,
+        fingerprint=fingerprint,
+        pad_token_id=pad_id,
+    )
     return data, seq_len, target_len or 0
 
 
@@ -174,8 +199,11 @@ def padding_waste(
     if sampling == "group_by_length":
         mult = max(1, min(len(lengths) // (group * 4), 50))
         size = mult * group
-        order = [i for start in range(0, len(order), size)
-                 for i in sorted(order[start:start + size], key=lambda i: -lengths[i])]  # fmt: skip
+        order = [
+            i
+            for start in range(0, len(order), size)
+            for i in sorted(order[start : start + size], key=lambda i: -lengths[i])
+        ]
     fed = real = 0
     for start in range(0, len(order), micro_batch):
         batch = [lengths[i] for i in order[start : start + micro_batch]]
@@ -192,8 +220,10 @@ def _class_labels(table: Any, columns: list[str], column: str | None, source: st
     """Class ids for a classifier: a column of whole numbers (`label` by default)."""
     column = column or next((c for c in ("label", "labels") if c in columns), None)
     if column is None or column not in columns:
-        raise UsageError(f"classification needs a label column; --dataset {source} has "
-                         f"{', '.join(columns)}; pass --target-column")  # fmt: skip
+        raise UsageError(
+            f"classification needs a label column; --dataset {source} has "
+            f"{', '.join(columns)}; pass --target-column"
+        )
     values = list(table[column])
     bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, int)), None)
     if bad is not None:
@@ -211,9 +241,11 @@ def _check_vocab(
     if targets:
         top = max(top, max((max(t) for t in targets if t), default=0))
     if top >= vocab_size:
-        raise UsageError(f"token id {top} from {where} is outside the model's vocabulary of "
-                         f"{vocab_size}; use the model's tokenizer or a model config with a "
-                         "larger vocab_size")  # fmt: skip
+        raise UsageError(
+            f"token id {top} from {where} is outside the model's vocabulary of "
+            f"{vocab_size}; use the model's tokenizer or a model config with a "
+            "larger vocab_size"
+        )
 
 
 def _save(rows: dict[str, Any], folder: Path) -> None:

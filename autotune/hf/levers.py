@@ -181,9 +181,12 @@ def _attention(model: ModelSpec, kind: DeviceKind) -> tuple[tuple[Any, ...], str
 
 # Where configs keep the dropout their attention layers apply in training.
 _ATTENTION_DROPOUT = (
-    "attention_dropout", "attn_pdrop", "attention_probs_dropout_prob", "attn_dropout",
+    "attention_dropout",
+    "attn_pdrop",
+    "attention_probs_dropout_prob",
+    "attn_dropout",
     "dropout_rate",  # T5, mT5: one rate, attention included
-)  # fmt: skip
+)
 
 
 def _attention_dropout(config: Any) -> str:

@@ -53,10 +53,11 @@ def losses(model: ModelSpec) -> tuple[float, float]:
     pad = [width - len(s) for s in sequences]
     padded = {
         "input_ids": torch.tensor([s + [0] * p for s, p in zip(sequences, pad, strict=True)]),
-        "attention_mask": torch.tensor([[1] * len(s) + [0] * p
-                                        for s, p in zip(sequences, pad, strict=True)]),
+        "attention_mask": torch.tensor(
+            [[1] * len(s) + [0] * p for s, p in zip(sequences, pad, strict=True)]
+        ),
         "labels": torch.tensor([s + [-100] * p for s, p in zip(sequences, pad, strict=True)]),
-    }  # fmt: skip
+    }
     collator = DataCollatorWithFlattening()  # type: ignore[no-untyped-call]
     flat = collator([{"input_ids": s} for s in sequences])
     with torch.no_grad():

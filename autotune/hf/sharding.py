@@ -74,9 +74,12 @@ def build_cpu_op() -> None:
     )
     try:
         done = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True,
-            timeout=BUILD_TIMEOUT_S, check=False,
-        )  # fmt: skip
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         raise UsageError(
             f"building DeepSpeed's CPU op took over {BUILD_TIMEOUT_S} s; "

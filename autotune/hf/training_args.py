@@ -93,8 +93,16 @@ def recipe(spec: SearchSpec, candidate: Candidate) -> dict[str, Any]:
 
 def _tuned_fields() -> frozenset[str]:
     """Every field some candidate sets, on any device, under either checkpointing name."""
-    probe = Candidate(8, 1, Precision.FP32, False, "adamw_torch", torch_compile=True,
-                      use_liger_kernel=True, dataloader_num_workers=1)  # fmt: skip
+    probe = Candidate(
+        8,
+        1,
+        Precision.FP32,
+        False,
+        "adamw_torch",
+        torch_compile=True,
+        use_liger_kernel=True,
+        dataloader_num_workers=1,
+    )
     return frozenset(
         key
         for kind in DeviceKind

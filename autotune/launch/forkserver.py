@@ -74,8 +74,7 @@ def serve(
 
     fork_pages.remember()  # so that the children report peaks as a fresh process would
     built = _build_shared(shared) if shared else None
-    _reply(replies, {"ready": True, "cuda_initialized": cuda_initialized(),
-                     "shared_model": built})  # fmt: skip
+    _reply(replies, {"ready": True, "cuda_initialized": cuda_initialized(), "shared_model": built})
     for line in requests:
         request = json.loads(line)
         server = os.getpid()
@@ -259,8 +258,12 @@ class ForkServer:
 
 if __name__ == "__main__":  # LIMIT ("-": none) [SHARED_MODEL_JSON_FILE]
     limit = sys.argv[1] if len(sys.argv) > 1 else "-"
-    serve(sys.stdin, sys.stdout, None if limit == "-" else int(limit),
-          sys.argv[2] if len(sys.argv) > 2 else None)  # fmt: skip
+    serve(
+        sys.stdin,
+        sys.stdout,
+        None if limit == "-" else int(limit),
+        sys.argv[2] if len(sys.argv) > 2 else None,
+    )
 
 
 def model_to_share(spec: SearchSpec, concurrent: int = 1) -> SharedModel | None:

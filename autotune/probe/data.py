@@ -128,9 +128,18 @@ class LearnableDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     ALPHABET = 64
     FOLLOW = 0.75
 
-    def __init__(self, *, task: str, length: int, seq_len: int, target_len: int,
-                 vocab_size: int, num_labels: int = 2, seed: int = 0,
-                 offset: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        task: str,
+        length: int,
+        seq_len: int,
+        target_len: int,
+        vocab_size: int,
+        num_labels: int = 2,
+        seed: int = 0,
+        offset: int = 0,
+    ) -> None:
         self.task, self.length, self.offset, self.seed = task, length, offset, seed
         self.seq_len, self.target_len, self.num_labels = seq_len, target_len, num_labels
         size = min(self.ALPHABET, vocab_size)

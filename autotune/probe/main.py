@@ -13,7 +13,6 @@ the parent merges the ranks' results (merge_ranks).
 from __future__ import annotations
 
 import gc
-import math
 import os
 import shutil
 import sys
@@ -24,17 +23,12 @@ from typing import Any
 
 from autotune.core.enums import DeviceKind, Outcome
 from autotune.core.files import write_atomic
-from autotune.core.outcomes import is_out_of_memory, loss_outcome
-from autotune.core.schedule import Schedule
-from autotune.core.stats import StepStats
+from autotune.core.outcomes import is_out_of_memory
 from autotune.core.trial import TrialConfig, TrialResult
 from autotune.probe import device as hardware
 from autotune.probe import shared_model
 from autotune.probe.ranks import RESULT_NAME, rank_result_name
-
-MAX_STEPS_BY_TIME = 500  # a time-based window never runs longer than this
-CPU_WINDOW_S = 1.0  # a search's CPU probe times fast steps for at least a second...
-CPU_WINDOW_STEPS = 20  # ... or this many of them (core/schedule.py)
+from autotune.probe.train import probe_only_arguments, real_batches, worst_case
 
 
 def run_probe(config: TrialConfig) -> TrialResult:
@@ -111,14 +105,14 @@ def _train(
         result = parity_run(config, model, recipe)
         phases["train"] = time.perf_counter() - tick
         return result.replace(baseline=dict(baseline))
-    result = _worst_case(config, model, recipe, phases).replace(
+    result = worst_case(config, model, recipe, phases).replace(
         baseline=dict(baseline), attention=attention
     )
     per_sample = flops_per_sample(model, config.model.task, config.seq_len, config.target_len)
     if config.data_path and result.outcome == Outcome.OK:
         gc.collect()
         tick = time.perf_counter()
-        result = _real_batches(config, model, recipe, result)
+        result = real_batches(config, model, recipe, result)
         phases["real_batches"] = time.perf_counter() - tick
     del model
     if result.samples_per_s is None:
@@ -154,167 +148,9 @@ def _zero_init(config: TrialConfig, recipe: dict[str, Any]) -> Any:
     import deepspeed
     from transformers import TrainingArguments
 
-    args = TrainingArguments(**{**recipe, **_probe_only_arguments(config, 1)})
+    args = TrainingArguments(**{**recipe, **probe_only_arguments(config, 1)})
     deepspeed.init_distributed()  # over the group args started: zero.Init counts its ranks
     return args
-
-
-def _worst_case(
-    config: TrialConfig, model: Any, recipe: dict[str, Any], phases: dict[str, float]
-) -> TrialResult:
-    """Warm-up + measured optimizer steps on worst-case batches: the peak and the speed."""
-    from transformers import Trainer, TrainingArguments
-
-    from autotune.probe.data import WorstCaseDataset
-    from autotune.probe.timing import StepTimer
-
-    by_time = config.min_measure_s > 0
-    schedule = _schedule(config)
-    measured = schedule.longest if schedule else config.measure_steps
-    steps = config.warmup_steps + (MAX_STEPS_BY_TIME if by_time else measured)
-    dataset = WorstCaseDataset(
-        task=config.model.task, length=steps * config.global_batch_size,
-        seq_len=config.seq_len, target_len=config.target_len,
-        vocab_size=config.model.vocab_size,
-        num_labels=int(config.model.config.get("num_labels", 2)), seed=config.seed,
-    )  # fmt: skip
-    args = TrainingArguments(**{**recipe, **_probe_only_arguments(config, steps)})
-    timer = StepTimer(
-        device_kind=config.device_kind,
-        warmup_steps=config.warmup_steps,
-        measure_steps=config.measure_steps,
-        min_window_s=config.min_measure_s,
-        schedule=schedule,
-    )
-    trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[timer],
-                      data_collator=_packed(config))  # fmt: skip
-    timer.attach(trainer)
-    tick = time.perf_counter()
-    timer.train_starts()
-    output = trainer.train()
-    ended = time.perf_counter()
-    phases["train"] = ended - tick
-    del trainer
-    result = _measured(config, timer, float(output.training_loss))
-    if result.step_time_median_s is None:
-        return result
-    # Setup, compilation and slow first steps: all the warm-up cost beyond steady steps
-    return result.replace(one_time_s=round(timer.one_time_s(ended), 3),
-                          warmup_steps=timer.warmup_steps,
-                          measure_stop=timer.stop_reason)  # fmt: skip
-
-
-def _schedule(config: TrialConfig) -> Schedule | None:
-    """Adaptive warm-up and measurement, where asked and step ends are host times. Not
-    for DDP: each rank would decide on its own step times, and a rank stopping before
-    the others would leave them waiting in a collective."""
-    if not config.adaptive or config.min_measure_s > 0 or config.nproc_per_node > 1:
-        return None
-    return Schedule(
-        max_warmup=config.warmup_steps,
-        max_measure=config.measure_steps,
-        min_measure=min(3, config.measure_steps),
-        incumbent_s=config.incumbent_s,
-        train_steps=config.train_steps,
-        min_window_s=CPU_WINDOW_S,
-        most=CPU_WINDOW_STEPS,
-    )
-
-
-def _packed(config: TrialConfig) -> Any:
-    """The padding-free collator when the candidate asks for it, else None (Trainer's)."""
-    if not config.candidate.padding_free:
-        return None
-    from autotune.probe.data import PackedBatches
-
-    flash = config.candidate.attn_implementation.startswith("flash")
-    return PackedBatches(flash_attention=flash)
-
-
-def _real_batches(
-    config: TrialConfig, model: Any, recipe: dict[str, Any], worst: TrialResult
-) -> TrialResult:
-    """Time real batches of the user's data, in the candidate's sampling order.
-
-    After the worst-case steps (which set the peak memory), one warm-up step and the
-    measured steps run on the tokenized data; samples/s, real (non-pad) tokens/s and
-    the step times become those of real batches."""
-    from datasets import load_from_disk
-    from transformers import Trainer, TrainingArguments
-
-    from autotune.probe.data import RealBatches, TokenCount
-    from autotune.probe.timing import StepTimer
-
-    steps = 1 + config.measure_steps
-    probe_args = _probe_only_arguments(config, steps)
-    probe_args["output_dir"] = str(Path(config.trial_dir) / "trainer-real")
-    args = TrainingArguments(**{**recipe, **probe_args})
-    collator = _packed(config) or RealBatches(task=config.model.task,
-                                              pad_token_id=config.pad_token_id)  # fmt: skip
-    timer = StepTimer(device_kind=config.device_kind, warmup_steps=1)
-    trainer = Trainer(model=model, args=args, train_dataset=load_from_disk(config.data_path),
-                      data_collator=collator, callbacks=[timer])  # fmt: skip
-    count = TokenCount(config.model.task)
-    hook = model.register_forward_pre_hook(count, with_kwargs=True)
-    try:
-        trainer.train()
-    finally:
-        hook.remove()
-    del trainer
-    times = timer.measured_step_times()
-    if not times:
-        return worst.replace(outcome=Outcome.ERROR, reason="no real batch step completed")
-    accumulation = config.candidate.gradient_accumulation_steps
-    window = count.fed()[accumulation : accumulation * steps]
-    real, fed = sum(r for r, _ in window), sum(f for _, f in window)
-    stats = StepStats.of(times)
-    return worst.replace(
-        samples_per_s=config.global_batch_size / stats.median_s,
-        tokens_per_s=real * config.nproc_per_node / sum(times),
-        step_time_median_s=stats.median_s,
-        step_time_spread=stats.spread,
-        step_time_quiet_s=stats.median_s,  # a step's time depends on its batch: the median ranks
-        step_times_s=tuple(round(t, 6) for t in times),
-        worst_case_samples_per_s=worst.samples_per_s,
-        padding_fraction=round(1 - real / fed, 4) if fed else None,
-    )
-
-
-def _probe_only_arguments(config: TrialConfig, total_steps: int) -> dict[str, Any]:
-    """Fields that set run length and bookkeeping only; they do not change the recipe."""
-    return {
-        "output_dir": str(Path(config.trial_dir) / "trainer"),
-        "max_steps": total_steps,
-        "save_strategy": "no",
-        "report_to": "none",
-        "logging_strategy": "steps",
-        "logging_steps": total_steps,  # one log at the end: no extra sync inside the window
-        "logging_nan_inf_filter": False,  # a NaN loss must reach training_loss, not be hidden
-        "disable_tqdm": True,
-        "seed": config.seed,
-    }
-
-
-def _measured(config: TrialConfig, timer: Any, final_loss: float) -> TrialResult:
-    times = timer.measured_step_times()
-    if not times:
-        return TrialResult(Outcome.ERROR, reason="no measured step completed")
-    stats = StepStats.of(times)
-    samples_per_s = config.global_batch_size / stats.median_s
-    outcome, reason = loss_outcome(final_loss, timer.skipped_in_window)
-    return TrialResult(
-        outcome=outcome,
-        reason=reason,
-        samples_per_s=samples_per_s,
-        tokens_per_s=samples_per_s * config.tokens_per_sample,
-        step_time_median_s=stats.median_s,
-        step_time_spread=stats.spread,
-        step_time_quiet_s=stats.quiet_s,
-        step_times_s=tuple(round(t, 6) for t in times),
-        final_loss=final_loss,
-        loss_finite=math.isfinite(final_loss),
-        skipped_steps=timer.skipped_in_window,
-    )
 
 
 def _warmup_split(result: TrialResult, phases: dict[str, float]) -> dict[str, float]:
@@ -330,8 +166,12 @@ def _failure(exc: BaseException, config: TrialConfig) -> TrialResult:
         in_use: int | None = hardware.memory_in_use(config.device_kind)
     except Exception:  # the device itself failed: no figure, the exception still classifies
         in_use = None
-    oom = is_out_of_memory(exc, limit_bytes=config.memory_limit_bytes, in_use_bytes=in_use,
-                           device_kind=config.device_kind)  # fmt: skip
+    oom = is_out_of_memory(
+        exc,
+        limit_bytes=config.memory_limit_bytes,
+        in_use_bytes=in_use,
+        device_kind=config.device_kind,
+    )
     message = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
     if oom:
         return TrialResult(Outcome.OOM, reason="out of memory", error=message)
@@ -363,8 +203,14 @@ def _single_process_group() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+    os.environ.update(
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

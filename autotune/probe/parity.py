@@ -105,12 +105,21 @@ def parity_run(config: TrialConfig, model: Any, recipe: dict[str, Any]) -> Trial
         collator([held_out[i] for i in range(start, min(start + size, len(held_out)))])
         for start in range(0, len(held_out), size)
     ]
-    curve = HeldOutLoss(eval_batches, every=max(1, steps // POINTS), last=steps,
-                        shifted=config.model.task == Task.CAUSAL_LM)  # fmt: skip
+    curve = HeldOutLoss(
+        eval_batches,
+        every=max(1, steps // POINTS),
+        last=steps,
+        shifted=config.model.task == Task.CAUSAL_LM,
+    )
     timer = StepTimer(device_kind=config.device_kind, warmup_steps=0)  # loss-scale skips
     args = TrainingArguments(**{**recipe, **_arguments(config, steps)})
-    trainer = Trainer(model=model, args=args, train_dataset=train, data_collator=collator,
-                      callbacks=[curve, timer])  # fmt: skip
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=train,
+        data_collator=collator,
+        callbacks=[curve, timer],
+    )
     timer.attach(trainer)
     trainer.train()
     final = curve.points[-1][1]
@@ -148,11 +157,15 @@ def _data(config: TrialConfig, steps: int) -> tuple[Any, Any, Any]:
 
     def learnable(length: int, offset: int) -> LearnableDataset:
         return LearnableDataset(
-            task=config.model.task, length=length, seq_len=config.seq_len,
-            target_len=config.target_len, vocab_size=config.model.vocab_size,
-            num_labels=int(config.model.config.get("num_labels", 2)), seed=config.seed,
+            task=config.model.task,
+            length=length,
+            seq_len=config.seq_len,
+            target_len=config.target_len,
+            vocab_size=config.model.vocab_size,
+            num_labels=int(config.model.config.get("num_labels", 2)),
+            seed=config.seed,
             offset=offset,
-        )  # fmt: skip
+        )
 
     return learnable(needed, 0), learnable(EVAL_SAMPLES, 10_000_000), _stack
 
@@ -163,10 +176,10 @@ def _stack(features: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 
 def _arguments(config: TrialConfig, steps: int) -> dict[str, Any]:
     """A probe's bookkeeping fields, no logging, and one batch order for every config."""
-    from autotune.probe.main import _probe_only_arguments
+    from autotune.probe.train import probe_only_arguments
 
     return {
-        **_probe_only_arguments(config, steps),
+        **probe_only_arguments(config, steps),
         "logging_strategy": "no",
         "data_seed": config.seed,
         "train_sampling_strategy": "random",

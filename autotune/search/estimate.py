@@ -46,8 +46,12 @@ DEFAULT_STATE_BYTES = 8
 # weights (transformers' create_optimizer registers optim_bits=32 for each): their bytes
 # a parameter. On mT5, embeddings are 128M of 172M parameters, and 8-bit Adam ran out of
 # memory where Adafactor fitted, on the CPU and on an H100.
-EMBEDDING_STATE_BYTES = {"adamw_bnb_8bit": 8, "adamw_8bit": 8, "paged_adamw_8bit": 8,
-                         "lion_8bit": 4}  # fmt: skip
+EMBEDDING_STATE_BYTES = {
+    "adamw_bnb_8bit": 8,
+    "adamw_8bit": 8,
+    "paged_adamw_8bit": 8,
+    "lion_8bit": 4,
+}
 # What a config certainly holds at its first optimizer step, per parameter: a floor the
 # search skips on with no margin (the rule above plans; this one must never overstate).
 # The Trainer keeps fp32 weights under autocast, gradients take their dtype; Adafactor's
@@ -200,8 +204,9 @@ def breakdown(
 ) -> Breakdown:
     w, g, o = shards(candidate.zero_stage, nproc_per_node)  # per process under ZeRO
     # under ZeRO DeepSpeed's own optimizer steps the shards
-    step = 0 if candidate.zero_stage else step_bytes(parameters, largest, candidate.optim,
-                                                      device_kind)  # fmt: skip
+    step = (
+        0 if candidate.zero_stage else step_bytes(parameters, largest, candidate.optim, device_kind)
+    )
     return Breakdown(
         weights=parameters * WEIGHT_BYTES[candidate.precision] // w,
         gradients=parameters * GRADIENT_BYTES // g,
@@ -311,9 +316,17 @@ def estimate_rows(
         for optim in space.optimizers:
             for ckpt in (False, True):
                 candidate = space.candidate(batch, precision, ckpt, optim)
-                b = breakdown(counted.total, model.config, model.task, candidate, seq_len,
-                              target_len, embedding=counted.embedding,
-                              largest=counted.largest, device_kind=device_kind)  # fmt: skip
+                b = breakdown(
+                    counted.total,
+                    model.config,
+                    model.task,
+                    candidate,
+                    seq_len,
+                    target_len,
+                    embedding=counted.embedding,
+                    largest=counted.largest,
+                    device_kind=device_kind,
+                )
                 rows.append(EstimateRow(candidate, b))
     return Estimate(
         model.name,

@@ -40,8 +40,9 @@ class EstimateVerdicts:
         """A reason when the candidate cannot fit: its weights, gradients and optimizer
         state alone exceed what a probe may use, or the estimate puts it far over."""
         spec = self.spec
-        floor = floor_bytes(spec.parameters or 0, candidate, spec.nproc_per_node,
-                            spec.embedding_parameters)  # fmt: skip
+        floor = floor_bytes(
+            spec.parameters or 0, candidate, spec.nproc_per_node, spec.embedding_parameters
+        )
         if floor > spec.fit_limit_bytes:
             return (
                 f"weights, gradients and optimizer state alone take {format_size(floor)}, "
@@ -148,9 +149,11 @@ def activation_scale(
     ratios = [
         (r.peak_memory_bytes - process_bytes - b.static) / b.activations
         for b, r in measured
-        if r.outcome == Outcome.OK and r.peak_memory_bytes and b.activations > 0
+        if r.outcome == Outcome.OK
+        and r.peak_memory_bytes
+        and b.activations > 0
         and r.peak_memory_bytes - process_bytes - b.static > b.after_activations
-    ]  # fmt: skip
+    ]
     if ratios:
         return max(0.0, min(ratios))
     if limit_bytes <= 0:

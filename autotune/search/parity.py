@@ -23,11 +23,11 @@ from autotune.core.parity import (
     POINTS,
     Arithmetic,
     Curve,
-    ParityState,
     judge,
     needs_twin,
     tolerance,
 )
+from autotune.core.parity_state import ParityState
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord, TrialResult
 from autotune.core.units import format_duration
@@ -49,8 +49,11 @@ def reference_candidate(spec: SearchSpec, records: Sequence[TrialRecord]) -> Can
     study's candidates are."""
     settings = spec.recipe_settings
     precision = Precision.FP32
-    for flag, value in (("bf16", Precision.BF16), ("fp16", Precision.FP16),
-                        ("tf32", Precision.TF32)):  # fmt: skip
+    for flag, value in (
+        ("bf16", Precision.BF16),
+        ("fp16", Precision.FP16),
+        ("tf32", Precision.TF32),
+    ):
         if settings.get(flag) is True:
             precision = value
             break
@@ -66,16 +69,22 @@ def reference_candidate(spec: SearchSpec, records: Sequence[TrialRecord]) -> Can
         )
         if not out_of_memory:
             return yours
-    fits = [r.candidate for r in fitting(records, spec.fit_limit_bytes)
-            if Arithmetic.of(r.candidate) == arithmetic]  # fmt: skip
+    fits = [
+        r.candidate
+        for r in fitting(records, spec.fit_limit_bytes)
+        if Arithmetic.of(r.candidate) == arithmetic
+    ]
     if fits:  # the largest micro-batch that fits, without checkpointing where it fits so
-        best = max(fits, key=lambda c: (c.per_device_train_batch_size,
-                                        c.activation_checkpointing == ckpt))  # fmt: skip
-        return spec.space.candidate(best.per_device_train_batch_size, precision,
-                                    best.activation_checkpointing, optim)  # fmt: skip
+        best = max(
+            fits, key=lambda c: (c.per_device_train_batch_size, c.activation_checkpointing == ckpt)
+        )
+        return spec.space.candidate(
+            best.per_device_train_batch_size, precision, best.activation_checkpointing, optim
+        )
     smallest = min(spec.space.micro_batches)
-    return spec.space.candidate(smallest, precision, ckpt or True in spec.space.checkpointing,
-                                optim)  # fmt: skip
+    return spec.space.candidate(
+        smallest, precision, ckpt or True in spec.space.checkpointing, optim
+    )
 
 
 def twin_of(spec: SearchSpec, reference: Candidate) -> Candidate | None:
@@ -84,9 +93,10 @@ def twin_of(spec: SearchSpec, reference: Candidate) -> Candidate | None:
     for other in (micro // 2, micro * 2):
         if other >= 1 and spec.space.global_batch_size % other == 0:
             return dataclasses.replace(
-                reference, per_device_train_batch_size=other,
+                reference,
+                per_device_train_batch_size=other,
                 gradient_accumulation_steps=spec.space.global_batch_size // other,
-            )  # fmt: skip
+            )
     return None
 
 
@@ -118,8 +128,12 @@ class ParityCheck:
         """Judge the finalists' arithmetics (the top by speed and the one selection would
         export) until every one of them has a verdict."""
         records = self.store.records()
-        wanted = ParityState(reference_candidate(self.spec, records), self.steps,
-                             learning_rate(self.spec), self.spec.seed)  # fmt: skip
+        wanted = ParityState(
+            reference_candidate(self.spec, records),
+            self.steps,
+            learning_rate(self.spec),
+            self.spec.seed,
+        )
         stored = self.store.parity()
         state = stored.retrying() if stored and stored.same_setup(wanted) else wanted
         if state is wanted and self.run.reuse is not None:  # another study's, made alike
@@ -151,8 +165,7 @@ class ParityCheck:
         curves = dict(state.curves)
         records = self.store.records()
         if "reference" not in curves:  # the recipe's arithmetic, as quickly as measured
-            alike = quickest_alike(state.reference, records, self.spec.fit_limit_bytes,
-                                   self.steps)  # fmt: skip
+            alike = quickest_alike(state.reference, records, self.spec.fit_limit_bytes, self.steps)
             curves["reference"] = self._curve("reference", alike)
         key = Arithmetic.of(candidate).key
         trained = quickest_alike(candidate, records, self.spec.fit_limit_bytes, self.steps)
@@ -165,8 +178,9 @@ class ParityCheck:
             tol = tolerance(curves["reference"], curves["twin"])
             verdict = judge(curves["reference"], curves[key], tol)
         self.run.observer.on_parity(candidate, verdict)
-        return dataclasses.replace(state, curves=curves, tolerance=tol,
-                                   verdicts={**state.verdicts, key: verdict})  # fmt: skip
+        return dataclasses.replace(
+            state, curves=curves, tolerance=tol, verdicts={**state.verdicts, key: verdict}
+        )
 
     def _curve(self, label: str, candidate: Candidate) -> Curve:
         run, spec = self.run, self.spec
@@ -176,9 +190,13 @@ class ParityCheck:
         torch_device, visible = device.placement(spec.device, 1)
         args = {**config.training_arguments, **parity_arguments(spec)}
         config = dataclasses.replace(
-            config, parity_steps=self.steps, nproc_per_node=1, device=torch_device,
-            visible_devices=visible, training_arguments=args,
-        )  # fmt: skip
+            config,
+            parity_steps=self.steps,
+            nproc_per_node=1,
+            device=torch_device,
+            visible_devices=visible,
+            training_arguments=args,
+        )
         probe_steps = spec.warmup_steps + spec.measure_steps
         # One process does the work of nproc_per_node, for more steps than a probe.
         scale = spec.nproc_per_node * max(1.0, self.steps / probe_steps)
@@ -188,26 +206,38 @@ class ParityCheck:
 
 
 def unjudged(
-    spec: SearchSpec, state: ParityState, records: Sequence[TrialRecord], top: int,
+    spec: SearchSpec,
+    state: ParityState,
+    records: Sequence[TrialRecord],
+    top: int,
     objective: Objective,
-) -> list[Candidate]:  # fmt: skip
+) -> list[Candidate]:
     """The finalists (the one selection would export, then the top by speed) whose
     arithmetic has no verdict yet, best first."""
     fits = fitting(records, spec.fit_limit_bytes)
-    pool = [r for r in fits
-            if not ((v := state.verdict(r.candidate)) and v.blocks_export)]  # fmt: skip
+    pool = [r for r in fits if not ((v := state.verdict(r.candidate)) and v.blocks_export)]
     judged = [dataclasses.replace(r, parity=state.verdict(r.candidate)) for r in pool]
-    chosen = select_best(judged, fit_limit_bytes=spec.fit_limit_bytes,
-                         train_steps=spec.train_steps, objective=objective)  # fmt: skip
-    return [record.candidate
-            for record in [*([chosen] if chosen else []), *ranked(judged)[:top]]
-            if record.parity is None]  # fmt: skip
+    chosen = select_best(
+        judged,
+        fit_limit_bytes=spec.fit_limit_bytes,
+        train_steps=spec.train_steps,
+        objective=objective,
+    )
+    return [
+        record.candidate
+        for record in [*([chosen] if chosen else []), *ranked(judged)[:top]]
+        if record.parity is None
+    ]
 
 
 def reserved_s(
-    spec: SearchSpec, records: Sequence[TrialRecord], state: ParityState | None, steps: int,
-    top: int, objective: Objective,
-) -> float:  # fmt: skip
+    spec: SearchSpec,
+    records: Sequence[TrialRecord],
+    state: ParityState | None,
+    steps: int,
+    top: int,
+    objective: Objective,
+) -> float:
     """Seconds the parity runs a check would make now are expected to take, every
     verdict taken to pass: one run for each finalist arithmetic without a verdict and,
     with any, the reference and its twin where not run yet (the twin always counted,
@@ -225,8 +255,7 @@ def reserved_s(
     if not quickest:
         return 0.0
     slowest = max(quickest.values(), key=lambda r: run_s(r, steps, 1))
-    wanted = ParityState(reference_candidate(spec, records), steps, learning_rate(spec),
-                         spec.seed)  # fmt: skip
+    wanted = ParityState(reference_candidate(spec, records), steps, learning_rate(spec), spec.seed)
     state = stored.retrying() if (stored := state) and stored.same_setup(wanted) else wanted
     pending = unjudged(spec, state, records, max(1, top), objective)
     finalists = list(dict.fromkeys(Arithmetic.of(c) for c in pending))
@@ -257,18 +286,24 @@ def run_s(result: TrialResult, steps: int, processes: int) -> float:
 
 
 def parity_stop(
-    spec: SearchSpec, records: Sequence[TrialRecord], state: ParityState | None, steps: int,
-    top: int, objective: Objective, left: float | None,
-) -> str:  # fmt: skip
+    spec: SearchSpec,
+    records: Sequence[TrialRecord],
+    state: ParityState | None,
+    steps: int,
+    top: int,
+    objective: Objective,
+    left: float | None,
+) -> str:
     """Why exploring stops to leave the finalists' parity runs their expected time within
     the time budget ('' to go on; `left`: seconds left to explore, None: no budget; `top`:
     the finalists confirmed after them, 0 for none)."""
-    if left is None or left > (reserve := reserved_s(spec, records, state, steps, top,
-                                                     objective)):  # fmt: skip
+    if left is None or left > (reserve := reserved_s(spec, records, state, steps, top, objective)):
         return ""
     and_confirmation = " and confirmation" if top else ""
-    return (f"time budget spent: the rest is for the parity runs (about "
-            f"{format_duration(reserve)}, {steps} steps each){and_confirmation}")  # fmt: skip
+    return (
+        f"time budget spent: the rest is for the parity runs (about "
+        f"{format_duration(reserve)}, {steps} steps each){and_confirmation}"
+    )
 
 
 def quickest_alike(
@@ -294,8 +329,11 @@ def parity_arguments(spec: SearchSpec) -> dict[str, object]:
     """What a parity run changes in the recipe: a learning rate at which the loss falls
     within K steps (yours when --base-args sets one) held constant, so that a warm-up
     or schedule meant for thousands of steps does not stall a run of thirty."""
-    return {"learning_rate": learning_rate(spec), "lr_scheduler_type": "constant",
-            "warmup_steps": 0}  # fmt: skip
+    return {
+        "learning_rate": learning_rate(spec),
+        "lr_scheduler_type": "constant",
+        "warmup_steps": 0,
+    }
 
 
 def reference_for(

@@ -98,11 +98,14 @@ def build_spec(
     if layout.devices and device_info.kind == DeviceKind.CUDA:  # confirm in a worker's slot
         device_info = dataclasses.replace(device_info, index=int(layout.devices[0]))
     levers, not_offered = offer(
-        model_spec, device_info.kind, dataset=dataset is not None,
+        model_spec,
+        device_info.kind,
+        dataset=dataset is not None,
         fixed={k: v for k, v in base.recipe.items() if k in LEVERS},
-        asked=parse_lever_options(o.levers), nproc_per_node=layout.nproc_per_node,
+        asked=parse_lever_options(o.levers),
+        nproc_per_node=layout.nproc_per_node,
         own_deepspeed=bool(base.carried.get("deepspeed")),
-    )  # fmt: skip
+    )
     space = derive_space(
         device_info,
         global_batch_size=batch // layout.nproc_per_node,
@@ -116,24 +119,40 @@ def build_spec(
     )
     counted = count_parameters(model_spec)
     zero = max((v for n, vs in space.levers if n == "zero_stage" for v in vs), default=0)
-    check_budget(counted.total, space.precisions, space.optimizers, budget,
-                 split=shards(zero, layout.nproc_per_node),
-                 embedding=counted.embedding)  # fmt: skip
+    check_budget(
+        counted.total,
+        space.precisions,
+        space.optimizers,
+        budget,
+        split=shards(zero, layout.nproc_per_node),
+        embedding=counted.embedding,
+    )
     if zero and device_info.kind == DeviceKind.CPU:
         build_cpu_op()  # once per machine; no probe pays it
     data = None
     if dataset is not None:  # the first write: every check above has passed
         data, seq_len, target_len = _tokenize(dataset, o, base, model_spec, space, target_len)
     spec = SearchSpec(
-        model=model_spec, device=device_info, space=space, seq_len=seq_len,
-        target_len=target_len, memory_budget_bytes=budget, headroom=o.headroom,
-        warmup_steps=o.warmup_steps, measure_steps=o.measure_steps, seed=o.seed,
-        base_arguments=base.carried, recipe_settings=base.recipe, parameters=counted.total,
-        embedding_parameters=counted.embedding, largest_parameter=counted.largest,
-        nproc_per_node=layout.nproc_per_node, data=data,
+        model=model_spec,
+        device=device_info,
+        space=space,
+        seq_len=seq_len,
+        target_len=target_len,
+        memory_budget_bytes=budget,
+        headroom=o.headroom,
+        warmup_steps=o.warmup_steps,
+        measure_steps=o.measure_steps,
+        seed=o.seed,
+        base_arguments=base.carried,
+        recipe_settings=base.recipe,
+        parameters=counted.total,
+        embedding_parameters=counted.embedding,
+        largest_parameter=counted.largest,
+        nproc_per_node=layout.nproc_per_node,
+        data=data,
         checkpointing_field=checkpointing_field(),
         train_steps=_train_steps(o.train_steps, base),
-    )  # fmt: skip
+    )
     return spec, slots
 
 
@@ -212,18 +231,30 @@ def _budget(asked: int | None, total: int, workers: int, kind: DeviceKind) -> in
 
 
 def _tokenize(
-    dataset: DataOptions, o: SpecOptions, base: BaseArguments, model: ModelSpec,
-    space: SearchSpace, target_len: int,
-) -> tuple[DataSpec, int, int]:  # fmt: skip
+    dataset: DataOptions,
+    o: SpecOptions,
+    base: BaseArguments,
+    model: ModelSpec,
+    space: SearchSpace,
+    target_len: int,
+) -> tuple[DataSpec, int, int]:
     """Tokenize the user's data once; its lengths set those the user did not give."""
     data, seq_len, data_target_len = prepare(
-        source=dataset.source, split=dataset.split, task=model.task,
-        text_column=dataset.text_column, target_column=dataset.target_column,
-        tokenizer=dataset.tokenizer, model_name=o.model, vocab_size=model.vocab_size,
-        seq_len=o.seq_len or base.seq_len, target_len=o.target_len or base.target_len,
-        max_positions=max_positions(model.config), micro_batches=space.all_batches,
-        global_batch=space.global_batch_size, out_dir=dataset.out_dir,
-    )  # fmt: skip
+        source=dataset.source,
+        split=dataset.split,
+        task=model.task,
+        text_column=dataset.text_column,
+        target_column=dataset.target_column,
+        tokenizer=dataset.tokenizer,
+        model_name=o.model,
+        vocab_size=model.vocab_size,
+        seq_len=o.seq_len or base.seq_len,
+        target_len=o.target_len or base.target_len,
+        max_positions=max_positions(model.config),
+        micro_batches=space.all_batches,
+        global_batch=space.global_batch_size,
+        out_dir=dataset.out_dir,
+    )
     return data, seq_len, data_target_len or target_len
 
 

@@ -88,8 +88,9 @@ class CostModel:
         y = np.array([math.log(cost) for _, cost in points])
         self.mean = float(y.mean()) if self.n else 0.0
         x = np.array([self._row(c) for c, _ in points]).reshape(self.n, len(index))
-        prior = np.array([MAIN_SD if len(f) == 2 and isinstance(f[0], str) else PAIR_SD
-                          for f in index])  # fmt: skip
+        prior = np.array(
+            [MAIN_SD if len(f) == 2 and isinstance(f[0], str) else PAIR_SD for f in index]
+        )
         self.noise = self._noise(points, y)
         precision = x.T @ x / self.noise**2 + np.diag(1.0 / prior**2)
         self.cov = np.linalg.inv(precision)
@@ -138,8 +139,11 @@ def propose(
     come last); `incumbent_s`: the best cost among configs that fit."""
     if not open_configs:
         return Proposal(None, why_stop="every config is measured or ruled out")
-    points = [(r.candidate, _bounded(r, c, incumbent_s))
-              for r in records if (c := cost(r)) is not None and c > 0]  # fmt: skip
+    points = [
+        (r.candidate, _bounded(r, c, incumbent_s))
+        for r in records
+        if (c := cost(r)) is not None and c > 0
+    ]
     model = CostModel(points, open_configs)
     scored = []
     for candidate in open_configs:
@@ -175,27 +179,44 @@ def _bounded(record: TrialRecord, cost: float, incumbent_s: float | None) -> flo
 
 
 def next_config(
-    spec: SearchSpec, records: Sequence[TrialRecord], open_configs: Sequence[Candidate], *,
-    fits: Callable[[Candidate], bool], concurrent: int, objective: Objective,
-) -> Proposal:  # fmt: skip
+    spec: SearchSpec,
+    records: Sequence[TrialRecord],
+    open_configs: Sequence[Candidate],
+    *,
+    fits: Callable[[Candidate], bool],
+    concurrent: int,
+    objective: Objective,
+) -> Proposal:
     """The search's next proposal: the cost selection ranks by, the memory estimate's
     verdict (`fits`: the round's, search.memory_verdict), and the incumbent among configs
     measured alike. Ranking by speed where memory binds nowhere, activation
     checkpointing is left out (`memory_free`)."""
-    incumbent = incumbent_cost(records, fit_limit_bytes=spec.fit_limit_bytes,
-                               train_steps=spec.train_steps, concurrent=concurrent,
-                               objective=objective)  # fmt: skip
+    incumbent = incumbent_cost(
+        records,
+        fit_limit_bytes=spec.fit_limit_bytes,
+        train_steps=spec.train_steps,
+        concurrent=concurrent,
+        objective=objective,
+    )
     # Per GiB (--objective efficiency), checkpointing's saving may win.
     if objective != Objective.EFFICIENCY and memory_free(spec, records, fits):
         kept = [c for c in open_configs if not c.activation_checkpointing]
         if open_configs and not kept:
-            return Proposal(None, why_stop=(
-                "every config fits without activation checkpointing, and what is left "
-                "only adds it (checkpointing trades time for memory)"))  # fmt: skip
+            return Proposal(
+                None,
+                why_stop=(
+                    "every config fits without activation checkpointing, and what is left "
+                    "only adds it (checkpointing trades time for memory)"
+                ),
+            )
         open_configs = kept
-    return propose(records, open_configs,
-                   lambda r: record_cost(r, spec.train_steps, objective),
-                   fits=fits, incumbent_s=incumbent)  # fmt: skip
+    return propose(
+        records,
+        open_configs,
+        lambda r: record_cost(r, spec.train_steps, objective),
+        fits=fits,
+        incumbent_s=incumbent,
+    )
 
 
 def memory_free(

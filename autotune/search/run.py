@@ -122,9 +122,17 @@ class SearchRun:
                 " (the rest is for confirmation)" if limits.confirm_top else ""
             )
         top = limits.confirm_top if limits.parity_top is None else limits.parity_top
-        if limits.parity_steps and (why := parity_stop(
-            self.spec, recs, self.store.parity(), limits.parity_steps, top, limits.objective,
-            deadline.left())):  # fmt: skip
+        if limits.parity_steps and (
+            why := parity_stop(
+                self.spec,
+                recs,
+                self.store.parity(),
+                limits.parity_steps,
+                top,
+                limits.objective,
+                deadline.left(),
+            )
+        ):
             return why
         if not busy and not open_candidates(self.spec.space, recs, over):
             return "every config in the space is measured or ruled out"
@@ -136,9 +144,14 @@ class SearchRun:
         """--sampler model: the open config the model of step time finds most promising."""
         if not self.limits.propose:
             return None
-        return next_config(self.spec, recs, open_candidates(self.spec.space, recs, over, busy),
-                           fits=over.fits, concurrent=self.limits.concurrent,
-                           objective=self.limits.objective)  # fmt: skip
+        return next_config(
+            self.spec,
+            recs,
+            open_candidates(self.spec.space, recs, over, busy),
+            fits=over.fits,
+            concurrent=self.limits.concurrent,
+            objective=self.limits.objective,
+        )
 
     def _pause(self) -> None:
         """Wait while other workers' trials run; take over those whose worker died."""
@@ -158,9 +171,13 @@ class SearchRun:
             elif not self.store.was_queued(trial):  # the sampler's repeat: steer the next ask
                 self._steer(trial.number, recs, over, busy)  # to a config still open
             return
-        config = self.trial_config(trial.number, candidate, str(trial.number),
-                                   adaptive=self.limits.adaptive,
-                                   incumbent_s=self._incumbent(recs))  # fmt: skip
+        config = self.trial_config(
+            trial.number,
+            candidate,
+            str(trial.number),
+            adaptive=self.limits.adaptive,
+            incumbent_s=self._incumbent(recs),
+        )
         try:
             rival = self.store.claim(trial, candidate, self.limits.max_trials, config.trial_dir)
         except TrialLost:  # another worker failed it and re-queued its config: ask again
@@ -207,9 +224,12 @@ class SearchRun:
             return None
         if self.spec.data is not None:
             return None
-        return incumbent_cost(recs, fit_limit_bytes=self.spec.fit_limit_bytes,
-                              train_steps=self.spec.train_steps,
-                              concurrent=self.limits.concurrent)  # fmt: skip
+        return incumbent_cost(
+            recs,
+            fit_limit_bytes=self.spec.fit_limit_bytes,
+            train_steps=self.spec.train_steps,
+            concurrent=self.limits.concurrent,
+        )
 
     # ---- confirming -----------------------------------------------------------------
 
@@ -225,9 +245,12 @@ class SearchRun:
             pool = [r for r in fits if not (r.parity and r.parity.blocks_export)]
             # The config selection would export first (--objective efficiency may pick
             # one the throughput ranking puts lower), then the fastest.
-            chosen = select_best(pool, fit_limit_bytes=self.spec.fit_limit_bytes,
-                                 train_steps=self.spec.train_steps,
-                                 objective=self.limits.objective)  # fmt: skip
+            chosen = select_best(
+                pool,
+                fit_limit_bytes=self.spec.fit_limit_bytes,
+                train_steps=self.spec.train_steps,
+                objective=self.limits.objective,
+            )
             finalists = [r for r in pool if r == chosen] + [r for r in ranked(pool) if r != chosen]
             left = deadline.left()  # a run expected to end past the budget does not start
             steps = self.spec.warmup_steps + self.limits.confirm_steps
@@ -236,16 +259,23 @@ class SearchRun:
             wanted = finalists[: self.limits.confirm_top]
             if default is not None and default.number not in {r.number for r in wanted}:
                 wanted.append(default)
-            todo = [r for r in wanted if r.runs < 2
-                    and (left is None or run_s(r.result, steps, 1) <= left)]  # fmt: skip
+            todo = [
+                r
+                for r in wanted
+                if r.runs < 2 and (left is None or run_s(r.result, steps, 1) <= left)
+            ]
             if not todo:
                 break
             record = todo[0]
             # Each run its own folder; confirmations run one at a time, alone (concurrent 1).
             stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{runs}"
-            config = self.trial_config(record.number, record.candidate,
-                                       f"{record.number}-confirm-{stamp}", concurrent=1,
-                                       measure_steps=self.limits.confirm_steps)  # fmt: skip
+            config = self.trial_config(
+                record.number,
+                record.candidate,
+                f"{record.number}-confirm-{stamp}",
+                concurrent=1,
+                measure_steps=self.limits.confirm_steps,
+            )
             result = self.launcher.run(config, timeout_s=self.limits.trial_timeout_s)
             judged = verdict(result, self.spec, implied=False)
             self.store.add_confirmation(record, result, judged, config.trial_dir)

@@ -59,8 +59,9 @@ def select_best(
 
     With the user's run length (`train_steps`), the quickest to finish that run (one-time
     costs such as compilation + steps at the quiet step time) stands for the fastest."""
-    pool = [r for r in fitting(records, fit_limit_bytes)
-            if not (r.parity and r.parity.blocks_export)]  # fmt: skip
+    pool = [
+        r for r in fitting(records, fit_limit_bytes) if not (r.parity and r.parity.blocks_export)
+    ]
     if not pool:
         return None
     if objective == Objective.EFFICIENCY:
@@ -97,17 +98,23 @@ def record_cost(
 
 
 def incumbent_cost(
-    records: Sequence[TrialRecord], *, fit_limit_bytes: int, train_steps: int,
-    concurrent: int, objective: Objective = Objective.THROUGHPUT,
-) -> float | None:  # fmt: skip
+    records: Sequence[TrialRecord],
+    *,
+    fit_limit_bytes: int,
+    train_steps: int,
+    concurrent: int,
+    objective: Objective = Objective.THROUGHPUT,
+) -> float | None:
     """The best so far, as a new probe is compared with it: the least cost (record_cost)
     among configs that fit, may be exported, and were measured with as many probes
     sharing the machine."""
     costs = [
-        cost for r in fitting(records, fit_limit_bytes)
-        if r.result.concurrent == concurrent and not (r.parity and r.parity.blocks_export)
+        cost
+        for r in fitting(records, fit_limit_bytes)
+        if r.result.concurrent == concurrent
+        and not (r.parity and r.parity.blocks_export)
         and (cost := record_cost(r, train_steps, objective)) is not None
-    ]  # fmt: skip
+    ]
     return min(costs) if costs else None
 
 

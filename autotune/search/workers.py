@@ -109,8 +109,9 @@ def run_workers(
     folder = study_dir / "workers"
     folder.mkdir(parents=True, exist_ok=True)
     concurrent = len(slots) if spec.device.kind == DeviceKind.CPU else 1
-    worker_limits = dataclasses.replace(limits, confirm_top=0, concurrent=concurrent,
-                                        parity_top=limits.confirm_top)  # fmt: skip
+    worker_limits = dataclasses.replace(
+        limits, confirm_top=0, concurrent=concurrent, parity_top=limits.confirm_top
+    )
     # The rest of the time budget is for the parent's parity runs and confirmation.
     explore = deadline.share(limits.search_share if limits.confirm_top else 1.0).left()
     paths, processes = [], []

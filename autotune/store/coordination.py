@@ -167,8 +167,13 @@ def recover_stale(study: optuna.Study, storage: RDBStorage) -> list[int]:
         orphan = _orphaned(trial, 3 * compat.heartbeat_interval(storage))
         if tid not in stale and not here and not orphan:
             continue
-        why = ("search process died" if here else "worker stopped sending heartbeats"
-               if not orphan else "its worker never claimed it")  # fmt: skip
+        why = (
+            "search process died"
+            if here
+            else "worker stopped sending heartbeats"
+            if not orphan
+            else "its worker never claimed it"
+        )
         try:
             storage.set_trial_user_attr(tid, Attr.OUTCOME, str(Outcome.ERROR))
             storage.set_trial_user_attr(tid, Attr.REASON, f"{why} during the trial; re-queued")

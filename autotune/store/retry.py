@@ -35,8 +35,10 @@ def transient_retry(call: Callable[P, R]) -> Callable[P, R]:
             try:
                 return call(*args, **kwargs)
             except TRANSIENT as exc:
-                print(f"storage unreachable ({first_line(exc)[:80]}); retrying in {wait:.0f} s",
-                      file=sys.stderr)  # fmt: skip
+                print(
+                    f"storage unreachable ({first_line(exc)[:80]}); retrying in {wait:.0f} s",
+                    file=sys.stderr,
+                )
                 time.sleep(wait)
         try:
             return call(*args, **kwargs)

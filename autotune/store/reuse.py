@@ -23,7 +23,7 @@ import optuna
 
 from autotune.core.device import measuring_environment
 from autotune.core.enums import Outcome
-from autotune.core.parity import ParityState
+from autotune.core.parity_state import ParityState
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord, TrialResult
 from autotune.store.keys import StudyAttr
@@ -46,9 +46,14 @@ class Reuse:
     """The reusable measurements of a search, by config."""
 
     def __init__(
-        self, spec: SearchSpec, sources: list[Source], *, versions: dict[str, str],
-        concurrent: int = 1, whole_windows: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        spec: SearchSpec,
+        sources: list[Source],
+        *,
+        versions: dict[str, str],
+        concurrent: int = 1,
+        whole_windows: bool = False,
+    ) -> None:
         self.found: dict[Candidate, TrialResult] = {}
         # parity runs of a source whose probes are reused (so made with these versions)
         self.parity: list[tuple[str, ParityState]] = []
@@ -88,8 +93,13 @@ class Reuse:
             except (ValueError, TypeError, KeyError):  # results this version cannot read
                 continue
             sources.append(Source(summary.study_name, other, tuple(records), parity))
-        return cls(store.spec, sources, versions=measuring_environment(), concurrent=concurrent,
-                   whole_windows=whole_windows)  # fmt: skip
+        return cls(
+            store.spec,
+            sources,
+            versions=measuring_environment(),
+            concurrent=concurrent,
+            whole_windows=whole_windows,
+        )
 
     def parity_runs(self, wanted: ParityState) -> tuple[str, ParityState] | None:
         """Another study's parity runs made the way this one's would be (the reference's
@@ -105,9 +115,13 @@ class Reuse:
 
 
 def _reusable(
-    record: TrialRecord, source: Source, spec: SearchSpec, versions: dict[str, str],
-    concurrent: int, whole_windows: bool,
-) -> TrialResult | None:  # fmt: skip
+    record: TrialRecord,
+    source: Source,
+    spec: SearchSpec,
+    versions: dict[str, str],
+    concurrent: int,
+    whole_windows: bool,
+) -> TrialResult | None:
     result = record.result
     if result.reused_from or result.concurrent != concurrent:
         return None
@@ -117,8 +131,12 @@ def _reusable(
         return None
     peak = result.peak_memory_bytes
     tighter = source.spec.fit_limit_bytes <= spec.fit_limit_bytes
-    ok = (result.outcome == Outcome.OK and result.samples_per_s and peak is not None
-          and (tighter or peak <= MARGIN * spec.fit_limit_bytes))  # fmt: skip
+    ok = (
+        result.outcome == Outcome.OK
+        and result.samples_per_s
+        and peak is not None
+        and (tighter or peak <= MARGIN * spec.fit_limit_bytes)
+    )
     oom = result.outcome == Outcome.OOM and spec.fit_limit_bytes <= source.spec.fit_limit_bytes
     nan = result.outcome == Outcome.UNSTABLE and spec.seed == source.spec.seed
     if not (ok or oom or nan):

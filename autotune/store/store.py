@@ -21,7 +21,7 @@ from optuna_dashboard import save_note
 
 from autotune.core.enums import Outcome
 from autotune.core.errors import StudyError
-from autotune.core.parity import ParityState
+from autotune.core.parity_state import ParityState
 from autotune.core.spec import SearchSpec
 from autotune.core.stats import combine, pooled
 from autotune.core.trial import Candidate, TrialRecord, TrialResult, Verdict
@@ -106,8 +106,9 @@ class StudyStore:
             self.study.set_metric_names(list(METRIC_NAMES))
             save_note(self.study, identity.note(self.spec))
         elif not identity.same_search(stored, wanted):
-            budget_only = identity.differs_only_in(stored, wanted, ("memory_budget_bytes",
-                                                                    "headroom"))  # fmt: skip
+            budget_only = identity.differs_only_in(
+                stored, wanted, ("memory_budget_bytes", "headroom")
+            )
             reused = (
                 ": what it measured that still holds under the new budget is reused, not "
                 "probed again"

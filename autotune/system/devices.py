@@ -24,8 +24,13 @@ def detect_device(spec: str = "auto") -> DeviceInfo:
     import torch
 
     if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
-        return DeviceInfo(DeviceKind.CPU, None, cpu_name(), cpu_memory_bytes(),
-                          native_bf16=bool(cpu_flags() & NATIVE_BF16))  # fmt: skip
+        return DeviceInfo(
+            DeviceKind.CPU,
+            None,
+            cpu_name(),
+            cpu_memory_bytes(),
+            native_bf16=bool(cpu_flags() & NATIVE_BF16),
+        )
     kind, _, number = spec.partition(":")
     if spec != "auto" and (kind != "cuda" or (number and not number.isdigit())):
         raise UsageError(f"--device {spec!r} is not one of auto, cpu, cuda, cuda:N (N a number)")

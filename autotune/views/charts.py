@@ -33,24 +33,42 @@ def plot_ranked(records: Sequence[TrialRecord], found: Insight, path: Path) -> N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = sorted((r for r in records if r.result.samples_per_s),
-                   key=lambda r: r.result.samples_per_s or 0.0)[-25:]  # fmt: skip
+    shown = sorted(
+        (r for r in records if r.result.samples_per_s), key=lambda r: r.result.samples_per_s or 0.0
+    )[-25:]
     fig, ax = plt.subplots(figsize=(8, 0.9 + 0.28 * max(1, len(shown))), dpi=110)
     for i, r in enumerate(shown):
         sps = r.result.samples_per_s or 0.0
         spread = (r.result.step_time_spread or 0.0) * sps / 2
         edge = "black" if found.best and r.number == found.best.number else "none"
-        ax.barh(i, sps, xerr=spread, color=COLOURS[r.result.outcome.value], edgecolor=edge,
-                linewidth=1.5, error_kw={"elinewidth": 1, "capsize": 2})  # fmt: skip
+        ax.barh(
+            i,
+            sps,
+            xerr=spread,
+            color=COLOURS[r.result.outcome.value],
+            edgecolor=edge,
+            linewidth=1.5,
+            error_kw={"elinewidth": 1, "capsize": 2},
+        )
     labels = [f"{r.number}: {r.candidate.describe()}" for r in shown]
     ax.set_yticks(range(len(shown)), labels, fontsize=7)
     if found.best is not None:
         top = found.best.result.samples_per_s or 0.0
-        ax.axvspan(top * (1 - found.band), top, color="#f4a261", alpha=0.25,
-                   label=f"tie band (±{100 * found.band:.0f}%)")  # fmt: skip
+        ax.axvspan(
+            top * (1 - found.band),
+            top,
+            color="#f4a261",
+            alpha=0.25,
+            label=f"tie band (±{100 * found.band:.0f}%)",
+        )
     if found.reference is not None:
-        ax.axvline(found.reference.result.samples_per_s or 0.0, color="#264653", ls="--", lw=1,
-                   label=f"reference: plain default (trial {found.reference.number})")  # fmt: skip
+        ax.axvline(
+            found.reference.result.samples_per_s or 0.0,
+            color="#264653",
+            ls="--",
+            lw=1,
+            label=f"reference: plain default (trial {found.reference.number})",
+        )
     ax.set_xlim(left=0)
     ax.set_xlabel("samples/s (whisker: interquartile spread of step times)")
     ax.set_title("Configs by throughput (outlined: selected)", loc="left")
@@ -110,12 +128,20 @@ def plot_tradeoff(records: Sequence[TrialRecord], spec: SearchSpec, path: Path) 
     limit = spec.fit_limit_bytes / GIB
     if limit <= 1.5 * right:  # draw the budget where it does not squash the points
         right = max(right, 1.05 * spec.memory_budget_bytes / GIB)
-        ax.axvline(spec.memory_budget_bytes / GIB, color="#d62828", ls="--", lw=1,
-                   label=f"budget {format_size(spec.memory_budget_bytes)}")  # fmt: skip
+        ax.axvline(
+            spec.memory_budget_bytes / GIB,
+            color="#d62828",
+            ls="--",
+            lw=1,
+            label=f"budget {format_size(spec.memory_budget_bytes)}",
+        )
         ax.axvline(limit, color="#d62828", ls=":", lw=1, label="budget less headroom")
     else:
-        ax.set_title(f"budget {format_size(spec.memory_budget_bytes)}: off the chart", loc="right",
-                     fontsize=8)  # fmt: skip
+        ax.set_title(
+            f"budget {format_size(spec.memory_budget_bytes)}: off the chart",
+            loc="right",
+            fontsize=8,
+        )
     ax.set_xlim(0, right)
     ax.set_ylim(0, 1.1 * max((r.result.samples_per_s or 0 for r in records), default=1.0))
     ax.set_xlabel("peak memory (GiB)")

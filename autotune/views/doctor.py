@@ -20,15 +20,21 @@ def print_report(report: DoctorReport, fmt: str = "table") -> None:
         return
     console = Console(highlight=False, width=160, markup=False)
     d = report.device
-    console.print(f"device: {d.kind} {d.name}, {d.total_memory_bytes / 2**30:.1f} GiB"
-                  + (f", compute capability {d.capability}" if d.capability else ""))  # fmt: skip
+    console.print(
+        f"device: {d.kind} {d.name}, {d.total_memory_bytes / 2**30:.1f} GiB"
+        + (f", compute capability {d.capability}" if d.capability else "")
+    )
     console.print("versions: " + ", ".join(f"{k} {v}" for k, v in report.versions.items()))
     table = Table(title="checks", title_justify="left")
     for column in ("", "check", "figures", "what to do"):
         table.add_column(column)
     for check in report.checks:
-        table.add_row(MARK[check.passed], check.name, check.figures,
-                      check.advice if check.passed is False else "")  # fmt: skip
+        table.add_row(
+            MARK[check.passed],
+            check.name,
+            check.figures,
+            check.advice if check.passed is False else "",
+        )
     console.print(table)
     failed = report.failed
     console.print(f"{len(failed)} check(s) failed" if failed else "every check passed")
@@ -36,9 +42,14 @@ def print_report(report: DoctorReport, fmt: str = "table") -> None:
 
 def as_dict(report: DoctorReport) -> dict[str, Any]:
     return {
-        "device": {"kind": str(report.device.kind), "name": report.device.name,
-                   "total_memory_bytes": report.device.total_memory_bytes},
+        "device": {
+            "kind": str(report.device.kind),
+            "name": report.device.name,
+            "total_memory_bytes": report.device.total_memory_bytes,
+        },
         "versions": report.versions,
-        "checks": [{"name": c.name, "passed": c.passed, "figures": c.figures,
-                    "advice": c.advice} for c in report.checks],
-    }  # fmt: skip
+        "checks": [
+            {"name": c.name, "passed": c.passed, "figures": c.figures, "advice": c.advice}
+            for c in report.checks
+        ],
+    }

@@ -73,7 +73,13 @@ def estimate_json(estimate: Estimate) -> str:
         }
         for r in e.rows
     ]
-    head = {"model": e.model, "task": e.task, "parameters": e.parameters, "batch": e.batch,
-            "seq_len": e.seq_len, "target_len": e.target_len,
-            "process_bytes": e.process_bytes}  # fmt: skip
+    head = {
+        "model": e.model,
+        "task": e.task,
+        "parameters": e.parameters,
+        "batch": e.batch,
+        "seq_len": e.seq_len,
+        "target_len": e.target_len,
+        "process_bytes": e.process_bytes,
+    }
     return json.dumps({**head, "rows": rows}, indent=2)

@@ -15,7 +15,8 @@ from typing import Any
 from autotune.core.enums import Objective, Task
 from autotune.core.errors import ExportError
 from autotune.core.files import write_atomic
-from autotune.core.parity import ParityState, changes
+from autotune.core.parity import changes
+from autotune.core.parity_state import ParityState
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
 from autotune.hf.training_args import TUNED, merge, recipe
@@ -39,8 +40,10 @@ def previous_export(output: Path, *, force: bool) -> dict[str, Any]:
         return {}
     where = output.resolve()
     if not where.is_file() or where.read_bytes()[:16] == SQLITE_HEADER:
-        raise ExportError(f"{output} is a database or not a plain file; autotune never "
-                          "writes an export over it: choose another --output")  # fmt: skip
+        raise ExportError(
+            f"{output} is a database or not a plain file; autotune never "
+            "writes an export over it: choose another --output"
+        )
     try:
         sidecar = json.loads(sidecar_path(output).read_text(encoding="utf-8"))
         ours = isinstance(sidecar, dict) and {"study", "best"} <= set(sidecar)
@@ -53,8 +56,10 @@ def previous_export(output: Path, *, force: bool) -> dict[str, Any]:
             written = {k: v for k, v in existing.items() if k in TUNED}
         return {k: v for k, v in existing.items() if k not in written}
     if not force:
-        raise ExportError(f"{output} exists and was not written by autotune; choose another "
-                          "--output, or pass --force to replace it")  # fmt: skip
+        raise ExportError(
+            f"{output} exists and was not written by autotune; choose another "
+            "--output, or pass --force to replace it"
+        )
     return {}
 
 
@@ -86,11 +91,13 @@ def export_best(
         known = training_fields()
         fields = {k: v for k, v in exported.items() if k in known}
         check(fields, error=ExportError, where="the best config on this machine")
-    summary = {**_summary(record, spec, study_name, runners_up, objective),
-               "parity": parity_summary(record, reference_for(spec, all_records, parity), parity),
-               "arguments": arguments,
-               "model_arguments": model_arguments(record.candidate),
-               "script_changes": script_changes(record.candidate)}  # fmt: skip
+    summary = {
+        **_summary(record, spec, study_name, runners_up, objective),
+        "parity": parity_summary(record, reference_for(spec, all_records, parity), parity),
+        "arguments": arguments,
+        "model_arguments": model_arguments(record.candidate),
+        "script_changes": script_changes(record.candidate),
+    }
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(exported, indent=2, sort_keys=True) + "\n"

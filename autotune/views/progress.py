@@ -37,8 +37,10 @@ def short_step_note(result: TrialResult, device_kind: str) -> str:
     step = result.step_time_median_s
     if device_kind != DeviceKind.CUDA or step is None or step >= SHORT_STEP_S:
         return ""
-    return (f"; steps of {1000 * step:.0f} ms are mostly launch overhead: a larger "
-            "micro-batch (--global-batch-size) measures the model, not the launches")  # fmt: skip
+    return (
+        f"; steps of {1000 * step:.0f} ms are mostly launch overhead: a larger "
+        "micro-batch (--global-batch-size) measures the model, not the launches"
+    )
 
 
 def measure_note(result: TrialResult) -> str:
@@ -170,8 +172,9 @@ class Progress:
         self._say(f"parity  reused: study {study}'s runs ({', '.join(runs)})", soft_wrap=True)
 
     def on_parity(self, candidate: Candidate, parity: Parity) -> None:
-        self._say(f"parity  {candidate.precision} {candidate.optim}: {parity.figures()}",
-                  soft_wrap=True)  # fmt: skip
+        self._say(
+            f"parity  {candidate.precision} {candidate.optim}: {parity.figures()}", soft_wrap=True
+        )
 
     def close(self) -> None:
         """Stop the live display (also when the search ends by an exception)."""

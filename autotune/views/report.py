@@ -100,8 +100,10 @@ def _changes(found: Insight) -> str:
         return "<h2>What changed</h2><p>Nothing: your recipe is the winner.</p>"
     parity = found.best.parity
     checked = parity.figures() if parity else "training parity not checked (--parity off)"
-    kinds = {False: ("alter", f"alters the arithmetic of training; {checked}"),
-             True: ("keep", "speed and memory only")}  # fmt: skip
+    kinds = {
+        False: ("alter", f"alters the arithmetic of training; {checked}"),
+        True: ("keep", "speed and memory only"),
+    }
     items = "".join(
         f"<li class='{kinds[c.keeps_arithmetic][0]}'>{html.escape(c.describe())} "
         f"({html.escape(kinds[c.keeps_arithmetic][1])})</li>"
@@ -117,20 +119,32 @@ def _image(path: Path) -> str:
 
 def _table(records: Sequence[TrialRecord], rows: Sequence[TrialRow], found: Insight) -> str:
     by_number = {r.number: r for r in records}
-    header = ("trial", "config", "outcome", "samples/s", "peak GiB", "budget", "spread",
-              "parity", "note")  # fmt: skip
+    header = (
+        "trial",
+        "config",
+        "outcome",
+        "samples/s",
+        "peak GiB",
+        "budget",
+        "spread",
+        "parity",
+        "note",
+    )
     body = []
     for row in rows:
         record = by_number.get(row.trial)
         why = row.why or (note(record, found) if record else "")
         cells = (
-            f"{row.trial}{' *' if row.best else ''}", row.config, row.outcome,
+            f"{row.trial}{' *' if row.best else ''}",
+            row.config,
+            row.outcome,
             "" if row.samples_per_s is None else f"{row.samples_per_s:.2f}",
             "" if row.peak_memory_gib is None else f"{row.peak_memory_gib:.2f}",
             "" if row.budget_used_pct is None else f"{row.budget_used_pct:.0f}%",
             "" if row.step_time_spread_pct is None else f"±{row.step_time_spread_pct:.0f}%",
-            row.parity if row.outcome == "ok" else "", why,
-        )  # fmt: skip
+            row.parity if row.outcome == "ok" else "",
+            why,
+        )
         body.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in header)
     return f"<h2>Every trial</h2><table><tr>{head}</tr>{''.join(body)}</table>"

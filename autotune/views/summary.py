@@ -89,8 +89,10 @@ def finish_lines(record: TrialRecord, train_steps: int) -> list[str]:
             f"{train_steps} x {r.step_time_median_s:.3f} s"
         )
     elif r.one_time_s and record.candidate.torch_compile:
-        lines.append(f"compiled: {r.one_time_s:.1f} s once (compilation, first steps) before "
-                     "the measured speed; pass --train-steps to weigh it")  # fmt: skip
+        lines.append(
+            f"compiled: {r.one_time_s:.1f} s once (compilation, first steps) before "
+            "the measured speed; pass --train-steps to weigh it"
+        )
     lines += [f"in your script: {line}" for line in script_changes(record.candidate)]
     return lines
 

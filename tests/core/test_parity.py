@@ -13,13 +13,13 @@ from autotune.core.parity import (
     Arithmetic,
     Curve,
     Parity,
-    ParityState,
     Status,
     changes,
     judge,
     needs_twin,
     tolerance,
 )
+from autotune.core.parity_state import ParityState
 from autotune.core.trial import TrialResult
 from autotune.search.selection import select_best
 

@@ -133,7 +133,8 @@ def test_the_reference_run_trains_the_quickest_measured_config_of_the_recipes_ar
     from types import SimpleNamespace
 
     from autotune.core.enums import Objective
-    from autotune.core.parity import Curve, ParityState
+    from autotune.core.parity import Curve
+    from autotune.core.parity_state import ParityState
     from autotune.core.trial import Candidate
     from autotune.search.limits import SearchLimits
     from autotune.search.parity import ParityCheck

@@ -12,7 +12,8 @@ import pytest
 from helpers import SPEC, cand, rec
 
 from autotune.core.enums import Objective
-from autotune.core.parity import Arithmetic, Curve, Parity, ParityState, Status
+from autotune.core.parity import Arithmetic, Curve, Parity, Status
+from autotune.core.parity_state import ParityState
 from autotune.core.trial import Candidate, TrialRecord
 from autotune.search.deadline import Deadline
 from autotune.search.limits import SearchLimits

@@ -1,0 +1,196 @@
+"""The probe's training runs, under its timer: the worst-case run (every batch at the
+longest length) that gives the peak and the speed, and the run on the user's real
+batches (`--dataset`). Both run the real `transformers.Trainer` with the candidate's
+arguments plus the probe's bookkeeping fields (`probe_only_arguments`, which the parity
+runs share)."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.core.enums import Outcome
+from autotune.core.outcomes import loss_outcome
+from autotune.core.schedule import Schedule
+from autotune.core.stats import StepStats
+from autotune.core.trial import TrialConfig, TrialResult
+
+MAX_STEPS_BY_TIME = 500  # a time-based window never runs longer than this
+CPU_WINDOW_S = 1.0  # a search's CPU probe times fast steps for at least a second...
+CPU_WINDOW_STEPS = 20  # ... or this many of them (core/schedule.py)
+
+
+def worst_case(
+    config: TrialConfig, model: Any, recipe: dict[str, Any], phases: dict[str, float]
+) -> TrialResult:
+    """Warm-up + measured optimizer steps on worst-case batches: the peak and the speed."""
+    from transformers import Trainer, TrainingArguments
+
+    from autotune.probe.data import WorstCaseDataset
+    from autotune.probe.timing import StepTimer
+
+    by_time = config.min_measure_s > 0
+    schedule = schedule_of(config)
+    measured = schedule.longest if schedule else config.measure_steps
+    steps = config.warmup_steps + (MAX_STEPS_BY_TIME if by_time else measured)
+    dataset = WorstCaseDataset(
+        task=config.model.task,
+        length=steps * config.global_batch_size,
+        seq_len=config.seq_len,
+        target_len=config.target_len,
+        vocab_size=config.model.vocab_size,
+        num_labels=int(config.model.config.get("num_labels", 2)),
+        seed=config.seed,
+    )
+    args = TrainingArguments(**{**recipe, **probe_only_arguments(config, steps)})
+    timer = StepTimer(
+        device_kind=config.device_kind,
+        warmup_steps=config.warmup_steps,
+        measure_steps=config.measure_steps,
+        min_window_s=config.min_measure_s,
+        schedule=schedule,
+    )
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        callbacks=[timer],
+        data_collator=_packed(config),
+    )
+    timer.attach(trainer)
+    tick = time.perf_counter()
+    timer.train_starts()
+    output = trainer.train()
+    ended = time.perf_counter()
+    phases["train"] = ended - tick
+    del trainer
+    result = _measured(config, timer, float(output.training_loss))
+    if result.step_time_median_s is None:
+        return result
+    # Setup, compilation and slow first steps: all the warm-up cost beyond steady steps
+    return result.replace(
+        one_time_s=round(timer.one_time_s(ended), 3),
+        warmup_steps=timer.warmup_steps,
+        measure_stop=timer.stop_reason,
+    )
+
+
+def schedule_of(config: TrialConfig) -> Schedule | None:
+    """Adaptive warm-up and measurement, where asked and step ends are host times. Not
+    for DDP: each rank would decide on its own step times, and a rank stopping before
+    the others would leave them waiting in a collective."""
+    if not config.adaptive or config.min_measure_s > 0 or config.nproc_per_node > 1:
+        return None
+    return Schedule(
+        max_warmup=config.warmup_steps,
+        max_measure=config.measure_steps,
+        min_measure=min(3, config.measure_steps),
+        incumbent_s=config.incumbent_s,
+        train_steps=config.train_steps,
+        min_window_s=CPU_WINDOW_S,
+        most=CPU_WINDOW_STEPS,
+    )
+
+
+def _packed(config: TrialConfig) -> Any:
+    """The padding-free collator when the candidate asks for it, else None (Trainer's)."""
+    if not config.candidate.padding_free:
+        return None
+    from autotune.probe.data import PackedBatches
+
+    flash = config.candidate.attn_implementation.startswith("flash")
+    return PackedBatches(flash_attention=flash)
+
+
+def real_batches(
+    config: TrialConfig, model: Any, recipe: dict[str, Any], worst: TrialResult
+) -> TrialResult:
+    """Time real batches of the user's data, in the candidate's sampling order.
+
+    After the worst-case steps (which set the peak memory), one warm-up step and the
+    measured steps run on the tokenized data; samples/s, real (non-pad) tokens/s and
+    the step times become those of real batches."""
+    from datasets import load_from_disk
+    from transformers import Trainer, TrainingArguments
+
+    from autotune.probe.data import RealBatches, TokenCount
+    from autotune.probe.timing import StepTimer
+
+    steps = 1 + config.measure_steps
+    probe_args = probe_only_arguments(config, steps)
+    probe_args["output_dir"] = str(Path(config.trial_dir) / "trainer-real")
+    args = TrainingArguments(**{**recipe, **probe_args})
+    collator = _packed(config) or RealBatches(
+        task=config.model.task, pad_token_id=config.pad_token_id
+    )
+    timer = StepTimer(device_kind=config.device_kind, warmup_steps=1)
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=load_from_disk(config.data_path),
+        data_collator=collator,
+        callbacks=[timer],
+    )
+    count = TokenCount(config.model.task)
+    hook = model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        trainer.train()
+    finally:
+        hook.remove()
+    del trainer
+    times = timer.measured_step_times()
+    if not times:
+        return worst.replace(outcome=Outcome.ERROR, reason="no real batch step completed")
+    accumulation = config.candidate.gradient_accumulation_steps
+    window = count.fed()[accumulation : accumulation * steps]
+    real, fed = sum(r for r, _ in window), sum(f for _, f in window)
+    stats = StepStats.of(times)
+    return worst.replace(
+        samples_per_s=config.global_batch_size / stats.median_s,
+        tokens_per_s=real * config.nproc_per_node / sum(times),
+        step_time_median_s=stats.median_s,
+        step_time_spread=stats.spread,
+        step_time_quiet_s=stats.median_s,  # a step's time depends on its batch: the median ranks
+        step_times_s=tuple(round(t, 6) for t in times),
+        worst_case_samples_per_s=worst.samples_per_s,
+        padding_fraction=round(1 - real / fed, 4) if fed else None,
+    )
+
+
+def probe_only_arguments(config: TrialConfig, total_steps: int) -> dict[str, Any]:
+    """Fields that set run length and bookkeeping only; they do not change the recipe."""
+    return {
+        "output_dir": str(Path(config.trial_dir) / "trainer"),
+        "max_steps": total_steps,
+        "save_strategy": "no",
+        "report_to": "none",
+        "logging_strategy": "steps",
+        "logging_steps": total_steps,  # one log at the end: no extra sync inside the window
+        "logging_nan_inf_filter": False,  # a NaN loss must reach training_loss, not be hidden
+        "disable_tqdm": True,
+        "seed": config.seed,
+    }
+
+
+def _measured(config: TrialConfig, timer: Any, final_loss: float) -> TrialResult:
+    times = timer.measured_step_times()
+    if not times:
+        return TrialResult(Outcome.ERROR, reason="no measured step completed")
+    stats = StepStats.of(times)
+    samples_per_s = config.global_batch_size / stats.median_s
+    outcome, reason = loss_outcome(final_loss, timer.skipped_in_window)
+    return TrialResult(
+        outcome=outcome,
+        reason=reason,
+        samples_per_s=samples_per_s,
+        tokens_per_s=samples_per_s * config.tokens_per_sample,
+        step_time_median_s=stats.median_s,
+        step_time_spread=stats.spread,
+        step_time_quiet_s=stats.quiet_s,
+        step_times_s=tuple(round(t, 6) for t in times),
+        final_loss=final_loss,
+        loss_finite=math.isfinite(final_loss),
+        skipped_steps=timer.skipped_in_window,
+    )
