@@ -1,6 +1,22 @@
-"""autotune: find the fastest Trainer configuration that fits in memory, by measurement."""
+"""autotune: find the fastest Trainer configuration that fits in memory, by measurement.
+
+`autotune.search(model, memory_budget="16GiB", time_budget="10m", ...)` runs a search
+from Python, down the path `autotune search` takes; `autotune.load(study)` gives a
+study's tuned TrainingArguments fields. Both are loaded on first use: a probe process,
+which imports this package, does not pay for the search's modules.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
-__all__ = ["__version__"]
+__all__ = ["__version__", "load", "search"]
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: the public API, imported when first used
+    if name in ("search", "load"):
+        from autotune import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'autotune' has no attribute {name!r}")

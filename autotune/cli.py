@@ -36,13 +36,14 @@ def cli(debug: bool) -> None:
 def search(**options: Any) -> None:
     """Search configs for a model and export the fastest that fits."""
     from autotune.search_command import search_command
+    from autotune.tuning.options import SearchOptions
 
     # SIGTERM unwinds like Ctrl-C, so the running trial's process group is killed and
     # the trial is failed and re-queued (other commands keep the default: just exit).
     signal.signal(signal.SIGTERM, raise_terminated)
-    options["objective"] = Objective(options["objective"])
     fmt = options.pop("fmt")
-    outcome = search_command(studies_dir=DEFAULT_STUDIES, log_to_stderr=fmt == "json", **options)
+    asked = SearchOptions(**{**options, "objective": Objective(options["objective"])})
+    outcome = search_command(asked, studies_dir=DEFAULT_STUDIES, log_to_stderr=fmt == "json")
     best = outcome.best
     if fmt == "json":
         from autotune.views.summary import outcome_json

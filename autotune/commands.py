@@ -13,9 +13,9 @@ from autotune.core.files import write_atomic
 from autotune.core.paths import default_storage
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import TrialRecord
-from autotune.search.selection import select_best
 from autotune.store.storage import STORAGE_ENV
 from autotune.store.store import StudyStore
+from autotune.tuning.selection import select_best
 
 
 def resolve_storage(storage: str | None, studies_dir: Path) -> str:
@@ -136,7 +136,7 @@ def flags_command(
 
 def show_command(*, study_name: str, storage: str, objective: Objective) -> Any:
     """The study's rows, best first (views.show prints them)."""
-    from autotune.search.parity import reference_for
+    from autotune.tuning.parity import reference_for
     from autotune.views.export import parity_summary
     from autotune.views.show import StudyView, trial_rows
 
@@ -205,8 +205,8 @@ def estimate_command(
     from autotune.core.space import derive_space
     from autotune.hf.models import count_parameters, max_positions, resolve_model
     from autotune.hf.training_args import available_optimizers
-    from autotune.search.estimate import estimate_rows
     from autotune.system.devices import detect_device
+    from autotune.tuning.estimate import estimate_rows
 
     model_spec = resolve_model(model, task=task)
     device_info = detect_device(device)

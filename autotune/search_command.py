@@ -5,110 +5,54 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+
+from rich.console import Console
 
 from autotune.commands import resolve_storage
-from autotune.core.enums import Objective
 from autotune.core.errors import StudyError, UsageError
-from autotune.core.parity import CALIBRATED_STEPS
+from autotune.core.parity_state import ParityState
 from autotune.core.paths import check_study_name, claim_folder, default_study_name, study_folder
+from autotune.core.spec import SearchSpec
 from autotune.core.stats import speed_ratio
+from autotune.core.trial import TrialRecord
 from autotune.core.units import format_duration
-from autotune.search.deadline import Deadline
-from autotune.search.limits import SearchLimits
-from autotune.search.outcome import SearchOutcome
 from autotune.store.store import StudyStore
+from autotune.tuning.deadline import Deadline
+from autotune.tuning.limits import SearchLimits
+from autotune.tuning.options import SearchOptions
+from autotune.tuning.outcome import SearchOutcome, SearchReport
+from autotune.tuning.parity import reference_for
+from autotune.tuning.plan import DataOptions, Layout, build_spec, workload_defaults
+from autotune.tuning.run import prepare_store, run_search
+from autotune.tuning.selection import nothing_fits, plain_default
+from autotune.tuning.workers import run_workers
+from autotune.views.export import export_selected, parity_summary, previous_export
+from autotune.views.progress import Progress
 
-# A search given no --time-budget stops within this: never hours unasked (20 probes of
-# up to --trial-timeout's 10 minutes each would be over three)
-DEFAULT_TIME_BUDGET_S = 30 * 60.0
 
-# Parity run length by --parity mode, when --parity-steps is not given: 20 steps verify
-# (core/parity.CALIBRATED_STEPS); a quick check's 4 catch NaNs and gross divergence
-PARITY_STEPS = {"on": CALIBRATED_STEPS, "quick": 4}
+def search_command(
+    options: SearchOptions, *, studies_dir: Path, log_to_stderr: bool = False
+) -> SearchOutcome:
+    """Search, record every trial in the study, export the best config; the one path of
+    `autotune search` and `autotune.search`. `log_to_stderr`: the progress on stderr
+    (the CLI's --format json keeps stdout for the result)."""
 
-
-def search_command(  # long: one keyword per `search` option, then a few calls
-    *,
-    studies_dir: Path,
-    model: str,
-    study_name: str | None,
-    storage: str | None,
-    output: Path | None,
-    max_trials: int,
-    time_budget: float | None,
-    trial_timeout: float,
-    sampler: str,
-    objective: Objective,
-    quiet: bool,
-    confirm_top: int,
-    confirm_steps: int | None,
-    parity: str = "on",
-    parity_steps: int | None = None,
-    fork_server: bool,
-    fixed_steps: bool = False,
-    reuse: bool = True,
-    parallel: int = 1,
-    devices: tuple[str, ...] | None = None,
-    nproc_per_node: int = 1,
-    dataset: str | None = None,
-    dataset_split: str = "train",
-    text_column: str | None = None,
-    target_column: str | None = None,
-    tokenizer: str | None = None,
-    force: bool = False,
-    log_to_stderr: bool = False,
-    **spec_options: Any,
-) -> SearchOutcome:  # the search's options, one keyword each (cli.search passes them)
-    """Search, record every trial in the study, export the best config to `output`."""
-    from autotune.search.plan import (
-        DataOptions,
-        Layout,
-        SpecOptions,
-        build_spec,
-        workload_defaults,
-    )
-    from autotune.search.run import prepare_store
-    from autotune.search.workers import run_workers
-    from autotune.views.export import previous_export
-
-    name = check_study_name(study_name or default_study_name(model))
-    url = resolve_storage(storage, studies_dir)
+    o = options
+    name = check_study_name(o.study_name or default_study_name(o.model))
+    url = resolve_storage(o.storage, studies_dir)
     folder = study_folder(studies_dir, name, url)
-    output = output or studies_dir / f"{folder.name}.best.json"
-    previous_export(output, force=force)  # refuse now, not after the search
+    output = o.output or studies_dir / f"{folder.name}.best.json"
+    previous_export(output, force=o.force)  # refuse now, not after the search
     claim_folder(folder, name, url, write=False)  # before the data is tokenized into it
-    if dataset is None and (text_column or target_column or tokenizer):
-        raise UsageError("--text-column, --target-column and --tokenizer need --dataset")
-    data = None
-    if dataset is not None:
-        data = DataOptions(
-            dataset, dataset_split, text_column, target_column, tokenizer, folder / "data"
-        )
-    layout = Layout(nproc_per_node, parallel, devices)
-    options = SpecOptions(model=model, **spec_options)
-    spec, slots = build_spec(options, dataset=data, layout=layout)
-    notes = workload_defaults(options, spec)
-    if time_budget is None:
-        time_budget = DEFAULT_TIME_BUDGET_S
-        notes.append(f"time budget {format_duration(time_budget)}: a default; set --time-budget")
+    spec, slots = build_spec(o, dataset=_data(o, folder), layout=Layout.of(o))
+    notes = workload_defaults(o, spec)
+    if o.time_budget is None:
+        notes.append(f"time budget {format_duration(o.budget_s)}: a default; set --time-budget")
     _ensure_sqlite_folder(url)
-    store = prepare_store(spec=spec, study_name=name, storage=url, sampler=sampler)
+    store = prepare_store(spec=spec, study_name=name, storage=url, sampler=o.sampler)
     claim_folder(folder, name, url)
-    limits = SearchLimits(
-        max_trials=max_trials,
-        trial_timeout_s=trial_timeout,
-        confirm_top=confirm_top,
-        confirm_steps=confirm_steps or 2 * spec.measure_steps,
-        parity_steps=0 if parity == "off" else parity_steps or PARITY_STEPS[parity],
-        parity_quick=parity == "quick",
-        objective=objective,
-        fork_server=fork_server,
-        adaptive=not fixed_steps,
-        reuse=reuse,
-        propose=sampler == "model",
-    )
-    deadline = Deadline.after(time_budget)
+    limits = o.limits(spec.measure_steps)
+    deadline = Deadline.after(o.budget_s)
     if slots:
         run_workers(
             spec=spec,
@@ -116,77 +60,84 @@ def search_command(  # long: one keyword per `search` option, then a few calls
             study_name=name,
             storage=url,
             study_dir=folder,
-            sampler=sampler,
+            sampler=o.sampler,
             limits=limits,
             deadline=deadline,
         )
-    return _search_and_export(
-        store=store,
-        folder=folder,
-        limits=limits,
-        deadline=deadline,
-        explore=not slots,
-        live=not quiet and not slots,
-        output=output,
-        objective=objective,
-        force=force,
-        log_to_stderr=log_to_stderr,
-        notes=notes,
+    live = not o.quiet and not slots
+    search = _Search(store, folder, limits, deadline, explore=not slots, live=live)
+    return search.run(output, force=o.force, log_to_stderr=log_to_stderr, notes=notes)
+
+
+def _data(o: SearchOptions, folder: Path) -> DataOptions | None:
+    """--dataset and its companions (refused without it); tokenized under the study."""
+    if o.dataset is None:
+        if o.text_column or o.target_column or o.tokenizer:
+            raise UsageError("--text-column, --target-column and --tokenizer need --dataset")
+        return None
+    return DataOptions(
+        o.dataset, o.dataset_split, o.text_column, o.target_column, o.tokenizer, folder / "data"
     )
 
 
-def _search_and_export(
-    *,
-    store: StudyStore,
-    folder: Path,
-    limits: SearchLimits,
-    deadline: Deadline,
-    explore: bool,
-    live: bool,
+@dataclasses.dataclass(frozen=True)
+class _Search:
+    """The parent's part of a prepared search: explore (unless workers did), confirm,
+    select, export."""
+
+    store: StudyStore
+    folder: Path
+    limits: SearchLimits
+    deadline: Deadline
+    explore: bool
+    live: bool
+
+    def run(
+        self, output: Path, *, force: bool, log_to_stderr: bool, notes: list[str]
+    ) -> SearchOutcome:
+        spec, name = self.store.spec, self.store.name
+        console = Console(highlight=False, soft_wrap=True, stderr=log_to_stderr, markup=False)
+        progress = Progress(console, live=self.live, deadline=self.deadline, notes=notes)
+        try:
+            report = run_search(
+                store=self.store,
+                study_dir=self.folder,
+                limits=self.limits,
+                deadline=self.deadline,
+                observer=progress,
+                explore=self.explore,
+            )
+            parity = self.store.parity() if self.limits.parity_steps else None
+            records = list(report.records)
+            if parity is None:  # --parity off: verdicts of earlier runs do not apply either
+                records = [dataclasses.replace(r, parity=None) for r in records]
+            best = export_selected(
+                records=records,
+                spec=spec,
+                study_name=name,
+                output=output,
+                objective=self.limits.objective,
+                validate=True,
+                force=force,
+                parity=parity,
+            )
+            progress.on_search_end(report)
+        finally:
+            progress.close()
+        return _outcome(name, best, records, parity, report, output, spec)
+
+
+def _outcome(
+    name: str,
+    best: TrialRecord | None,
+    records: list[TrialRecord],
+    parity: ParityState | None,
+    report: SearchReport,
     output: Path,
-    objective: Objective,
-    force: bool,
-    log_to_stderr: bool = False,
-    notes: list[str] | None = None,
+    spec: SearchSpec,
 ) -> SearchOutcome:
-    """The parent's part: explore (unless workers did), confirm, select, export."""
-    from rich.console import Console
-
-    from autotune.search.parity import reference_for
-    from autotune.search.run import run_search
-    from autotune.search.selection import nothing_fits, plain_default
-    from autotune.views.export import export_selected, parity_summary
-    from autotune.views.progress import Progress
-
-    spec, name = store.spec, store.name
-    console = Console(highlight=False, soft_wrap=True, stderr=log_to_stderr, markup=False)
-    progress = Progress(console, live=live, deadline=deadline, notes=notes or [])
-    try:
-        report = run_search(
-            store=store,
-            study_dir=folder,
-            limits=limits,
-            deadline=deadline,
-            observer=progress,
-            explore=explore,
-        )
-        parity = store.parity() if limits.parity_steps else None
-        records = list(report.records)
-        if parity is None:  # --parity off: verdicts of earlier runs do not apply either
-            records = [dataclasses.replace(r, parity=None) for r in records]
-        best = export_selected(
-            records=records,
-            spec=spec,
-            study_name=name,
-            output=output,
-            objective=objective,
-            validate=True,
-            force=force,
-            parity=parity,
-        )
-        progress.on_search_end(report)
-    finally:
-        progress.close()
+    """What the search hands back: the export, what it changed against your recipe and
+    its speed over the plain default; raises when nothing fits."""
     if best is None:
         raise nothing_fits(records, spec)
     changed = parity_summary(best, reference_for(spec, records, parity), parity)

@@ -1,5 +1,5 @@
 """One searching worker of `--parallel N` or `--devices`: `python -m autotune.worker
-JOB.json` explores the study on its share of the machine (search/workers.py starts it),
+JOB.json` explores the study on its share of the machine (tuning/workers.py starts it),
 printing plain progress lines."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 from rich.console import Console
 
 from autotune.core.errors import AutotuneError, Terminated, raise_terminated
-from autotune.search.deadline import Deadline
-from autotune.search.run import prepare_store, run_search
-from autotune.search.workers import WorkerJob, confine
 from autotune.store.storage import STORAGE_ENV
+from autotune.tuning.deadline import Deadline
+from autotune.tuning.run import prepare_store, run_search
+from autotune.tuning.workers import WorkerJob, confine
 from autotune.views.progress import Progress
 
 

@@ -33,9 +33,9 @@ from search_efficiency import score
 from autotune.core.trial import Candidate, TrialResult
 from autotune.launch.forkserver import model_to_share
 from autotune.launch.runner import Launcher
-from autotune.search.limits import SearchLimits
-from autotune.search.run import SearchRun
 from autotune.store.store import StudyStore
+from autotune.tuning.limits import SearchLimits
+from autotune.tuning.run import SearchRun
 
 FIXTURE = HERE / "main_job.json"
 GRID_MEASURE = 5  # timed steps of a grid run (the search's probes time 1 to 5)

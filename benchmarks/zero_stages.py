@@ -27,7 +27,7 @@ from autotune.hf.models import count_parameters  # noqa: E402
 from autotune.hf.sharding import shards  # noqa: E402
 from autotune.hf.training_args import tuned_arguments  # noqa: E402
 from autotune.launch.runner import run_trial  # noqa: E402
-from autotune.search.estimate import static_bytes  # noqa: E402
+from autotune.tuning.estimate import static_bytes  # noqa: E402
 
 GPT2 = {
     "model_type": "gpt2",

@@ -137,7 +137,7 @@ def tiny_budgets(tmp_path_factory: pytest.TempPathFactory) -> TinyBudgets:
 
 # Compilation (a cold compile is 25 s per tiny probe here) and the attention kernels kept
 # plain in the searches whose tests are about something else: their spaces stay the size
-# the tests count on. tests/search/test_levers_search.py searches the levers.
+# the tests count on. tests/tuning/test_levers_search.py searches the levers.
 PLAIN_LEVERS = (
     "--lever", "torch_compile=false", "--lever", "attn_implementation=sdpa",
     "--lever", "zero_stage=0",

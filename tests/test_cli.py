@@ -338,3 +338,25 @@ def test_what_the_libraries_log_stays_off_the_terminal_unless_debugging(
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stderr == shown
+
+
+def test_every_search_option_is_one_field_of_the_options_object() -> None:
+    """An option is declared once, as a field of SearchOptions; click's declaration must
+    name the same fields with the same defaults, so adding one without the other fails."""
+    import dataclasses
+
+    from autotune.cli import search
+    from autotune.tuning.options import SearchOptions
+
+    ctx = click.Context(search)
+    params = {p.name: p for p in search.params if p.name not in ("help", "fmt")}
+    fields = {f.name: f for f in dataclasses.fields(SearchOptions)}
+    assert set(params) == set(fields)
+    for name, param in params.items():
+        declared = param.get_default(ctx)
+        unset = declared is None or getattr(declared, "name", "") == "UNSET"  # click 8.4
+        empty = () if getattr(param, "multiple", False) else None  # what click passes
+        flag_default = empty if unset else param.type_cast_value(ctx, declared)
+        field = fields[name]
+        default = None if field.default is dataclasses.MISSING else field.default
+        assert flag_default == default, name

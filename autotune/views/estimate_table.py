@@ -9,7 +9,7 @@ from rich.table import Table
 
 from autotune.core.enums import Task
 from autotune.core.units import format_size
-from autotune.search.estimate import Estimate
+from autotune.tuning.estimate import Estimate
 
 COLUMNS = (
     "precision",

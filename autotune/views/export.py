@@ -20,8 +20,8 @@ from autotune.core.parity_state import ParityState
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
 from autotune.hf.training_args import TUNED, merge, recipe
-from autotune.search.parity import reference_for
-from autotune.search.selection import fitting, ranked, select_best
+from autotune.tuning.parity import reference_for
+from autotune.tuning.selection import fitting, ranked, select_best
 
 
 def sidecar_path(output: Path) -> Path:

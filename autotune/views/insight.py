@@ -13,8 +13,8 @@ from autotune.core.enums import Outcome
 from autotune.core.parity import Change, changes
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
-from autotune.search.parity import reference_candidate
-from autotune.search.selection import (
+from autotune.tuning.parity import reference_candidate
+from autotune.tuning.selection import (
     fitting,
     noise_band,
     plain_default,

@@ -14,9 +14,9 @@ from autotune.core.parity import Parity
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialResult
 from autotune.core.units import format_duration, format_size
-from autotune.search.deadline import Deadline
-from autotune.search.limits import SearchLimits
-from autotune.search.outcome import SearchReport
+from autotune.tuning.deadline import Deadline
+from autotune.tuning.limits import SearchLimits
+from autotune.tuning.outcome import SearchReport
 from autotune.views.show import data_lines
 
 _STYLE = {

@@ -15,7 +15,7 @@ from autotune.core.spec import SearchSpec
 from autotune.core.trial import TrialRecord
 from autotune.core.units import format_size
 from autotune.hf.training_args import study_arguments
-from autotune.search.selection import ranked, select_best
+from autotune.tuning.selection import ranked, select_best
 
 GIB = float(2**30)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from autotune.core.trial import TrialRecord
-from autotune.search.outcome import SearchOutcome
+from autotune.tuning.outcome import SearchOutcome
 from autotune.views.export import script_changes
 
 

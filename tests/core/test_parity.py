@@ -21,7 +21,7 @@ from autotune.core.parity import (
 )
 from autotune.core.parity_state import ParityState
 from autotune.core.trial import TrialResult
-from autotune.search.selection import select_best
+from autotune.tuning.selection import select_best
 
 
 def curve(*losses: float, skipped: int = 0) -> Curve:

@@ -8,7 +8,7 @@ from helpers import GIB, cand
 
 from autotune.core.stats import StepStats, combine, pooled, quiet_step_s, speed_ratio
 from autotune.core.trial import Outcome, TrialRecord, TrialResult
-from autotune.search.selection import select_best
+from autotune.tuning.selection import select_best
 
 LIMIT = 4 * GIB
 

@@ -14,10 +14,10 @@ from autotune.core.parity import Curve, Parity, Status
 from autotune.core.parity_state import ParityState
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import LEVERS, TrialResult
-from autotune.search.selection import verdict
 from autotune.store.reuse import Reuse
 from autotune.store.samplers import make_sampler
 from autotune.store.store import StudyStore
+from autotune.tuning.selection import verdict
 
 
 def measured(peak_gib: float, outcome: Outcome = Outcome.OK, **versions: str) -> TrialResult:

@@ -9,8 +9,8 @@ from rich.console import Console
 
 from autotune.core.enums import Outcome
 from autotune.core.trial import TrialResult
-from autotune.search.deadline import Deadline
-from autotune.search.limits import SearchLimits
+from autotune.tuning.deadline import Deadline
+from autotune.tuning.limits import SearchLimits
 from autotune.views.progress import Progress, time_left, trial_line
 
 LIMITS = SearchLimits(max_trials=10, confirm_top=2)

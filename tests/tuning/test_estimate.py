@@ -7,7 +7,7 @@ from helpers import GIB, SPEC, cand, rec
 
 from autotune.core.errors import UsageError
 from autotune.hf.models import count_parameters, resolve_model
-from autotune.search.estimate import (
+from autotune.tuning.estimate import (
     activation_bytes,
     breakdown,
     check_budget,
@@ -44,7 +44,7 @@ def test_the_peak_is_backward_or_the_optimizer_step_whichever_is_larger() -> Non
     budget: 8x2 fp32 Adafactor peaked at 3.72 GiB, and every fp32 AdamW run out of memory
     at the 3.8 GiB limit, whatever its batch: the optimizer step's temporaries, not the
     activations, set those peaks."""
-    from autotune.search.memory_verdict import far_over_budget
+    from autotune.tuning.memory_verdict import far_over_budget
 
     counted = count_parameters(resolve_model("google/mt5-small"))
     assert counted.largest == 250112 * 512  # the shared embedding
@@ -89,7 +89,7 @@ def test_backward_ends_with_the_gradients_of_an_embedding_used_twice() -> None:
     output layer: three copies, less the one that becomes the gradient when nothing
     accumulates; used once: one copy, only when it accumulates; none under ZeRO, which
     accumulates in its own buffers."""
-    from autotune.search.estimate import embedding_grad_bytes
+    from autotune.tuning.estimate import embedding_grad_bytes
 
     untied = {"tie_word_embeddings": False}
     assert embedding_grad_bytes(GPT2, "causal-lm", 10, 1) == 2 * 40  # tied by default
@@ -136,7 +136,7 @@ def test_8bit_optimizers_keep_32bit_state_for_embeddings_as_the_trainer_does() -
     """transformers' create_optimizer registers optim_bits=32 for every nn.Embedding
     under bitsandbytes' 8-bit optimizers: on mT5-small's shape (128M of 172M parameters
     in the embedding) 8-bit Adam then holds 1.0 GiB of state, not 0.3."""
-    from autotune.search.estimate import optimizer_state
+    from autotune.tuning.estimate import optimizer_state
 
     total, embedding = 172_000_000, 128_000_000
     assert optimizer_state(total, "adamw_bnb_8bit", embedding) == 44_000_000 * 2 + embedding * 8

@@ -12,7 +12,7 @@ from conftest import PLAIN_LEVERS, TINY_GPT2, autotune, write_model
 from helpers import SPEC, cand, rec
 
 from autotune.core.enums import Outcome, Precision
-from autotune.search.parity import reference_candidate, twin_of
+from autotune.tuning.parity import reference_candidate, twin_of
 
 ARGS = [
     "search", "--model", "./tiny", "--device", "cpu", *PLAIN_LEVERS, "--global-batch-size", "16",
@@ -101,7 +101,7 @@ def test_a_parity_run_trains_the_quickest_measured_config_of_the_finalists_arith
     import dataclasses
 
     from autotune.core.trial import Candidate, TrialRecord
-    from autotune.search.parity import quickest_alike
+    from autotune.tuning.parity import quickest_alike
 
     def timed(number: int, candidate: Candidate, step_s: float, one_time_s: float,
               peak_gib: float = 1.0) -> TrialRecord:  # fmt: skip
@@ -136,8 +136,8 @@ def test_the_reference_run_trains_the_quickest_measured_config_of_the_recipes_ar
     from autotune.core.parity import Curve
     from autotune.core.parity_state import ParityState
     from autotune.core.trial import Candidate
-    from autotune.search.limits import SearchLimits
-    from autotune.search.parity import ParityCheck
+    from autotune.tuning.limits import SearchLimits
+    from autotune.tuning.parity import ParityCheck
 
     fused = dataclasses.replace(cand(16), optim="adamw_torch_fused")
     records = [

@@ -15,7 +15,7 @@ from autotune.core.trial import Candidate, TrialRecord
 
 
 class Verdictor(Protocol):
-    """The memory estimate's verdicts (search.memory_verdict.EstimateVerdicts)."""
+    """The memory estimate's verdicts (tuning.memory_verdict.EstimateVerdicts)."""
 
     def __call__(self, candidate: Candidate) -> str | None:
         """Why the candidate cannot fit (skip it as infeasible), or None."""

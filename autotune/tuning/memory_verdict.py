@@ -17,7 +17,7 @@ from autotune.core.enums import Outcome
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord, TrialResult
 from autotune.core.units import format_size
-from autotune.search.estimate import FAR_OVER, PROCESS_BYTES, Breakdown, breakdown, floor_bytes
+from autotune.tuning.estimate import FAR_OVER, PROCESS_BYTES, Breakdown, breakdown, floor_bytes
 
 # An out-of-memory run's peak was above this share of the limit at least: the CPU's
 # limit counts reserved data pages, a few percent above the resident set the peaks count

@@ -12,7 +12,7 @@ from conftest import TINY_GPT2, autotune, probe_trials, worker_search_args, writ
 from optuna.trial import TrialState
 
 from autotune.core.errors import UsageError
-from autotune.search.workers import Slot, plan_slots
+from autotune.tuning.workers import Slot, plan_slots
 
 
 def test_the_cores_are_split_evenly_between_workers() -> None:

@@ -23,13 +23,17 @@ from autotune.core.trial import Candidate, TrialConfig, TrialRecord, TrialResult
 from autotune.hf.training_args import recipe
 from autotune.launch.forkserver import model_to_share
 from autotune.launch.runner import Launcher
-from autotune.search.deadline import Deadline
-from autotune.search.limits import Observer, SearchLimits
-from autotune.search.memory_verdict import far_over_budget
-from autotune.search.outcome import SearchReport
-from autotune.search.parity import ParityCheck, parity_stop, run_s
-from autotune.search.propose import Proposal, next_config
-from autotune.search.selection import (
+from autotune.store.keys import Attr
+from autotune.store.reuse import Reuse
+from autotune.store.store import StudyStore, TrialLost
+from autotune.system import devices as device
+from autotune.tuning.deadline import Deadline
+from autotune.tuning.limits import Observer, SearchLimits
+from autotune.tuning.memory_verdict import far_over_budget
+from autotune.tuning.outcome import SearchReport
+from autotune.tuning.parity import ParityCheck, parity_stop, run_s
+from autotune.tuning.propose import Proposal, next_config
+from autotune.tuning.selection import (
     fitting,
     incumbent_cost,
     plain_default,
@@ -37,11 +41,7 @@ from autotune.search.selection import (
     select_best,
     verdict,
 )
-from autotune.search.skips import Verdictor, open_candidates, skip_reason
-from autotune.store.keys import Attr
-from autotune.store.reuse import Reuse
-from autotune.store.store import StudyStore, TrialLost
-from autotune.system import devices as device
+from autotune.tuning.skips import Verdictor, open_candidates, skip_reason
 
 
 class SearchRun:

@@ -31,7 +31,7 @@ from autotune.core.enums import Objective
 from autotune.core.schedule import CLEARLY_SLOWER
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
-from autotune.search.selection import fitting, incumbent_cost, record_cost
+from autotune.tuning.selection import fitting, incumbent_cost, record_cost
 
 NOISE = 0.03  # a predicted gain below 3% is within what measurement noise hides
 KAPPA = 1.5  # how many standard deviations of optimism a proposal gets
@@ -188,7 +188,7 @@ def next_config(
     objective: Objective,
 ) -> Proposal:
     """The search's next proposal: the cost selection ranks by, the memory estimate's
-    verdict (`fits`: the round's, search.memory_verdict), and the incumbent among configs
+    verdict (`fits`: the round's, tuning.memory_verdict), and the incumbent among configs
     measured alike. Ranking by speed where memory binds nowhere, activation
     checkpointing is left out (`memory_free`)."""
     incumbent = incumbent_cost(

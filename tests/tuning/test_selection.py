@@ -4,7 +4,7 @@ import pytest
 from helpers import GIB, cand, rec
 
 from autotune.core.trial import Outcome, TrialRecord
-from autotune.search.selection import noise_band, ranked, select_best
+from autotune.tuning.selection import noise_band, ranked, select_best
 
 LIMIT = 4 * GIB
 
@@ -60,7 +60,7 @@ def test_a_config_fits_within_the_budget_less_the_headroom_not_the_budget() -> N
     from helpers import SPEC
 
     from autotune.core.trial import TrialResult
-    from autotune.search.selection import verdict
+    from autotune.tuning.selection import verdict
 
     def peak(gib: float) -> TrialResult:
         return TrialResult(Outcome.OK, samples_per_s=10.0, peak_memory_bytes=int(gib * GIB))

@@ -31,12 +31,12 @@ from autotune.core.parity_state import ParityState
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord, TrialResult
 from autotune.core.units import format_duration
-from autotune.search.selection import fitting, ranked, select_best
 from autotune.system import devices as device
+from autotune.tuning.selection import fitting, ranked, select_best
 
 if TYPE_CHECKING:
-    from autotune.search.limits import SearchLimits
-    from autotune.search.run import SearchRun
+    from autotune.tuning.limits import SearchLimits
+    from autotune.tuning.run import SearchRun
 
 PARITY_LR = 1e-3  # without a learning_rate in --base-args: the loss falls within K steps
 

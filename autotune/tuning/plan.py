@@ -27,9 +27,10 @@ from autotune.hf.training_args import (
     checkpointing_field,
     read_arguments_file,
 )
-from autotune.search.estimate import check_budget
-from autotune.search.workers import Slot, plan_slots
 from autotune.system.devices import cuda_device_count, detect_device
+from autotune.tuning.estimate import check_budget
+from autotune.tuning.options import SearchOptions
+from autotune.tuning.workers import Slot, plan_slots
 
 DEFAULT_GLOBAL_BATCH = 32
 DEFAULT_TARGET_LEN = 128
@@ -56,32 +57,13 @@ class Layout:
     parallel: int = 1
     devices: tuple[str, ...] | None = None
 
-
-@dataclasses.dataclass(frozen=True)
-class SpecOptions:
-    """What the user asked a search to keep and to vary (the `search` options)."""
-
-    model: str
-    task: str
-    device: str
-    memory_budget: int | None
-    headroom: float
-    global_batch_size: int | None
-    seq_len: int | None
-    target_len: int | None
-    base_args: Path | None
-    precisions: tuple[str, ...] | None
-    optimizers: tuple[str, ...] | None
-    checkpointing: tuple[str, ...] | None
-    warmup_steps: int
-    measure_steps: int
-    seed: int
-    levers: tuple[str, ...] = ()  # --lever NAME=VALUES, as typed
-    train_steps: int | None = None  # the user's run length: rank by time to finish it
+    @classmethod
+    def of(cls, options: SearchOptions) -> Layout:
+        return cls(options.nproc_per_node, options.parallel, options.devices)
 
 
 def build_spec(
-    options: SpecOptions, *, layout: Layout = Layout(), dataset: DataOptions | None = None
+    options: SearchOptions, *, layout: Layout = Layout(), dataset: DataOptions | None = None
 ) -> tuple[SearchSpec, list[Slot]]:
     """Validate every option against the model and the device; raise UsageError if off.
 
@@ -156,7 +138,7 @@ def build_spec(
     return spec, slots
 
 
-def workload_defaults(options: SpecOptions, spec: SearchSpec) -> list[str]:
+def workload_defaults(options: SearchOptions, spec: SearchSpec) -> list[str]:
     """The workload figures this search took from a default rather than from you, each
     with how to set it: a config that fits 512 tokens says little of a 4k-token run."""
     o = options
@@ -197,7 +179,7 @@ def _global_batch(batch: int) -> int:
     return batch
 
 
-def _lengths(o: SpecOptions, base: BaseArguments, config: dict[str, Any]) -> tuple[int, int]:
+def _lengths(o: SearchOptions, base: BaseArguments, config: dict[str, Any]) -> tuple[int, int]:
     """The worst-case lengths probes use: asked, from --base-args, or the model's limit."""
     limit = max_positions(config)
     seq_len = o.seq_len or base.seq_len
@@ -232,7 +214,7 @@ def _budget(asked: int | None, total: int, workers: int, kind: DeviceKind) -> in
 
 def _tokenize(
     dataset: DataOptions,
-    o: SpecOptions,
+    o: SearchOptions,
     base: BaseArguments,
     model: ModelSpec,
     space: SearchSpace,

@@ -12,13 +12,13 @@ from autotune.core.enums import Outcome
 from autotune.core.space import SearchSpace
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialConfig, TrialResult
-from autotune.search.deadline import Deadline
-from autotune.search.limits import SearchLimits
-from autotune.search.memory_verdict import far_over_budget
-from autotune.search.run import SearchRun, prepare_store
-from autotune.search.skips import open_candidates
 from autotune.store.keys import Attr
 from autotune.store.store import StudyStore
+from autotune.tuning.deadline import Deadline
+from autotune.tuning.limits import SearchLimits
+from autotune.tuning.memory_verdict import far_over_budget
+from autotune.tuning.run import SearchRun, prepare_store
+from autotune.tuning.skips import open_candidates
 
 GIB = 2**30
 

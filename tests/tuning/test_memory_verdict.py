@@ -8,8 +8,8 @@ import pytest
 from helpers import GIB, SPEC, cand, rec
 
 from autotune.core.trial import Outcome, TrialRecord, TrialResult
-from autotune.search.estimate import PROCESS_BYTES, Breakdown
-from autotune.search.memory_verdict import (
+from autotune.tuning.estimate import PROCESS_BYTES, Breakdown
+from autotune.tuning.memory_verdict import (
     OOM_SLACK,
     activation_scale,
     far_over_budget,

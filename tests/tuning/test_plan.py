@@ -8,13 +8,10 @@ from pathlib import Path
 
 from helpers import SPEC
 
-from autotune.search.plan import SpecOptions, workload_defaults
+from autotune.tuning.options import SearchOptions
+from autotune.tuning.plan import workload_defaults
 
-OPTIONS = SpecOptions(
-    model="tiny", task="auto", device="cpu", memory_budget=None, headroom=0.05,
-    global_batch_size=None, seq_len=None, target_len=None, base_args=None, precisions=None,
-    optimizers=None, checkpointing=None, warmup_steps=3, measure_steps=5, seed=0,
-)  # fmt: skip
+OPTIONS = SearchOptions(model="tiny", device="cpu")
 
 
 def test_a_defaulted_global_batch_and_length_are_said_with_how_to_set_them() -> None:
@@ -30,7 +27,7 @@ def test_a_defaulted_global_batch_and_length_are_said_with_how_to_set_them() -> 
 
 def test_what_base_args_set_is_not_a_default(tmp_path: Path) -> None:
     base = tmp_path / "args.json"
-    base.write_text(json.dumps({"output_dir": "out", "per_device_train_batch_size": 8,
-                                "gradient_accumulation_steps": 8}))  # fmt: skip
+    fields = {"output_dir": "out", "per_device_train_batch_size": 8}
+    base.write_text(json.dumps({**fields, "gradient_accumulation_steps": 8}))
     notes = workload_defaults(dataclasses.replace(OPTIONS, base_args=base), SPEC)
     assert [n.split(":")[0] for n in notes] == ["sequence length 128"]

@@ -21,9 +21,9 @@ from pathlib import Path
 from autotune.core.enums import DeviceKind
 from autotune.core.errors import AutotuneError, UsageError
 from autotune.core.spec import SearchSpec
-from autotune.search.deadline import Deadline
-from autotune.search.limits import SearchLimits
 from autotune.store.storage import STORAGE_ENV
+from autotune.tuning.deadline import Deadline
+from autotune.tuning.limits import SearchLimits
 
 STOP_GRACE_S = 60.0  # a worker told to stop fails and re-queues its trial in this time
 

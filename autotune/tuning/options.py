@@ -1,0 +1,104 @@
+"""What a search is asked: `SearchOptions`, the one place a search option is declared.
+
+The CLI builds it from click (cli_types.py gives each option its flag and help, and a
+test fails when the two disagree); Python callers build it through `autotune.search`.
+The plan (`tuning/plan.py`), the limits of the study loop and the workers all read this
+one value."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from autotune.core.enums import Objective
+from autotune.core.parity import CALIBRATED_STEPS
+from autotune.tuning.limits import SearchLimits
+
+# A search given no time budget stops within this: never hours unasked (20 probes of up
+# to the trial timeout's 10 minutes each would be over three)
+DEFAULT_TIME_BUDGET_S = 30 * 60.0
+# Parity run length by --parity mode, when --parity-steps is not given: 20 steps verify
+# (core/parity.CALIBRATED_STEPS); a quick check's 4 catch NaNs and gross divergence
+PARITY_STEPS = {"on": CALIBRATED_STEPS, "quick": 4}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SearchOptions:
+    """A search's options, with the defaults `autotune search --help` states.
+
+    Sizes are bytes and durations seconds here; `autotune.search` also takes "16GiB" and
+    "10m" as the CLI does."""
+
+    # -- the common ones
+    model: str  # a local folder with config.json, a hub id, or a bundled preset
+    base_args: Path | None = None  # your TrainingArguments JSON: batch, lengths, fields
+    memory_budget: int | None = None  # bytes one training process may use; None: all
+    time_budget: float | None = None  # seconds for the whole search; None: the default
+    global_batch_size: int | None = None  # kept exactly; None: --base-args', else 32
+    seq_len: int | None = None  # the longest input; None: --base-args', the data's, 512
+    output: Path | None = None  # the export; None: studies/<study>.best.json
+    # -- the workload
+    target_len: int | None = None  # the longest target (seq2seq)
+    train_steps: int | None = None  # your run's steps: rank by time to finish it
+    task: str = "auto"  # seq2seq, causal-lm, masked-lm, classification; auto: the config's
+    device: str = "auto"  # auto, cpu, cuda, cuda:N
+    headroom: float = 0.05  # share of the budget kept free for fragmentation in long runs
+    objective: Objective = Objective.THROUGHPUT  # or efficiency: samples/s per GiB
+    # -- your data
+    dataset: str | None = None  # a save_to_disk folder, a local file, or a hub name
+    dataset_split: str = "train"
+    text_column: str | None = None
+    target_column: str | None = None
+    tokenizer: str | None = None  # None: the model's own
+    # -- what to try
+    precisions: tuple[str, ...] | None = None  # None: every one the device supports
+    optimizers: tuple[str, ...] | None = None  # None: those installed of the usual five
+    checkpointing: tuple[str, ...] | None = None  # "on", "off"; None: both
+    levers: tuple[str, ...] = ()  # "NAME=V[,V]": fix or narrow a lever
+    # -- how to search
+    max_trials: int = 20  # probes in the whole study, a resumed one's included
+    trial_timeout: float = 600.0  # seconds before a probe is killed as a timeout
+    sampler: str = "model"  # autotune's model of step time, or an Optuna sampler's name
+    seed: int = 0  # of the sampler, and of the probes' weights and data
+    confirm_top: int = 3  # finalists measured again, longer (0: none)
+    confirm_steps: int | None = None  # measured steps of a confirmation; None: 2 x measure
+    parity: str = "on"  # on, quick (exports unverified verdicts, saying so), off
+    parity_steps: int | None = None  # None: PARITY_STEPS[parity]
+    warmup_steps: int = 3  # at most this many steps before timing
+    measure_steps: int = 5  # at most this many timed steps a probe
+    fixed_steps: bool = False  # time exactly warmup + measure steps, every probe
+    fork_server: bool = True  # fork probes from a pre-imported server
+    reuse: bool = True  # take over what another study in the storage measured alike
+    # -- storage and workers
+    study_name: str | None = None  # None: from the model's name
+    storage: str | None = None  # an Optuna storage URL; None: sqlite under studies/
+    parallel: int = 1  # CPU: this many probes at a time, the cores split between them
+    devices: tuple[str, ...] | None = None  # CUDA: one worker per listed GPU
+    nproc_per_node: int = 1  # probe each config as a DDP run of this many processes
+    # -- output
+    quiet: bool = False  # plain lines instead of the live table
+    force: bool = False  # replace --output even if autotune did not write it
+
+    @property
+    def budget_s(self) -> float:
+        """The time budget in force: the one asked, else DEFAULT_TIME_BUDGET_S."""
+        return DEFAULT_TIME_BUDGET_S if self.time_budget is None else self.time_budget
+
+    def limits(self, measure_steps: int) -> SearchLimits:
+        """The study loop's limits (`measure_steps`: the spec's, which sets the default
+        length of a confirmation)."""
+        return SearchLimits(
+            max_trials=self.max_trials,
+            trial_timeout_s=self.trial_timeout,
+            confirm_top=self.confirm_top,
+            confirm_steps=self.confirm_steps or 2 * measure_steps,
+            parity_steps=0
+            if self.parity == "off"
+            else self.parity_steps or PARITY_STEPS[self.parity],
+            parity_quick=self.parity == "quick",
+            objective=Objective(self.objective),
+            fork_server=self.fork_server,
+            adaptive=not self.fixed_steps,
+            reuse=self.reuse,
+            propose=self.sampler == "model",
+        )
