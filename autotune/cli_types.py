@@ -3,6 +3,7 @@ its error is the message."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import click
 
 from autotune.core.enums import Objective, Precision, SamplerName, Task, values
 from autotune.core.units import parse_duration, parse_size
+from autotune.tuning.options import SearchOptions
 
 
 class ParsedType(click.ParamType):  # type: ignore[type-arg]
@@ -343,27 +345,33 @@ def search_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
-# `search --help`: the options most searches set first, the rest under "Advanced"
-SEARCH_GROUPS = {  # a table: one heading and its options a line, aligned to read
-    "Common": ("model", "base_args", "memory_budget", "time_budget", "global_batch_size",
-               "seq_len", "output"),
-    "Advanced: the workload": ("target_len", "train_steps", "task", "device", "headroom",
-                               "objective"),
-    "Advanced: your data": ("dataset", "dataset_split", "text_column", "target_column",
-                            "tokenizer"),
-    "Advanced: what to try": ("precisions", "optimizers", "checkpointing", "levers"),
-    "Advanced: how to search": ("max_trials", "trial_timeout", "sampler", "seed",
-                                "confirm_top", "confirm_steps", "parity", "parity_steps",
-                                "warmup_steps", "measure_steps", "fixed_steps", "fork_server",
-                                "reuse"),
-    "Advanced: storage and workers": ("study_name", "storage", "parallel", "devices",
-                                      "nproc_per_node"),
-    "Advanced: output": ("quiet", "fmt", "force", "help"),
-}  # fmt: skip
+# `search --help`'s headings: each starts at its field of SearchOptions and holds the
+# fields declared after it, so an option added among them needs no edit here
+HEADINGS = {
+    "model": "Common",
+    "target_len": "Advanced: the workload",
+    "dataset": "Advanced: your data",
+    "precisions": "Advanced: what to try",
+    "max_trials": "Advanced: how to search",
+    "study_name": "Advanced: storage and workers",
+    "quiet": "Advanced: output",
+}
+
+
+def search_groups() -> dict[str, list[str]]:
+    """The options under each heading of `search --help`, in SearchOptions' order (the
+    output group also holds --format and --help, which only the CLI has)."""
+    groups: dict[str, list[str]] = {}
+    heading = ""
+    for field in dataclasses.fields(SearchOptions):
+        heading = HEADINGS.get(field.name, heading)
+        groups.setdefault(heading, []).append(field.name)
+    groups[HEADINGS["quiet"]] += ["fmt", "help"]
+    return groups
 
 
 class GroupedCommand(click.Command):
-    """A command whose --help lists its options under headings (SEARCH_GROUPS)."""
+    """A command whose --help lists its options under headings (search_groups)."""
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         help_option = self.get_help_option(ctx)
@@ -372,7 +380,7 @@ class GroupedCommand(click.Command):
             for p in self.get_params(ctx)
         }
         placed: set[str | None] = set()
-        for title, names in SEARCH_GROUPS.items():
+        for title, names in search_groups().items():
             rows = [r for n in names if (r := records.get(n)) is not None]
             placed.update(names)
             if rows:
