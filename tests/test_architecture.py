@@ -3,6 +3,7 @@ an Optuna adapter that fails loudly when Optuna moves, and review commands witho
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -39,13 +40,16 @@ def test_the_formatter_and_the_linter_pass() -> None:
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]
 
 
-def test_modules_stay_small_and_the_core_stays_pure() -> None:
+def test_no_function_passes_60_lines_without_saying_why() -> None:
+    """A function that grew a second job is split; one that is long by nature (a chart
+    drawn call by call) says so in a `# long: ...` comment on its first lines."""
     for name, path in modules().items():
-        text = path.read_text()
-        assert len(text.splitlines()) <= 400, f"{name} has grown past 400 lines"
-        if name.startswith("autotune.core"):
-            for heavy in ("torch", "transformers", "optuna", "click"):
-                assert f"import {heavy}" not in text and f"from {heavy}" not in text, name
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                head = " ".join(lines[node.lineno - 1 : node.lineno + 2])
+                assert length <= 60 or "# long: " in head, f"{name}.{node.name}: {length} lines"
 
 
 def test_the_optuna_adapter_still_finds_what_it_uses(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ here, once per search, not per trial.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -84,7 +85,7 @@ def load_tokenizer(name: str) -> Any:
     return tokenizer
 
 
-def prepare(  # long: one pass over the data: load, tokenize, measure, save
+def prepare(
     *,
     source: str,
     split: str,
@@ -104,44 +105,11 @@ def prepare(  # long: one pass over the data: load, tokenize, measure, save
     """Tokenize once, save beside the study; returns (data, seq_len, target_len) where a
     length not given is the data's longest (capped by the model's positions)."""
     table = load_source(source, split=split)
-    columns = list(table.column_names)
     if len(table) == 0:
         raise UsageError(f"--dataset {source} is empty")
-    tokenized = "input_ids" in columns
-    used_tokenizer = ""
-    pad_id = 0
-    if tokenized:
-        ids = [list(map(int, x)) for x in table["input_ids"]]
-        targets = (
-            [list(map(int, x)) for x in table["labels"]]
-            if task == Task.SEQ2SEQ and "labels" in columns
-            else None
-        )
-        if task == Task.SEQ2SEQ and targets is None:
-            raise UsageError(f"--dataset {source} has input_ids but no labels for seq2seq")
-        text_column = text_column or "input_ids"
-    else:
-        text_column = text_column or _pick(columns, ("text", "content", "sentence", "source"))
-        if text_column not in columns:
-            raise UsageError(
-                f"--dataset {source} has no column {text_column!r}; columns: "
-                f"{', '.join(columns)}; pass --text-column"
-            )
-        used_tokenizer = tokenizer or model_name
-        tok = load_tokenizer(used_tokenizer)
-        pad_id = int(tok.pad_token_id)
-        ids = tok([str(t) for t in table[text_column]], truncation=False)["input_ids"]
-        targets = None
-        if task == Task.SEQ2SEQ:
-            target_column = target_column or _pick(columns, ("target", "summary", "labels"))
-            if target_column not in columns:
-                raise UsageError(
-                    f"seq2seq needs a target column; --dataset {source} has "
-                    f"{', '.join(columns)}; pass --target-column"
-                )
-            targets = tok(text_target=[str(t) for t in table[target_column]], truncation=False)[
-                "input_ids"
-            ]
+    tokens = _token_ids(table, source, task, text_column, target_column, tokenizer or model_name)
+    ids, targets, used_tokenizer = tokens.ids, tokens.targets, tokens.tokenizer
+    text_column, target_column, columns = tokens.text_column, tokens.target_column, tokens.columns
     lengths = [len(x) for x in ids]
     if min(lengths) == 0:
         raise UsageError(f"--dataset {source} has empty samples in {text_column!r}; drop them")
@@ -159,16 +127,7 @@ def prepare(  # long: one pass over the data: load, tokenize, measure, save
         rows["labels"] = [t[: target_len or len(t)] for t in targets]
     if task == Task.CLASSIFICATION:
         rows["labels"] = _class_labels(table, columns, target_column, source)
-    fingerprint = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
-    saved = out_dir / f"tokenized-{fingerprint}"  # by content: a rerun reuses it
-    if not saved.exists():
-        _save(rows, saved)
-    waste = {
-        str(b): {
-            s: round(padding_waste(rows[LENGTH_COLUMN], b, global_batch, s), 4) for s in SAMPLINGS
-        }
-        for b in micro_batches
-    }
+    fingerprint, saved = _saved(rows, out_dir)
     data = DataSpec(
         source=source,
         path=str(saved.resolve()),
@@ -178,11 +137,87 @@ def prepare(  # long: one pass over the data: load, tokenize, measure, save
         lengths=LengthStats.of(lengths),
         target_lengths=target_stats,
         truncated=round(cut, 4),
-        padding_waste=waste,
+        padding_waste=_wastes(rows[LENGTH_COLUMN], micro_batches, global_batch),
         fingerprint=fingerprint,
-        pad_token_id=pad_id,
+        pad_token_id=tokens.pad_id,
     )
     return data, seq_len, target_len or 0
+
+
+def _wastes(
+    lengths: Sequence[int], micro_batches: Sequence[int], global_batch: int
+) -> dict[str, dict[str, float]]:
+    """The padding waste of each per-device batch under each sampling order."""
+    return {
+        str(b): {s: round(padding_waste(lengths, b, global_batch, s), 4) for s in SAMPLINGS}
+        for b in micro_batches
+    }
+
+
+def _saved(rows: dict[str, Any], out_dir: Path) -> tuple[str, Path]:
+    """Save the tokenized rows by content (a rerun reuses them): (fingerprint, folder)."""
+    fingerprint = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
+    saved = out_dir / f"tokenized-{fingerprint}"
+    if not saved.exists():
+        _save(rows, saved)
+    return fingerprint, saved
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tokens:
+    """A dataset's token ids, and where they came from."""
+
+    ids: list[list[int]]
+    targets: list[list[int]] | None  # seq2seq labels
+    columns: list[str]
+    text_column: str
+    target_column: str | None
+    tokenizer: str  # "" when the data came tokenized
+    pad_id: int
+
+
+def _token_ids(
+    table: Any,
+    source: str,
+    task: str,
+    text_column: str | None,
+    target_column: str | None,
+    tokenizer: str,
+) -> _Tokens:
+    """The dataset's ids as given (an input_ids column), else its text tokenized."""
+    columns = list(table.column_names)
+    if "input_ids" in columns:
+        ids = [list(map(int, x)) for x in table["input_ids"]]
+        seq2seq = task == Task.SEQ2SEQ
+        targets = (
+            [list(map(int, x)) for x in table["labels"]]
+            if seq2seq and "labels" in columns
+            else None
+        )
+        if seq2seq and targets is None:
+            raise UsageError(f"--dataset {source} has input_ids but no labels for seq2seq")
+        return _Tokens(ids, targets, columns, text_column or "input_ids", target_column, "", 0)
+    text_column = text_column or _pick(columns, ("text", "content", "sentence", "source"))
+    if text_column not in columns:
+        raise UsageError(
+            f"--dataset {source} has no column {text_column!r}; columns: "
+            f"{', '.join(columns)}; pass --text-column"
+        )
+    tok = load_tokenizer(tokenizer)
+    ids = tok([str(t) for t in table[text_column]], truncation=False)["input_ids"]
+    targets = None
+    if task == Task.SEQ2SEQ:
+        target_column = target_column or _pick(columns, ("target", "summary", "labels"))
+        if target_column not in columns:
+            raise UsageError(
+                f"seq2seq needs a target column; --dataset {source} has "
+                f"{', '.join(columns)}; pass --target-column"
+            )
+        texts = [str(t) for t in table[target_column]]
+        targets = tok(text_target=texts, truncation=False)["input_ids"]
+    return _Tokens(
+        ids, targets, columns, text_column, target_column, tokenizer, int(tok.pad_token_id)
+    )
 
 
 def padding_waste(

@@ -1,5 +1,5 @@
 """The probe's side of the device seam: what a probe does that differs between the CPU
-and CUDA: `enforce_memory_budget`, `synchronize`, `memory_in_use`, `peak_memory_bytes`,
+and CUDA: `enforce_memory_limit`, `synchronize`, `memory_in_use`, `peak_memory_bytes`,
 the baseline it starts from and what it records of its environment. Detecting the
 device, and the rules the parent applies to a probe, are `autotune.system.devices`.
 """
@@ -20,7 +20,7 @@ from autotune.system.devices import cpu_name
 # ---- child side -------------------------------------------------------------------------
 
 
-def enforce_memory_budget(device_kind: str, index: int, limit_bytes: int) -> None:
+def enforce_memory_limit(device_kind: str, index: int, limit_bytes: int) -> None:
     """Make an over-budget config fail with the allocator's own out-of-memory error.
     Called once the imports are done (`limit_data_segment`).
 

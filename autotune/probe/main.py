@@ -79,7 +79,7 @@ def _train(
     if config.device_kind == DeviceKind.CPU:  # before the limit: kept by an OOM at it
         baseline.update(hardware.baseline(config.device_kind, index))
     if config.memory_limit_bytes is not None:  # after the imports (limit_data_segment)
-        hardware.enforce_memory_budget(config.device_kind, index, config.memory_limit_bytes)
+        hardware.enforce_memory_limit(config.device_kind, index, config.memory_limit_bytes)
     recipe = _recipe(config)
     zero_init = _zero_init(config, recipe)  # alive while the model is built
     inherited = shared_model.take(config)  # built once by the fork server (#15)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.dataset import DataSpec
+from autotune.core.device import DeviceInfo
 from autotune.core.enums import DeviceKind, Task
 from autotune.core.errors import UsageError
 from autotune.core.space import SearchSpace, derive_space
@@ -79,26 +80,8 @@ def build_spec(
     budget = _budget(o.memory_budget, device_info.total_memory_bytes, len(slots), device_info.kind)
     if layout.devices and device_info.kind == DeviceKind.CUDA:  # confirm in a worker's slot
         device_info = dataclasses.replace(device_info, index=int(layout.devices[0]))
-    levers, not_offered = offer(
-        model_spec,
-        device_info.kind,
-        dataset=dataset is not None,
-        fixed={k: v for k, v in base.recipe.items() if k in LEVERS},
-        asked=parse_lever_options(o.levers),
-        nproc_per_node=layout.nproc_per_node,
-        own_deepspeed=bool(base.carried.get("deepspeed")),
-    )
-    space = derive_space(
-        device_info,
-        global_batch_size=batch // layout.nproc_per_node,
-        precisions=o.precisions,
-        optimizers=o.optimizers,
-        checkpointing=tuple(c == "on" for c in o.checkpointing) if o.checkpointing else None,
-        samplings=SAMPLINGS if dataset else ("random",),
-        installed_optimizers=available_optimizers(),
-        levers=levers,
-        not_offered=not_offered,
-    )
+    per_process = batch // layout.nproc_per_node
+    space = _space(o, base, model_spec, device_info, per_process, layout, dataset is not None)
     counted = count_parameters(model_spec)
     zero = max((v for n, vs in space.levers if n == "zero_stage" for v in vs), default=0)
     check_budget(
@@ -136,6 +119,39 @@ def build_spec(
         train_steps=_train_steps(o.train_steps, base),
     )
     return spec, slots
+
+
+def _space(
+    o: SearchOptions,
+    base: BaseArguments,
+    model: ModelSpec,
+    device: DeviceInfo,
+    per_process_batch: int,
+    layout: Layout,
+    with_data: bool,
+) -> SearchSpace:
+    """The space this device, the model and the installed packages allow, narrowed by
+    the options: the classic dimensions and the levers offered (and why the others not)."""
+    levers, not_offered = offer(
+        model,
+        device.kind,
+        dataset=with_data,
+        fixed={k: v for k, v in base.recipe.items() if k in LEVERS},
+        asked=parse_lever_options(o.levers),
+        nproc_per_node=layout.nproc_per_node,
+        own_deepspeed=bool(base.carried.get("deepspeed")),
+    )
+    return derive_space(
+        device,
+        global_batch_size=per_process_batch,
+        precisions=o.precisions,
+        optimizers=o.optimizers,
+        checkpointing=tuple(c == "on" for c in o.checkpointing) if o.checkpointing else None,
+        samplings=SAMPLINGS if with_data else ("random",),
+        installed_optimizers=available_optimizers(),
+        levers=levers,
+        not_offered=not_offered,
+    )
 
 
 def workload_defaults(options: SearchOptions, spec: SearchSpec) -> list[str]:

@@ -42,7 +42,7 @@ def test_the_context_is_measured_and_left_out_of_the_allocator_cap() -> None:
     out = python(
         "import torch\n"
         "from autotune.probe import device\n"
-        "device.enforce_memory_budget('cuda', 0, 2 * 2**30)\n"
+        "device.enforce_memory_limit('cuda', 0, 2 * 2**30)\n"
         "ctx = device.cuda_context(0)\n"
         "total = torch.cuda.get_device_properties(0).total_memory\n"
         "print(ctx, device._CUDA['context_method'], device._CUDA['cap_bytes'])\n"

@@ -28,8 +28,8 @@ def test_tensor_core_tiles_are_stated_in_tokens() -> None:
 def test_cpu_budget_is_a_real_allocator_limit() -> None:
     code = (
         "import torch\n"
-        "from autotune.probe.device import enforce_memory_budget\n"
-        "enforce_memory_budget('cpu', 0, 1024 * 2**20)\n"
+        "from autotune.probe.device import enforce_memory_limit\n"
+        "enforce_memory_limit('cpu', 0, 1024 * 2**20)\n"
         "try:\n"
         "    torch.empty(2 * 2**30, dtype=torch.uint8).fill_(1)\n"
         "except RuntimeError as exc:\n"
@@ -48,8 +48,8 @@ def test_cpu_peak_is_the_resident_set_high_water_mark() -> None:
 def test_cuda_budget_caps_the_allocator() -> None:
     code = (
         "import torch\n"
-        "from autotune.probe.device import enforce_memory_budget, peak_memory_bytes\n"
-        "enforce_memory_budget('cuda', 0, 2 * 2**30)\n"
+        "from autotune.probe.device import enforce_memory_limit, peak_memory_bytes\n"
+        "enforce_memory_limit('cuda', 0, 2 * 2**30)\n"
         "x = torch.empty(2**28, dtype=torch.uint8, device='cuda')\n"
         "try:\n"
         "    torch.empty(3 * 2**30, dtype=torch.uint8, device='cuda')\n"
