@@ -302,7 +302,11 @@ def library_logs(*, debug: bool) -> None:
     libraries log into its trial's stderr.log as before."""
     import logging
 
-    logging.getLogger().addHandler(logging.StreamHandler() if debug else logging.NullHandler())
+    root = logging.getLogger()
+    if not any(getattr(h, "autotune", False) for h in root.handlers):  # once a process
+        handler = logging.StreamHandler() if debug else logging.NullHandler()
+        handler.autotune = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -42,12 +42,16 @@ def settings(quick: bool) -> dict[str, Any]:
             "budget_mib": 1000,
             "long_steps": 8,
             "max_trials": 4,
+            # the smoke run checks the script end to end; parity, which fidelity does not
+            # measure, has its own tests (tests/tuning/test_parity_search.py)
+            "parity": "off",
         }
     return {
         "global_batch": 32,
         "seq_len": 256,
         "budget_mib": 1300,
         "long_steps": 60,
+        "parity": "on",
         "max_trials": 12,
     }
 
@@ -98,6 +102,8 @@ def main() -> None:
             str(s["seq_len"]),
             "--max-trials",
             str(s["max_trials"]),
+            "--parity",
+            s["parity"],
             "--quiet",
         )
         if done.returncode != 0:
