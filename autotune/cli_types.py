@@ -101,7 +101,35 @@ TABLE_OR_JSON = table_or_json()
 
 # The `search` command's options, in the order `--help` lists them.
 SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
-    click.option("--model", required=True, help="Local directory, hub id, or bundled preset."),
+    click.option(
+        "--trainer",
+        metavar="FILE.py:FUNCTION",
+        help="Your own job: a function that takes the training arguments and returns your "
+        "Trainer (or SFTTrainer, ...); every probe trains what it builds. Also "
+        "package.module:FUNCTION.",
+    ),
+    click.option(
+        "--model",
+        help="Without a script of yours: a stand-in built from a local directory, hub id, "
+        "or bundled preset, trained on synthetic or --dataset batches.",
+    ),
+    click.option(
+        "--args-class",
+        metavar="CLASS",
+        help="Your factory's arguments class when its parameter is not annotated: "
+        "TrainingArguments, Seq2SeqTrainingArguments, SFTConfig, or module.Class.",
+    ),
+    click.option(
+        "--lora",
+        metavar="SETTINGS",
+        help="Wrap the --model stand-in in a LoRA adapter, e.g. r=16,alpha=32,"
+        "targets=q_proj,v_proj (needs peft).",
+    ),
+    click.option(
+        "--peft-config",
+        type=click.Path(path_type=Path),
+        help="The stand-in's LoRA adapter from an adapter_config.json (instead of --lora).",
+    ),
     click.option(
         "--task",
         default="auto",
@@ -348,7 +376,8 @@ def search_options(command: Callable[..., Any]) -> Callable[..., Any]:
 # `search --help`'s headings: each starts at its field of SearchOptions and holds the
 # fields declared after it, so an option added among them needs no edit here
 HEADINGS = {
-    "model": "Common",
+    "trainer": "Common",
+    "args_class": "Advanced: your job",
     "target_len": "Advanced: the workload",
     "dataset": "Advanced: your data",
     "precisions": "Advanced: what to try",

@@ -106,15 +106,16 @@ def merge_command(
     from autotune.hf.training_args import merge, read_arguments_file, training_fields, validate
 
     best, spec, _ = best_of_study(study_name=study_name, storage=storage, objective=objective)
-    user = read_arguments_file(merge_into, option="--merge-into")
+    args_class = spec.model.args_class  # the user's factory's class; "": TrainingArguments
+    user = read_arguments_file(merge_into, option="--merge-into", args_class=args_class)
     tuned, notes = hand_off(spec, best, for_device)
     merged = merge(user, tuned)
-    known = training_fields()
+    known = training_fields(args_class)
     # Precision flags are checked against this machine's hardware by TrainingArguments:
     # for another device than the one tuned on, check the rest.
     device_bound = {"fp16", "bf16", "tf32", "use_cpu"} if for_device else set()
     fields = {k: v for k, v in merged.items() if k in known and k not in device_bound}
-    validate(fields, error=ExportError, where=f"--merge-into {merge_into}")
+    validate(fields, error=ExportError, where=f"--merge-into {merge_into}", args_class=args_class)
     try:
         write_atomic(merge_into, json.dumps(merged, indent=2) + "\n")
     except OSError as exc:

@@ -16,6 +16,7 @@ from autotune.core.spec import SearchSpec
 from autotune.core.stats import speed_ratio
 from autotune.core.trial import TrialRecord
 from autotune.core.units import format_duration
+from autotune.hf.factory import resolve_reference
 from autotune.store.store import StudyStore
 from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import SearchLimits
@@ -37,8 +38,8 @@ def search_command(
     `autotune search` and `autotune.search`. `log_to_stderr`: the progress on stderr
     (the CLI's --format json keeps stdout for the result)."""
 
-    o = options
-    name = check_study_name(o.study_name or default_study_name(o.model))
+    o = _what_to_tune(options)
+    name = check_study_name(o.study_name or default_study_name(_job_name(o)))
     url = resolve_storage(o.storage, studies_dir)
     folder = study_folder(studies_dir, name, url)
     output = o.output or studies_dir / f"{folder.name}.best.json"
@@ -67,6 +68,29 @@ def search_command(
     live = not o.quiet and not slots
     search = _Search(store, folder, limits, deadline, explore=not slots, live=live)
     return search.run(output, force=o.force, log_to_stderr=log_to_stderr, notes=notes)
+
+
+def _what_to_tune(o: SearchOptions) -> SearchOptions:
+    """Exactly one of --trainer (the user's job) and --model (a stand-in); a factory
+    script's path made absolute, as probes started elsewhere must find it."""
+    if bool(o.trainer) == bool(o.model):
+        raise UsageError(
+            "give --trainer FILE.py:FUNCTION (your own Trainer factory) or --model NAME "
+            "(a stand-in built from a config)" + (", not both" if o.trainer else "")
+        )
+    if o.args_class and not o.trainer:
+        raise UsageError("--args-class names your factory's arguments class: it needs --trainer")
+    if o.trainer:
+        return dataclasses.replace(o, trainer=resolve_reference(o.trainer))
+    return o
+
+
+def _job_name(o: SearchOptions) -> str:
+    """What a study is named after: the model, or the factory's script or module."""
+    if o.model:
+        return o.model
+    location = (o.trainer or "").rpartition(":")[0]
+    return Path(location).stem if location.endswith(".py") else location.rsplit(".", 1)[-1]
 
 
 def _data(o: SearchOptions, folder: Path) -> DataOptions | None:
@@ -154,6 +178,7 @@ def _outcome(
         spec.train_steps,
         default,
         ratio,
+        spec.model.args_class,
     )
 
 

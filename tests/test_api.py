@@ -4,6 +4,7 @@ study's tuned arguments back; bad input is the CLI's one-line error."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,38 @@ def test_search_from_python_exports_what_load_gives_back(
 
 
 def test_bad_input_is_the_clis_one_line_error(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="no option batch_size; the options are the fields"):
+    with pytest.raises(UsageError, match="no option batch_size; the job is the first argument"):
         autotune.search("tiny", batch_size=8)
     with pytest.raises(UsageError, match=r"memory_budget='8XB': "):
         autotune.search("tiny", memory_budget="8XB")
+
+
+@pytest.mark.slow
+def test_search_takes_a_factory_function_and_returns_the_users_arguments_class(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from job_script import BASE_ARGS, write_job
+    from trl import SFTConfig
+
+    script = write_job(tmp_path / "job")
+    monkeypatch.chdir(script.parent)
+    monkeypatch.syspath_prepend(str(script.parent))
+    import job  # type: ignore[import-not-found]
+
+    try:
+        outcome = autotune.search(
+            job.untyped,  # its class from the arguments object given
+            base_args=SFTConfig(**BASE_ARGS, use_cpu=True),
+            memory_budget="4GiB", time_budget="5m", device="cpu", precisions="fp32",
+            optimizers="adamw_torch", checkpointing="off", max_trials=1, warmup_steps=1,
+            measure_steps=2, confirm_top=0, parity="off", levers=["torch_compile=false"],
+            quiet=True,
+        )  # fmt: skip
+    finally:
+        sys.modules.pop("job", None)
+    args = outcome.arguments()
+    assert isinstance(args, SFTConfig) and args.max_length == 64
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 8
+    assert outcome.study_name == "job" and autotune.load("job")["max_length"] == 64
+    calls = (script.parent / "calls.log").read_text().splitlines()
+    assert len(calls) == 2  # the survey and the one probe, each in its own process

@@ -33,6 +33,8 @@ class SearchSpec:
     parameters: int = 0  # counted on the meta device; 0 when unknown
     embedding_parameters: int = 0  # of those, in nn.Embedding modules
     largest_parameter: int = 0  # elements of the biggest single tensor
+    # those with gradients and optimizer state: an adapter's (LoRA's ~1%); 0: all
+    trainable_parameters: int = 0
     nproc_per_node: int = 1  # DDP processes per probe (torchrun); the space is per process
     data: DataSpec | None = None  # the user's dataset (--dataset), tokenized once
     # The installed transformers' name for the switch (read once, where it is imported).
@@ -41,6 +43,9 @@ class SearchSpec:
     # selection can rank by time to finish that run (one-time costs + steps); not part
     # of the identity, so a rerun may change it
     train_steps: int = 0
+    # The user's fields a probe does not run (output_dir, max_steps, logging...), which
+    # the export writes back; not part of the identity
+    kept_arguments: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def global_batch_size(self) -> int:
@@ -83,7 +88,14 @@ class SearchSpec:
             "base_arguments": self.base_arguments,
             "nproc_per_node": self.nproc_per_node if self.nproc_per_node > 1 else 0,
             "data": f"{self.data.source} {self.data.fingerprint}" if self.data else "",
-        }
+        } | self._job_identity()
+
+    def _job_identity(self) -> dict[str, Any]:
+        """A LoRA stand-in's adapter, a user's factory and its arguments class: named only
+        when there is one, so a study of a plain --model still resumes."""
+        job = {"adapter": self.model.adapter, "trainer": self.model.trainer}
+        job["args_class"] = self.model.args_class
+        return {k: v for k, v in job.items() if v}
 
     def measurement_identity(self) -> dict[str, Any]:
         """What must match for a probe another study measured to stand for one of this
@@ -103,7 +115,8 @@ class SearchSpec:
             "warmup_steps",
             "measure_steps",
         )
-        return {k: v for k, v in self.identity().items() if k in keys}
+        identity = self.identity()
+        return {k: v for k, v in identity.items() if k in keys} | self._job_identity()
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

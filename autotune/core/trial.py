@@ -97,9 +97,16 @@ class ModelSpec:
     """A model resolved to its architecture: enough to build it with random weights."""
 
     name: str
-    source: str  # "local", "hub", "cache" or "preset"
+    source: str  # "local", "hub", "cache", "preset", or "factory" (the user's own job)
     task: Task
     config: dict[str, Any]
+    # A PEFT adapter's settings: the LoRA --lora wraps the stand-in in, or what the
+    # user's factory built ({}: every parameter trains)
+    adapter: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The user's Trainer factory ("/abs/train.py:make_trainer", "pkg.mod:make_trainer")
+    # and the arguments class it takes: probes call it instead of building the model
+    trainer: str = ""
+    args_class: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "task", Task(self.task))

@@ -90,11 +90,20 @@ def offer(
 
     `own_deepspeed`: the user's base arguments carry a DeepSpeed config of their own,
     which every probe runs as given."""
+    factory = bool(model.trainer)  # the user's factory builds the model and the batches
     available: dict[str, tuple[tuple[Any, ...], str]] = {
         "torch_compile": _compile(device_kind),
-        "attn_implementation": _attention(model, device_kind),
+        "attn_implementation": (
+            ((), "your factory builds the model: set attn_implementation where it loads it")
+            if factory
+            else _attention(model, device_kind)
+        ),
         "use_liger_kernel": _liger(model, device_kind),
-        "padding_free": _padding_free(model, dataset),
+        "padding_free": (
+            ((), "your factory's collator builds the batches (SFTConfig has padding_free)")
+            if factory
+            else _padding_free(model, dataset)
+        ),
         "dataloader_num_workers": _loader_workers(dataset),
         "zero_stage": _zero(device_kind, nproc_per_node, own_deepspeed),
     }

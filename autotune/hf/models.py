@@ -88,7 +88,27 @@ def build_model(spec: ModelSpec, *, attn_implementation: str = "") -> Any:
     if spec.task == Task.CLASSIFICATION and "num_labels" not in spec.config:
         config.num_labels = 2
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    return auto_class(spec.task).from_config(config, **extra)
+    model = auto_class(spec.task).from_config(config, **extra)
+    return with_adapter(model, spec) if spec.adapter else model
+
+
+# PEFT's task type for each task a LoRA stand-in can have
+_PEFT_TASKS = {
+    Task.SEQ2SEQ: "SEQ_2_SEQ_LM",
+    Task.CAUSAL_LM: "CAUSAL_LM",
+    Task.CLASSIFICATION: "SEQ_CLS",
+    Task.MASKED_LM: "FEATURE_EXTRACTION",
+}
+
+
+def with_adapter(model: Any, spec: ModelSpec) -> Any:
+    """The model wrapped in the spec's LoRA adapter (--lora, --peft-config): its base
+    frozen, the adapter's weights trainable, as `peft.get_peft_model` does in a script."""
+    from peft import LoraConfig, get_peft_model
+
+    settings = {k: v for k, v in spec.adapter.items() if k != "peft_type"}
+    settings.setdefault("task_type", _PEFT_TASKS[spec.task])
+    return get_peft_model(model, LoraConfig(**settings))
 
 
 def auto_class(task: Task) -> Any:
@@ -110,6 +130,7 @@ class ParameterCount:
     # under bitsandbytes' 8-bit optimizers
     embedding: int
     largest: int = 0  # the biggest single tensor: optimizers that step one at a time copy it
+    trainable: int = 0  # those with gradients and optimizer state (a LoRA's ~1%); 0: all
 
 
 def count_parameters(spec: ModelSpec) -> ParameterCount:
@@ -125,7 +146,13 @@ def count_parameters(spec: ModelSpec) -> ParameterCount:
         for p in module.parameters()
     }
     sizes = [p.numel() for p in model.parameters()]
-    return ParameterCount(int(sum(sizes)), int(sum(embedding.values())), int(max(sizes, default=0)))
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return ParameterCount(
+        int(sum(sizes)),
+        int(sum(embedding.values())),
+        int(max(sizes, default=0)),
+        trainable=int(trainable) if trainable < sum(sizes) else 0,
+    )
 
 
 def max_positions(config: dict[str, Any]) -> int | None:

@@ -172,16 +172,30 @@ class BaseArguments:
     # batch split): the recipe that parity runs compare the finalists with
     recipe: dict[str, Any] = dataclasses.field(default_factory=dict)
     train_steps: int | None = None  # their max_steps: the run a time-to-finish ranks by
+    # Their fields the probe owns (output_dir, max_steps, logging, saving, evaluation):
+    # not run by a probe, written back by the export so their run stays theirs
+    kept: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def training_fields() -> set[str]:
+def arguments_class(dotted: str = "") -> Any:
+    """The user's arguments class by its dotted name ("trl.SFTConfig"); "": the
+    TrainingArguments a --model stand-in's probes run with."""
+    if dotted:
+        from autotune.hf.factory import import_class
+
+        return import_class(dotted)
     from transformers import TrainingArguments
 
-    return {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
+    return TrainingArguments
 
 
-def read_arguments_file(path: Path, *, option: str) -> dict[str, Any]:
-    """The file's JSON object, checked; UsageError naming the option and the problem."""
+def training_fields(args_class: str = "") -> set[str]:
+    """The init fields of the arguments class: what an arguments file may set."""
+    return {f.name for f in dataclasses.fields(arguments_class(args_class)) if f.init}
+
+
+def read_json_object(path: Path, *, option: str) -> dict[str, Any]:
+    """The file's JSON object; UsageError naming the option and the problem."""
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -190,23 +204,36 @@ def read_arguments_file(path: Path, *, option: str) -> dict[str, Any]:
         raise UsageError(f"{option} {path} is not valid JSON ({exc})") from None
     if not isinstance(raw, dict):
         raise UsageError(f"{option} {path} must hold a JSON object of argument names to values")
-    known = training_fields()
+    return raw
+
+
+def read_arguments_file(path: Path, *, option: str, args_class: str = "") -> dict[str, Any]:
+    """The file's JSON object, checked against the arguments class; UsageError naming the
+    option and the problem."""
+    raw = read_json_object(path, option=option)
+    known = training_fields(args_class)
+    name = args_class.rsplit(".", 1)[-1] or "TrainingArguments"
     for key in raw:
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.85)
         if key not in known and close:
             raise UsageError(
-                f"{option} {path}: TrainingArguments has no field {key!r} (did you mean "
+                f"{option} {path}: {name} has no field {key!r} (did you mean "
                 f"{close[0]!r}?); fix the name"
             )
     # Tuned fields are replaced anyway (and may name hardware this machine lacks).
     fields = {k: v for k, v in raw.items() if k in known and k not in TUNED}
-    validate(fields, error=UsageError, where=f"{option} {path}")
+    # in fp32: a class whose default precision this machine lacks (SFTConfig's bf16 on a
+    # CPU) would refuse the file for a field the search sets anyway
+    fields |= {"bf16": False, "fp16": False}
+    validate(fields, error=UsageError, where=f"{option} {path}", args_class=args_class)
     return raw
 
 
-def base_arguments(raw: dict[str, Any], *, where: str = "--base-args") -> BaseArguments:
+def base_arguments(
+    raw: dict[str, Any], *, where: str = "--base-args", args_class: str = ""
+) -> BaseArguments:
     """The global batch, the lengths and the carried fields of a user's arguments file."""
-    known = training_fields()
+    known = training_fields(args_class)
     batch = _positive_int(raw, "per_device_train_batch_size", where)
     accumulation = _positive_int(raw, "gradient_accumulation_steps", where) or 1
     carried = {
@@ -219,6 +246,11 @@ def base_arguments(raw: dict[str, Any], *, where: str = "--base-args") -> BaseAr
         seq_len=next((_positive_int(raw, k, where) for k in SEQ_KEYS if k in raw), None),
         target_len=next((_positive_int(raw, k, where) for k in TARGET_KEYS if k in raw), None),
         carried=carried,
+        kept={
+            k: v
+            for k, v in raw.items()
+            if k in known and k not in TUNED and k.startswith(PROBE_OWNED_PREFIXES)
+        },
         recipe={k: v for k, v in raw.items() if k in TUNED or k in CHECKPOINTING_FIELDS},
         # max_steps -1 is Trainer's "run the epochs": no step count to rank by
         train_steps=None
@@ -251,6 +283,22 @@ def merge(user: dict[str, Any], tuned: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def set_fields(args: Any) -> dict[str, Any]:
+    """The fields of an arguments object that differ from its class's defaults, as JSON
+    values: what the user set. Compared with an object of the class built with the same
+    precision and device fields, so values derived in __post_init__ (accelerator_config,
+    logging_dir) match; `*_token` fields, which to_dict masks, are left out."""
+    same = {k: getattr(args, k) for k in ("output_dir", "use_cpu", "bf16", "fp16", "tf32")}
+    defaults = type(args)(**same).to_dict()
+    values = args.to_dict()
+    init = {f.name for f in dataclasses.fields(args) if f.init}
+    return {
+        k: v
+        for k, v in values.items()
+        if k in init and not k.endswith("_token") and (k in same or v != defaults.get(k))
+    }
+
+
 def cli_flags(tuned: dict[str, Any]) -> str:
     """The tuned fields as HfArgumentParser command-line flags."""
     parts = []
@@ -260,13 +308,17 @@ def cli_flags(tuned: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def validate(fields: dict[str, Any], *, error: type[AutotuneError], where: str) -> None:
-    """Parse the fields the way the user's script will (HfArgumentParser), and check that
-    every value survives; raise `error` naming `where` and the first problem."""
-    from transformers import HfArgumentParser, TrainingArguments
+def validate(
+    fields: dict[str, Any], *, error: type[AutotuneError], where: str, args_class: str = ""
+) -> None:
+    """Parse the fields the way the user's script will (HfArgumentParser, with their
+    arguments class), and check that every value survives; raise `error` naming `where`
+    and the first problem."""
+    from transformers import HfArgumentParser
     from transformers.utils import logging as hf_logging
 
-    parser = HfArgumentParser(TrainingArguments)  # type: ignore[arg-type]
+    cls = arguments_class(args_class)
+    parser = HfArgumentParser(cls)
     before = hf_logging.get_verbosity()
     # errors only: its warnings speak of this machine ("no Ampere GPU detected here" for
     # torch_compile), not of the file being checked
@@ -275,10 +327,19 @@ def validate(fields: dict[str, Any], *, error: type[AutotuneError], where: str) 
         (parsed,) = parser.parse_dict(fields)
     except (ValueError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise error(f"{where}: TrainingArguments refuses it: {first}") from None
+        raise error(f"{where}: {cls.__name__} refuses it: {first}") from None
     finally:
         hf_logging.set_verbosity(before)
     for key, value in fields.items():
-        got = getattr(parsed, key)
-        if got != value and str(got) != str(value):
+        if not _survived(value, getattr(parsed, key)):
             raise error(f"{where}: {key}={value!r} did not survive HfArgumentParser")
+
+
+def _survived(value: Any, got: Any) -> bool:
+    """The parsed field holds what the file said (an enum as its name; report_to's
+    "none" as [], "wandb" as ["wandb"])."""
+    if got == value or str(got) == str(value):
+        return True
+    if isinstance(got, list) and isinstance(value, str):
+        return got == ([] if value == "none" else [v.strip() for v in value.split(",")])
+    return False

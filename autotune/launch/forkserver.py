@@ -46,6 +46,7 @@ PRELOAD = (
     "autotune.hf.models",
 )
 READY_TIMEOUT_S = 300.0
+PRELOAD_FACTORY = "AUTOTUNE_PRELOAD_FACTORY"  # the environment variable naming it
 LONGEST_WAIT_S = 10**7  # select() overflows on larger timeouts; this is 115 days
 
 
@@ -66,10 +67,17 @@ def serve(
         with capability_from_nvml():
             for name in PRELOAD[1:]:
                 importlib.import_module(name)
+            if os.environ.get(PRELOAD_FACTORY):  # the user's module, after transformers
+                from autotune.hf.factory import load_factory
+
+                load_factory(os.environ[PRELOAD_FACTORY])
         if data_limit is not None:  # as a fresh probe sets it; the children inherit it
             device.limit_data_segment(data_limit)
     except MemoryError:  # the imports hold more than the limit: say so, and stop
         _reply(replies, {"ready": False, "error": "out of memory while importing"})
+        return
+    except Exception as exc:  # the user's module failed to import: probes say why
+        _reply(replies, {"ready": False, "error": f"{type(exc).__name__}: {exc}"[:300]})
         return
 
     fork_pages.remember()  # so that the children report peaks as a fresh process would
@@ -146,8 +154,15 @@ class ForkServer:
     """The parent's handle on a running server; one trial at a time."""
 
     def __init__(
-        self, log: Path, *, data_limit: int | None = None, shared: SharedModel | None = None
+        self,
+        log: Path,
+        *,
+        data_limit: int | None = None,
+        shared: SharedModel | None = None,
+        preload: str = "",
     ) -> None:
+        """`preload`: the user's factory, whose module (and its imports: peft, trl) the
+        server imports once, as it does torch."""
         self.data_limit = data_limit
         self.shared = shared
         self.log = log
@@ -165,7 +180,7 @@ class ForkServer:
                 stdout=subprocess.PIPE,
                 stderr=err,
                 bufsize=0,
-                env=child_env(),
+                env=child_env({PRELOAD_FACTORY: preload} if preload else None),
                 preexec_fn=dies_with(os.getpid()),
             )
         self._buffer = b""
@@ -272,8 +287,8 @@ def model_to_share(spec: SearchSpec, concurrent: int = 1) -> SharedModel | None:
     must fit in the machine beside a probe at its limit (its pages are shared until the
     probe writes them, so together they hold at most the limit plus the copy); beside
     a GPU the copies may take at most half the host's memory."""
-    if spec.nproc_per_node > 1 or not spec.parameters:
-        return None
+    if spec.nproc_per_node > 1 or not spec.parameters or spec.model.trainer:
+        return None  # a user's factory builds its own model in each probe
     copy = 4 * spec.parameters  # built in fp32
     if spec.device.kind == DeviceKind.CPU:  # each of `concurrent` workers has a server
         if concurrent * (spec.fit_limit_bytes + copy) > spec.device.total_memory_bytes:

@@ -64,21 +64,25 @@ class Launcher:
         self.no_server: set[int | None] = set()  # limits under which a server cannot start
 
     def run(self, config: TrialConfig, *, timeout_s: float) -> TrialResult:
-        server = self._server(process_data_limit(self.device_kind, config.memory_limit_bytes))
+        limit = process_data_limit(self.device_kind, config.memory_limit_bytes)
+        server = self._server(limit, config.model.trainer)
         if server is None or config.nproc_per_node > 1:
             return run_trial(config, timeout_s=timeout_s)
         return run_trial(config, timeout_s=timeout_s, server=server)
 
-    def _server(self, limit: int | None) -> ForkServer | None:
-        """A live server under this limit; None where probes must start fresh (no server
-        wanted, CUDA initialised at import, or the imports do not fit under the limit:
-        a fresh probe then records that as its own out-of-memory)."""
+    def _server(self, limit: int | None, factory: str = "") -> ForkServer | None:
+        """A live server under this limit (with the user's factory module imported); None
+        where probes must start fresh (no server wanted, CUDA initialised at import, or
+        the imports do not fit under the limit: a fresh probe then records that as its
+        own out-of-memory)."""
         if self.server_log is None or limit in self.no_server:
             return None
         if self.server is None or not self.server.alive() or self.server.data_limit != limit:
             self.close()
             try:
-                self.server = ForkServer(self.server_log, data_limit=limit, shared=self.shared)
+                self.server = ForkServer(
+                    self.server_log, data_limit=limit, shared=self.shared, preload=factory
+                )
             except ServerStartError:
                 self.no_server.add(limit)
                 return None

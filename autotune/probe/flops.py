@@ -1,7 +1,8 @@
 """Model FLOPs and the device's measured peak, so a trial's throughput has a scale.
 
 Training FLOPs are 3 x the forward's matrix-multiply FLOPs (forward 1, backward 2: the
-gradients with respect to the input and to the weight). The forward counts:
+gradients with respect to the input and to the weight; a frozen weight, as under a LoRA
+adapter, has no gradient of its own: 2 x for it). The forward counts:
 
 * 2 x every matmul weight (`nn.Linear`, GPT-2's `Conv1D`, and the LM head even when it
   is tied to the input embeddings) x the tokens that weight runs on. Embedding lookups
@@ -42,12 +43,22 @@ _KEY_VALUE = frozenset({"k", "v", "key", "value", "k_proj", "v_proj", "kv", "kv_
 
 
 def flops_per_sample(model: Any, task: str, seq_len: int, target_len: int) -> float:
-    """Training FLOPs (forward + backward) of one sample at the probe's lengths."""
+    """Training FLOPs (forward + backward) of one sample at the probe's lengths.
+
+    The backward's gradient with respect to the weights is counted for the share of
+    parameters that train: a frozen base under a LoRA adapter computes only the
+    gradient with respect to the input (2 forwards' worth, not 3)."""
     if task == Task.SEQ2SEQ:
         forward = _seq2seq_forward(model, seq_len, target_len)
     else:
         forward = _single_stack_forward(model, task, seq_len)
-    return float(3 * forward)
+    return float((2 + _training_share(model)) * forward)
+
+
+def _training_share(model: Any) -> float:
+    sizes = [(p.numel(), p.requires_grad) for p in model.parameters()]
+    total = sum(n for n, _ in sizes)
+    return sum(n for n, trains in sizes if trains) / total if total else 1.0
 
 
 # ---- the forward's FLOPs ----------------------------------------------------------------

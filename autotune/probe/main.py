@@ -70,11 +70,13 @@ def _train(
 ) -> TrialResult:
     tick = time.perf_counter()
     import transformers.trainer  # noqa: F401 - the heaviest import, before the baseline
-    from transformers import set_seed
 
-    from autotune.hf.models import build_model
     from autotune.probe.flops import flops_per_sample, measure_peak_flops
 
+    if config.model.trainer:  # the user's module and its imports (peft, trl) likewise
+        from autotune.hf.factory import load_factory
+
+        load_factory(config.model.trainer)
     phases["import"] = time.perf_counter() - tick
     if config.device_kind == DeviceKind.CPU:  # before the limit: kept by an OOM at it
         baseline.update(hardware.baseline(config.device_kind, index))
@@ -82,22 +84,8 @@ def _train(
         hardware.enforce_memory_limit(config.device_kind, index, config.memory_limit_bytes)
     recipe = _recipe(config)
     zero_init = _zero_init(config, recipe)  # alive while the model is built
-    inherited = shared_model.take(config)  # built once by the fork server (#15)
-    if inherited is not None:
-        model, measured = inherited
-        if config.device_kind != "cpu":  # the context: this process's own
-            measured = hardware.baseline(config.device_kind, index)
-        baseline.update(measured, model="inherited from the fork server")
-        phases["build"] = 0.0
-    else:
-        if config.device_kind != DeviceKind.CPU:  # the context, created by the cap
-            baseline.update(hardware.baseline(config.device_kind, index))
-        tick = time.perf_counter()
-        set_seed(config.seed)
-        model = build_model(config.model, attn_implementation=config.candidate.attn_implementation)
-        phases["build"] = time.perf_counter() - tick
+    model = _model(config, index, phases, baseline)
     del zero_init
-    attention = str(getattr(model.config, "_attn_implementation", "") or "")
     if config.parity_steps:
         from autotune.probe.parity import parity_run
 
@@ -105,10 +93,11 @@ def _train(
         result = parity_run(config, model, recipe)
         phases["train"] = time.perf_counter() - tick
         return result.replace(baseline=dict(baseline))
-    result = worst_case(config, model, recipe, phases).replace(
-        baseline=dict(baseline), attention=attention
-    )
-    per_sample = flops_per_sample(model, config.model.task, config.seq_len, config.target_len)
+    result, model = worst_case(config, model, recipe, phases)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT
+    attention = str(getattr(base.config, "_attn_implementation", "") or "")
+    result = result.replace(baseline=dict(baseline), attention=attention)
+    per_sample = flops_per_sample(base, config.model.task, config.seq_len, config.target_len)
     if config.data_path and result.outcome == Outcome.OK:
         gc.collect()
         tick = time.perf_counter()
@@ -124,6 +113,36 @@ def _train(
     if result.worst_case_samples_per_s is not None:  # real batches: FLOPs of real tokens
         achieved = per_sample / config.tokens_per_sample * (result.tokens_per_s or 0.0)
     return result.replace(model_flops_per_s=achieved, peak_flops_per_s=peak)
+
+
+def _model(
+    config: TrialConfig, index: int, phases: dict[str, float], baseline: dict[str, Any]
+) -> Any:
+    """The stand-in model: inherited from the fork server, or built here; None for the
+    user's job, whose factory builds its own inside the probe's run."""
+    from transformers import set_seed
+
+    from autotune.hf.models import build_model
+
+    inherited = shared_model.take(config)  # built once by the fork server (#15)
+    if config.model.trainer:
+        if config.device_kind != DeviceKind.CPU:
+            baseline.update(hardware.baseline(config.device_kind, index))
+        return None
+    if inherited is not None:
+        model, measured = inherited
+        if config.device_kind != "cpu":  # the context: this process's own
+            measured = hardware.baseline(config.device_kind, index)
+        baseline.update(measured, model="inherited from the fork server")
+        phases["build"] = 0.0
+        return model
+    if config.device_kind != DeviceKind.CPU:  # the context, created by the cap
+        baseline.update(hardware.baseline(config.device_kind, index))
+    tick = time.perf_counter()
+    set_seed(config.seed)
+    model = build_model(config.model, attn_implementation=config.candidate.attn_implementation)
+    phases["build"] = time.perf_counter() - tick
+    return model
 
 
 def _recipe(config: TrialConfig) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import TrainerCallback
 
 from autotune.core.enums import Outcome, Task
 from autotune.core.parity import EVAL_SAMPLES, POINTS
@@ -99,27 +99,34 @@ def _full_fp32(device: torch.device) -> Iterator[None]:
 
 def parity_run(config: TrialConfig, model: Any, recipe: dict[str, Any]) -> TrialResult:
     steps = config.parity_steps
-    train, held_out, collator = _data(config, steps)
-    size = min(8, config.candidate.per_device_train_batch_size)  # never above training's
-    eval_batches = [
-        collator([held_out[i] for i in range(start, min(start + size, len(held_out)))])
-        for start in range(0, len(held_out), size)
-    ]
+    timer = StepTimer(device_kind=config.device_kind, warmup_steps=0)  # loss-scale skips
+    fields = {**recipe, **_arguments(config, steps)}
+    needed = steps * config.global_batch_size
+    if config.model.trainer:  # the user's job: their data in one fixed order
+        from autotune.probe.job import factory_trainer
+
+        trainer = factory_trainer(config, fields, [timer])
+        trainer.train_dataset, held = split_held_out(trainer.train_dataset, needed)
+        model = trainer.model
+        # batched by their collator, with the columns their Trainer keeps
+        eval_batches = [_forward_inputs(b, model) for b in trainer.get_eval_dataloader(held)]
+    else:
+        from autotune.probe.train import plain_trainer
+
+        train, held, collator = _data(config, needed)
+        size = min(8, config.candidate.per_device_train_batch_size)  # never above training's
+        eval_batches = [
+            collator([held[i] for i in range(start, min(start + size, len(held)))])
+            for start in range(0, len(held), size)
+        ]
+        trainer = plain_trainer(fields, model, train, collator, [timer])
     curve = HeldOutLoss(
         eval_batches,
         every=max(1, steps // POINTS),
         last=steps,
         shifted=config.model.task == Task.CAUSAL_LM,
     )
-    timer = StepTimer(device_kind=config.device_kind, warmup_steps=0)  # loss-scale skips
-    args = TrainingArguments(**{**recipe, **_arguments(config, steps)})
-    trainer = Trainer(
-        model=model,
-        args=args,
-        train_dataset=train,
-        data_collator=collator,
-        callbacks=[curve, timer],
-    )
+    trainer.add_callback(curve)
     timer.attach(trainer)
     trainer.train()
     final = curve.points[-1][1]
@@ -135,23 +142,42 @@ def parity_run(config: TrialConfig, model: Any, recipe: dict[str, Any]) -> Trial
     )
 
 
-def _data(config: TrialConfig, steps: int) -> tuple[Any, Any, Any]:
-    """The training samples (steps x global batch, one fixed order) and the held-out ones."""
+def split_held_out(data: Any, needed: int) -> tuple[Any, Any]:
+    """(the first `needed` samples, trained on in one fixed order; the last EVAL_SAMPLES,
+    held out and never trained on). With too little data to hold any out, the first
+    samples are held out and also trained on."""
+    count = len(data)
+    if count > 2 * EVAL_SAMPLES:
+        held = _subset(data, range(count - EVAL_SAMPLES, count))
+        return _subset(data, range(min(needed, count - EVAL_SAMPLES))), held
+    return data, _subset(data, range(min(EVAL_SAMPLES, count)))
+
+
+def _subset(data: Any, indices: range) -> Any:
+    if hasattr(data, "select"):  # a datasets.Dataset keeps its columns (and their removal)
+        return data.select(indices)
     from torch.utils.data import Subset
 
+    return Subset(data, indices)
+
+
+def _forward_inputs(batch: dict[str, Any], model: Any) -> dict[str, torch.Tensor]:
+    """The batch's tensors the model's forward names (a collator may add its own keys)."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(inspect.signature(base.forward).parameters)
+    return {k: v.cpu() for k, v in batch.items() if k in names and isinstance(v, torch.Tensor)}
+
+
+def _data(config: TrialConfig, needed: int) -> tuple[Any, Any, Any]:
+    """The training samples (steps x global batch, one fixed order) and the held-out ones."""
     from autotune.probe.data import LearnableDataset, RealBatches
 
-    needed = steps * config.global_batch_size
     if config.data_path:
         from datasets import load_from_disk
 
-        data = load_from_disk(config.data_path)
-        count = len(data)
-        if count > 2 * EVAL_SAMPLES:  # the last samples held out, never trained on
-            held = Subset(data, range(count - EVAL_SAMPLES, count))
-            train = data.select(range(min(needed, count - EVAL_SAMPLES)))
-        else:  # too little data to hold any out: the first samples, also trained on
-            held, train = Subset(data, range(min(EVAL_SAMPLES, count))), data
+        train, held = split_held_out(load_from_disk(config.data_path), needed)
         collator = RealBatches(task=config.model.task, pad_token_id=config.pad_token_id)
         return train, held, collator
 

@@ -24,10 +24,9 @@ CPU_WINDOW_STEPS = 20  # ... or this many of them (core/schedule.py)
 
 def worst_case(
     config: TrialConfig, model: Any, recipe: dict[str, Any], phases: dict[str, float]
-) -> TrialResult:
-    """Warm-up + measured optimizer steps on worst-case batches: the peak and the speed."""
-    from transformers import Trainer, TrainingArguments
-
+) -> tuple[TrialResult, Any]:
+    """Warm-up + measured optimizer steps on worst-case batches: the peak and the speed.
+    Returns the result and the model trained (the factory's, for a user's job)."""
     from autotune.probe.data import WorstCaseDataset
     from autotune.probe.timing import StepTimer
 
@@ -35,16 +34,6 @@ def worst_case(
     schedule = schedule_of(config)
     measured = schedule.longest if schedule else config.measure_steps
     steps = config.warmup_steps + (MAX_STEPS_BY_TIME if by_time else measured)
-    dataset = WorstCaseDataset(
-        task=config.model.task,
-        length=steps * config.global_batch_size,
-        seq_len=config.seq_len,
-        target_len=config.target_len,
-        vocab_size=config.model.vocab_size,
-        num_labels=int(config.model.config.get("num_labels", 2)),
-        seed=config.seed,
-    )
-    args = TrainingArguments(**{**recipe, **probe_only_arguments(config, steps)})
     timer = StepTimer(
         device_kind=config.device_kind,
         warmup_steps=config.warmup_steps,
@@ -52,28 +41,57 @@ def worst_case(
         min_window_s=config.min_measure_s,
         schedule=schedule,
     )
-    trainer = Trainer(
-        model=model,
-        args=args,
-        train_dataset=dataset,
-        callbacks=[timer],
-        data_collator=_packed(config),
-    )
+    fields = {**recipe, **probe_only_arguments(config, steps)}
+    if config.model.trainer:  # the user's job: every batch from their longest samples
+        from autotune.hf.job import longest_samples
+        from autotune.probe.job import factory_trainer
+
+        trainer = factory_trainer(config, fields, [timer])
+        trainer.train_dataset = longest_samples(
+            trainer.train_dataset, steps * config.global_batch_size, config.global_batch_size
+        )
+    else:
+        dataset = WorstCaseDataset(
+            task=config.model.task,
+            length=steps * config.global_batch_size,
+            seq_len=config.seq_len,
+            target_len=config.target_len,
+            vocab_size=config.model.vocab_size,
+            num_labels=int(config.model.config.get("num_labels", 2)),
+            seed=config.seed,
+        )
+        trainer = plain_trainer(fields, model, dataset, _packed(config), [timer])
     timer.attach(trainer)
     tick = time.perf_counter()
     timer.train_starts()
     output = trainer.train()
     ended = time.perf_counter()
     phases["train"] = ended - tick
+    model = trainer.model
     del trainer
     result = _measured(config, timer, float(output.training_loss))
     if result.step_time_median_s is None:
-        return result
+        return result, model
     # Setup, compilation and slow first steps: all the warm-up cost beyond steady steps
     return result.replace(
         one_time_s=round(timer.one_time_s(ended), 3),
         warmup_steps=timer.warmup_steps,
         measure_stop=timer.stop_reason,
+    ), model
+
+
+def plain_trainer(
+    fields: dict[str, Any], model: Any, dataset: Any, collator: Any, callbacks: list[Any]
+) -> Any:
+    """A plain `Trainer` around the stand-in model (no factory): the recipe's fields."""
+    from transformers import Trainer, TrainingArguments
+
+    return Trainer(
+        model=model,
+        args=TrainingArguments(**fields),
+        train_dataset=dataset,
+        callbacks=callbacks,
+        data_collator=collator,
     )
 
 
@@ -113,7 +131,6 @@ def real_batches(
     measured steps run on the tokenized data; samples/s, real (non-pad) tokens/s and
     the step times become those of real batches."""
     from datasets import load_from_disk
-    from transformers import Trainer, TrainingArguments
 
     from autotune.probe.data import RealBatches, TokenCount
     from autotune.probe.timing import StepTimer
@@ -121,17 +138,12 @@ def real_batches(
     steps = 1 + config.measure_steps
     probe_args = probe_only_arguments(config, steps)
     probe_args["output_dir"] = str(Path(config.trial_dir) / "trainer-real")
-    args = TrainingArguments(**{**recipe, **probe_args})
     collator = _packed(config) or RealBatches(
         task=config.model.task, pad_token_id=config.pad_token_id
     )
     timer = StepTimer(device_kind=config.device_kind, warmup_steps=1)
-    trainer = Trainer(
-        model=model,
-        args=args,
-        train_dataset=load_from_disk(config.data_path),
-        data_collator=collator,
-        callbacks=[timer],
+    trainer = plain_trainer(
+        {**recipe, **probe_args}, model, load_from_disk(config.data_path), collator, [timer]
     )
     count = TokenCount(config.model.task)
     hook = model.register_forward_pre_hook(count, with_kwargs=True)

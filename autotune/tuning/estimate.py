@@ -147,15 +147,26 @@ def static_bytes(
     optim: str,
     split: tuple[int, int, int] = (1, 1, 1),
     embedding: int = 0,
+    trainable: int = 0,
 ) -> int:
     """Weights + gradients + optimizer state: what any batch size needs, per process when
-    ZeRO splits them `split` ways (weights, gradients, optimizer state)."""
+    ZeRO splits them `split` ways (weights, gradients, optimizer state). Gradients and
+    state are the `trainable` parameters' (0: all of them)."""
     w, g, o = split
+    t, e = trained(parameters, trainable, embedding)
     return (
         parameters * WEIGHT_BYTES[precision] // w
-        + parameters * GRADIENT_BYTES // g
-        + optimizer_state(parameters, optim, embedding) // o
+        + t * GRADIENT_BYTES // g
+        + optimizer_state(t, optim, e) // o
     )
+
+
+def trained(parameters: int, trainable: int, embedding: int) -> tuple[int, int]:
+    """(parameters with gradients and optimizer state, of which in embeddings): all, or
+    an adapter's `trainable` ones with the embeddings frozen, as LoRA leaves them."""
+    if not trainable or trainable >= parameters:
+        return parameters, embedding
+    return trainable, 0
 
 
 def activation_bytes(
@@ -201,36 +212,45 @@ def breakdown(
     embedding: int = 0,
     largest: int = 0,
     device_kind: str = "cpu",
+    trainable: int = 0,
 ) -> Breakdown:
     w, g, o = shards(candidate.zero_stage, nproc_per_node)  # per process under ZeRO
+    t, e = trained(parameters, trainable, embedding)
+    largest = min(largest, t)  # an adapter's tensors are small
     # under ZeRO DeepSpeed's own optimizer steps the shards
-    step = (
-        0 if candidate.zero_stage else step_bytes(parameters, largest, candidate.optim, device_kind)
-    )
+    step = 0 if candidate.zero_stage else step_bytes(t, largest, candidate.optim, device_kind)
+    # ZeRO accumulates in its own (sharded, maybe 16-bit) buffers; a frozen embedding
+    # (an adapter's base) has no gradient
+    frozen = candidate.zero_stage or t < parameters
     return Breakdown(
         weights=parameters * WEIGHT_BYTES[candidate.precision] // w,
-        gradients=parameters * GRADIENT_BYTES // g,
-        optimizer_state=optimizer_state(parameters, candidate.optim, embedding) // o,
+        gradients=t * GRADIENT_BYTES // g,
+        optimizer_state=optimizer_state(t, candidate.optim, e) // o,
         activations=activation_bytes(config, task, candidate, seq_len, target_len),
         step=step,
-        embedding_grads=0  # ZeRO accumulates in its own (sharded, maybe 16-bit) buffers
-        if candidate.zero_stage
+        embedding_grads=0
+        if frozen
         else embedding_grad_bytes(config, task, largest, candidate.gradient_accumulation_steps),
     )
 
 
 def floor_bytes(
-    parameters: int, candidate: Candidate, nproc_per_node: int = 1, embedding: int = 0
+    parameters: int,
+    candidate: Candidate,
+    nproc_per_node: int = 1,
+    embedding: int = 0,
+    trainable: int = 0,
 ) -> int:
     """Bytes the weights, gradients and optimizer state certainly take per process."""
     w, g, o = shards(candidate.zero_stage, nproc_per_node)
     tensor = 2 if candidate.zero_stage and candidate.precision in ("fp16", "bf16") else 4
     optim = candidate.optim
+    t, e = trained(parameters, trainable, embedding)
     if optim in FLOOR_STATE_BYTES and optim in EMBEDDING_STATE_BYTES:
-        state = optimizer_state(parameters, optim, embedding)
+        state = optimizer_state(t, optim, e)
     else:
-        state = parameters * FLOOR_STATE_BYTES.get(optim, 0)
-    return parameters * tensor // w + parameters * tensor // g + state // o
+        state = t * FLOOR_STATE_BYTES.get(optim, 0)
+    return parameters * tensor // w + t * tensor // g + state // o
 
 
 def check_budget(
@@ -241,6 +261,7 @@ def check_budget(
     *,
     split: tuple[int, int, int] = (1, 1, 1),
     embedding: int = 0,
+    trainable: int = 0,
 ) -> None:
     """Refuse a budget that no config can meet, saying what would fit instead (`split`:
     the most ZeRO splits weights, gradients and optimizer state across processes)."""
@@ -248,20 +269,23 @@ def check_budget(
     weights = parameters * WEIGHT_BYTES["fp32"] // split[0]
     cheapest = min(OPTIMIZER_STATE_BYTES, key=state_bytes)
     if budget_bytes < weights:
+        least = static_bytes(parameters, "fp32", cheapest, split, embedding, trainable)
         raise UsageError(
             f"--memory-budget {format_size(budget_bytes)} is below the {format_size(weights)} "
             f"the fp32 weights alone need ({millions}); training needs at least "
-            f"{format_size(static_bytes(parameters, 'fp32', cheapest, split))} with {cheapest} "
+            f"{format_size(least)} with {cheapest} "
             "(weights, gradients, optimizer state) plus activations"
         )
     need = min(
-        static_bytes(parameters, p, o, split, embedding) for p in precisions for o in optimizers
+        static_bytes(parameters, p, o, split, embedding, trainable)
+        for p in precisions
+        for o in optimizers
     )
     if need >= budget_bytes:
         fitting = [
             o
             for o in OPTIMIZER_STATE_BYTES
-            if static_bytes(parameters, "fp32", o, split, embedding) < budget_bytes
+            if static_bytes(parameters, "fp32", o, split, embedding, trainable) < budget_bytes
         ]
         hint = (
             f"--optimizers {','.join(fitting)} would leave room"
@@ -326,6 +350,7 @@ def estimate_rows(
                     embedding=counted.embedding,
                     largest=counted.largest,
                     device_kind=device_kind,
+                    trainable=counted.trainable,
                 )
                 rows.append(EstimateRow(candidate, b))
     return Estimate(

@@ -41,7 +41,11 @@ class EstimateVerdicts:
         state alone exceed what a probe may use, or the estimate puts it far over."""
         spec = self.spec
         floor = floor_bytes(
-            spec.parameters or 0, candidate, spec.nproc_per_node, spec.embedding_parameters
+            spec.parameters or 0,
+            candidate,
+            spec.nproc_per_node,
+            spec.embedding_parameters,
+            spec.trainable_parameters,
         )
         if floor > spec.fit_limit_bytes:
             return (
@@ -99,6 +103,7 @@ def _predictors(spec: SearchSpec, records: Sequence[TrialRecord]) -> tuple[Predi
             spec.embedding_parameters,
             spec.largest_parameter,
             spec.device.kind,
+            spec.trainable_parameters,
         )
 
     measured = [(terms(r.candidate), r.result) for r in records]

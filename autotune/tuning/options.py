@@ -30,7 +30,10 @@ class SearchOptions:
     "10m" as the CLI does."""
 
     # -- the common ones
-    model: str  # a local folder with config.json, a hub id, or a bundled preset
+    # What to tune: your own job (a Trainer factory, "train.py:make_trainer" or
+    # "package.module:make_trainer"), or a stand-in built from --model
+    trainer: str | None = None
+    model: str | None = None  # a local folder with config.json, a hub id, or a preset
     base_args: Path | None = None  # your TrainingArguments JSON: batch, lengths, fields
     memory_budget: int | None = None  # bytes one training process may use; None: all
     time_budget: float | None = None  # seconds for the whole search; None: the default
@@ -44,6 +47,10 @@ class SearchOptions:
     device: str = "auto"  # auto, cpu, cuda, cuda:N
     headroom: float = 0.05  # share of the budget kept free for fragmentation in long runs
     objective: Objective = Objective.THROUGHPUT  # or efficiency: samples/s per GiB
+    # -- your job
+    args_class: str | None = None  # the factory's arguments class, when not annotated
+    lora: str | None = None  # "r=16,alpha=32,targets=q_proj,v_proj": a LoRA stand-in
+    peft_config: Path | None = None  # an adapter_config.json for the stand-in
     # -- your data
     dataset: str | None = None  # a save_to_disk folder, a local file, or a hub name
     dataset_split: str = "train"

@@ -35,3 +35,16 @@ class SearchOutcome:
     # speed over it
     default: TrialRecord | None = None
     versus_default: SpeedRatio | None = None
+    args_class: str = ""  # your factory's arguments class; "": TrainingArguments
+
+    def arguments(self) -> Any:
+        """The exported arguments as an object of your class (`SFTConfig` stays
+        `SFTConfig`), read with HfArgumentParser as your script reads the file; its
+        other keys (model or data fields of yours) are left to your own parser."""
+        from transformers import HfArgumentParser
+
+        from autotune.hf.training_args import arguments_class
+
+        parser = HfArgumentParser(arguments_class(self.args_class))
+        (args,) = parser.parse_json_file(self.output, allow_extra_keys=True)
+        return args

@@ -14,20 +14,25 @@ from autotune.core.dataset import DataSpec
 from autotune.core.device import DeviceInfo
 from autotune.core.enums import DeviceKind, Task
 from autotune.core.errors import UsageError
+from autotune.core.job import JobFacts
 from autotune.core.space import SearchSpace, derive_space
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import LEVERS, ModelSpec
 from autotune.hf.corpus import SAMPLINGS, prepare
 from autotune.hf.levers import offer, parse_lever_options
-from autotune.hf.models import count_parameters, max_positions, resolve_model
+from autotune.hf.models import ParameterCount, count_parameters, max_positions, resolve_model
+from autotune.hf.peft import adapter_settings
 from autotune.hf.sharding import build_cpu_op, shards
 from autotune.hf.training_args import (
+    TUNED,
     BaseArguments,
     available_optimizers,
     base_arguments,
     checkpointing_field,
     read_arguments_file,
+    read_json_object,
 )
+from autotune.launch.survey import survey_job
 from autotune.system.devices import cuda_device_count, detect_device
 from autotune.tuning.estimate import check_budget
 from autotune.tuning.options import SearchOptions
@@ -71,18 +76,16 @@ def build_spec(
     With a dataset, it is tokenized once into `dataset.out_dir`, after every check; a
     sequence length not given is then the data's longest (--seq-len caps it)."""
     o = options
-    base = _base(o.base_args, o.global_batch_size)
-    batch = _global_batch(o.global_batch_size or base.global_batch_size or DEFAULT_GLOBAL_BATCH)
-    model_spec = resolve_model(o.model, task=o.task)
     device_info = detect_device(o.device)
-    seq_len, target_len = _lengths(o, base, model_spec.config)
+    model_spec, job, base, batch = _workload(o, device_info.kind, dataset is not None)
+    seq_len, target_len = _lengths(o, base, model_spec.config, job)
     slots = _check_layout(layout, batch, device_info.kind)
     budget = _budget(o.memory_budget, device_info.total_memory_bytes, len(slots), device_info.kind)
     if layout.devices and device_info.kind == DeviceKind.CUDA:  # confirm in a worker's slot
         device_info = dataclasses.replace(device_info, index=int(layout.devices[0]))
     per_process = batch // layout.nproc_per_node
     space = _space(o, base, model_spec, device_info, per_process, layout, dataset is not None)
-    counted = count_parameters(model_spec)
+    counted = job_counts(job) if job else _count(model_spec)
     zero = max((v for n, vs in space.levers if n == "zero_stage" for v in vs), default=0)
     check_budget(
         counted.total,
@@ -91,6 +94,7 @@ def build_spec(
         budget,
         split=shards(zero, layout.nproc_per_node),
         embedding=counted.embedding,
+        trainable=counted.trainable,
     )
     if zero and device_info.kind == DeviceKind.CPU:
         build_cpu_op()  # once per machine; no probe pays it
@@ -109,16 +113,37 @@ def build_spec(
         measure_steps=o.measure_steps,
         seed=o.seed,
         base_arguments=base.carried,
+        kept_arguments=base.kept,
         recipe_settings=base.recipe,
         parameters=counted.total,
         embedding_parameters=counted.embedding,
         largest_parameter=counted.largest,
+        trainable_parameters=counted.trainable,
         nproc_per_node=layout.nproc_per_node,
         data=data,
         checkpointing_field=checkpointing_field(),
         train_steps=_train_steps(o.train_steps, base),
     )
     return spec, slots
+
+
+def _workload(
+    o: SearchOptions, kind: DeviceKind, with_dataset: bool
+) -> tuple[ModelSpec, JobFacts | None, BaseArguments, int]:
+    """What is trained (the user's job, surveyed, or a stand-in from --model, maybe with a
+    LoRA adapter), their arguments, and the global batch kept exactly."""
+    job = survey(o, kind, with_dataset) if o.trainer else None
+    base = _base(o.base_args, o.global_batch_size, job.args_class if job else "")
+    batch = _global_batch(
+        o.global_batch_size
+        or base.global_batch_size
+        or (job.per_device_train_batch_size * job.gradient_accumulation_steps if job else 0)
+        or DEFAULT_GLOBAL_BATCH
+    )
+    model = job_model(o, job) if job else resolve_model(o.model or "", task=o.task)
+    if o.lora or o.peft_config:
+        model = dataclasses.replace(model, adapter=adapter_settings(o.lora, o.peft_config))
+    return model, job, base, batch
 
 
 def _space(
@@ -195,14 +220,19 @@ def _global_batch(batch: int) -> int:
     return batch
 
 
-def _lengths(o: SearchOptions, base: BaseArguments, config: dict[str, Any]) -> tuple[int, int]:
-    """The worst-case lengths probes use: asked, from --base-args, or the model's limit."""
+def _lengths(
+    o: SearchOptions, base: BaseArguments, config: dict[str, Any], job: JobFacts | None = None
+) -> tuple[int, int]:
+    """The worst-case lengths probes use: asked, from --base-args, the longest sample of
+    the user's job, or the model's limit."""
     limit = max_positions(config)
-    seq_len = o.seq_len or base.seq_len
+    seq_len = o.seq_len or base.seq_len or (job.longest or job.max_length if job else None)
     if seq_len is None:
         seq_len = min(512, limit or 512)
     elif limit is not None and seq_len > limit:
-        raise UsageError(f"--seq-len {seq_len} exceeds {o.model}'s limit of {limit} positions")
+        raise UsageError(
+            f"--seq-len {seq_len} exceeds {o.model or o.trainer}'s limit of {limit} positions"
+        )
     return seq_len, o.target_len or base.target_len or DEFAULT_TARGET_LEN
 
 
@@ -277,12 +307,14 @@ def _check_layout(layout: Layout, global_batch_size: int, kind: DeviceKind) -> l
     return []
 
 
-def _base(path: Path | None, global_batch_size: int | None) -> BaseArguments:
-    """What --base-args fixes: the global batch, sequence lengths, the other fields."""
+def _base(path: Path | None, global_batch_size: int | None, args_class: str = "") -> BaseArguments:
+    """What --base-args fixes: the global batch, sequence lengths, the other fields (read
+    with the user's arguments class, `args_class`, when their factory takes one)."""
     if path is None:
         return BaseArguments(None, None, None, {})
     where = f"--base-args {path}"
-    base = base_arguments(read_arguments_file(path, option="--base-args"), where=where)
+    raw = read_arguments_file(path, option="--base-args", args_class=args_class)
+    base = base_arguments(raw, where=where, args_class=args_class)
     if global_batch_size is not None and base.global_batch_size not in (None, global_batch_size):
         raise UsageError(
             f"--global-batch-size {global_batch_size} contradicts {where} "
@@ -290,3 +322,66 @@ def _base(path: Path | None, global_batch_size: int | None) -> BaseArguments:
             f"{base.global_batch_size}); drop one of them"
         )
     return base
+
+
+def survey(o: SearchOptions, device_kind: DeviceKind, with_dataset: bool) -> JobFacts:
+    """Build the user's job once, in a child, with their --base-args (in fp32: their
+    precision may not run here), and read what their factory built."""
+    if with_dataset:
+        raise UsageError(
+            "--dataset feeds the --model stand-in; with --trainer your factory's train "
+            "dataset is the data: drop --dataset"
+        )
+    if o.lora or o.peft_config:
+        raise UsageError(
+            "--lora and --peft-config wrap the --model stand-in; with --trainer your "
+            "factory builds the adapters: drop them"
+        )
+    raw = read_json_object(o.base_args, option="--base-args") if o.base_args else {}
+    fields = {k: v for k, v in raw.items() if k not in TUNED} | {"bf16": False, "fp16": False}
+    for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+        if key in raw:
+            fields[key] = raw[key]
+    return survey_job(
+        trainer=o.trainer or "",
+        args_class=o.args_class,
+        fields=fields,
+        seed=o.seed,
+        timeout_s=o.trial_timeout,
+        use_cpu=device_kind == DeviceKind.CPU,
+    )
+
+
+def job_model(o: SearchOptions, job: JobFacts) -> ModelSpec:
+    """The user's model as the search sees it: built by their factory in every probe."""
+    task = job.task if o.task == "auto" else o.task
+    if not task:
+        raise UsageError(
+            f"cannot tell what {job.model_class} is trained for; pass --task "
+            "seq2seq|causal-lm|masked-lm|classification"
+        )
+    return ModelSpec(
+        name=job.model_name,
+        source="factory",
+        task=Task(task),
+        config=job.config,
+        adapter=job.adapter,
+        trainer=o.trainer or "",
+        args_class=job.args_class,
+    )
+
+
+def job_counts(job: JobFacts) -> ParameterCount:
+    trainable = job.trainable if job.trainable < job.parameters else 0
+    return ParameterCount(job.parameters, job.embedding, job.largest, trainable=trainable)
+
+
+def _count(model: ModelSpec) -> ParameterCount:
+    """The stand-in's parameters (its --lora adapter's trainable ones among them)."""
+    try:
+        return count_parameters(model)
+    except ValueError as exc:  # peft: a target module the model does not have
+        if not model.adapter:
+            raise
+        first = str(exc).strip().splitlines()[0]
+        raise UsageError(f"--lora: {first}; name layers {model.name} has") from None

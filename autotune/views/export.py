@@ -54,6 +54,7 @@ def previous_export(output: Path, *, force: bool) -> dict[str, Any]:
         written = sidecar.get("arguments")
         if not isinstance(written, dict):  # a sidecar from before it listed them
             written = {k: v for k, v in existing.items() if k in TUNED}
+        written = {**written, **(sidecar.get("your_arguments") or {})}
         return {k: v for k, v in existing.items() if k not in written}
     if not force:
         raise ExportError(
@@ -83,18 +84,27 @@ def export_best(
     writes what the probe already ran, without importing transformers."""
     arguments = recipe(spec, record.candidate)
     kept = previous_export(output, force=force)  # the user's own added fields stay
-    exported = merge(kept, arguments)
+    # the user's own run (output_dir, max_steps, ...) and what they added to an earlier
+    # export stay
+    exported = merge({**spec.kept_arguments, **kept}, arguments)
     if validate:
         from autotune.hf.training_args import training_fields
         from autotune.hf.training_args import validate as check
 
-        known = training_fields()
+        args_class = spec.model.args_class  # the user's (SFTConfig stays SFTConfig)
+        known = training_fields(args_class)
         fields = {k: v for k, v in exported.items() if k in known}
-        check(fields, error=ExportError, where="the best config on this machine")
+        check(
+            fields,
+            error=ExportError,
+            where="the best config on this machine",
+            args_class=args_class,
+        )
     summary = {
         **_summary(record, spec, study_name, runners_up, objective),
         "parity": parity_summary(record, reference_for(spec, all_records, parity), parity),
         "arguments": arguments,
+        "your_arguments": spec.kept_arguments,  # written back from --base-args
         "model_arguments": model_arguments(record.candidate),
         "script_changes": script_changes(record.candidate),
     }

@@ -1,0 +1,56 @@
+"""What a user's Trainer factory built, read once before the search (`JobFacts`): the
+model and what of it trains, the arguments class, and the data's lengths. The plan
+derives the space and the memory estimate from it, as it does from a --model's config."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class JobFacts:
+    trainer_class: str  # "trl.trainer.sft_trainer.SFTTrainer"
+    args_class: str  # dotted, importable: "trl.SFTConfig"
+    args_fields: tuple[str, ...]  # the class's init fields: what --base-args may hold
+    model_name: str  # the model's name_or_path, or its class
+    model_class: str
+    task: str
+    config: dict[str, Any]  # the base model's config
+    parameters: int
+    trainable: int  # parameters with requires_grad: LoRA trains ~1% of them
+    embedding: int
+    largest: int
+    adapter: dict[str, Any] = dataclasses.field(default_factory=dict)  # PEFT's config
+    quantized: str = ""  # "4-bit (bitsandbytes)"; "": full-precision weights
+    samples: int | None = None  # the train dataset's length; None: not sized
+    longest: int | None = None  # tokens in its longest sample; None: it has no input_ids
+    per_device_train_batch_size: int = 8  # from the arguments the factory was given
+    gradient_accumulation_steps: int = 1
+    max_length: int | None = None  # SFTConfig's max_length (or max_seq_length)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobFacts:
+        raw = json.loads(text)
+        raw["args_fields"] = tuple(raw.get("args_fields", ()))
+        return cls(**raw)
+
+    def describe(self) -> str:
+        """One line: what trains ("LoRA r=16 on 4-bit Llama: 0.8% of 1.2B parameters")."""
+        share = self.trainable / self.parameters if self.parameters else 0.0
+        what = f"{self.model_class} ({self.parameters / 1e6:.1f}M parameters"
+        if self.trainable < self.parameters:
+            what += f", {self.trainable / 1e6:.2f}M trainable: {100 * share:.2g}%"
+        what += ")"
+        if self.adapter:
+            kind = str(self.adapter.get("peft_type", "adapter"))
+            rank = f" r={self.adapter['r']}" if "r" in self.adapter else ""
+            what = f"{kind}{rank} on {what}"
+        if self.quantized:
+            what += f", {self.quantized} base"
+        short = self.trainer_class.rsplit(".", 1)[-1]
+        return f"{short} training {what}"

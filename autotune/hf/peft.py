@@ -1,0 +1,106 @@
+"""A LoRA adapter for the --model stand-in: `--lora r=16,alpha=32,targets=q_proj,v_proj`
+or `--peft-config adapter_config.json` (the file PEFT's save_pretrained writes), read
+into the LoraConfig fields `hf/models.with_adapter` wraps the built model with."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from autotune.core.errors import UsageError
+
+# --lora's short names for LoraConfig's fields
+_NAMES = {
+    "r": "r",
+    "alpha": "lora_alpha",
+    "dropout": "lora_dropout",
+    "targets": "target_modules",
+    "bias": "bias",
+}
+_FILE_KEYS = ("r", "lora_alpha", "lora_dropout", "target_modules", "bias", "use_rslora")
+
+
+def adapter_settings(lora: str | None, peft_config: Path | None) -> dict[str, Any]:
+    """The LoraConfig fields --lora or --peft-config ask for; UsageError when malformed or
+    when peft is not installed."""
+    if lora and peft_config:
+        raise UsageError("--lora and --peft-config both describe the adapter: give one")
+    if importlib.util.find_spec("peft") is None:
+        raise UsageError(
+            "--lora needs peft, which is not installed: pip install 'trainer-autotune[peft]'"
+        )
+    settings = parse_lora(lora) if lora else _read_file(peft_config)
+    settings = {"peft_type": "LORA", **settings}
+    _check(settings, f"--lora {lora}" if lora else f"--peft-config {peft_config}")
+    return settings
+
+
+def parse_lora(text: str) -> dict[str, Any]:
+    """`r=16,alpha=32,targets=q_proj,v_proj`: a value without `=` continues the list
+    before it (targets=q_proj,v_proj)."""
+    settings: dict[str, Any] = {}
+    last = ""
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        key, equals, value = item.partition("=")
+        if not equals:
+            if last != "target_modules":
+                raise UsageError(f"--lora {text}: {item!r} is not NAME=VALUE")
+            settings[last].append(item)
+            continue
+        name = _NAMES.get(key.strip())
+        if name is None:
+            raise UsageError(
+                f"--lora {text}: unknown setting {key!r}; use {', '.join(_NAMES)} "
+                "(or --peft-config FILE for any other)"
+            )
+        settings[name] = _value(name, value.strip(), text)
+        last = name
+    if "target_modules" not in settings:
+        raise UsageError(
+            f"--lora {text}: name the layers to adapt, e.g. targets=q_proj,v_proj "
+            "(or targets=all-linear)"
+        )
+    return settings
+
+
+def _value(name: str, value: str, text: str) -> Any:
+    try:
+        if name == "r" or name == "lora_alpha":
+            return int(value)
+        if name == "lora_dropout":
+            return float(value)
+    except ValueError:
+        raise UsageError(f"--lora {text}: {name} must be a number, not {value!r}") from None
+    if name == "target_modules":
+        return value if value == "all-linear" else [value]
+    return value
+
+
+def _read_file(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        raise UsageError("give --lora SETTINGS or --peft-config FILE")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"--peft-config {path}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--peft-config {path} is not valid JSON ({exc})") from None
+    if not isinstance(raw, dict) or raw.get("peft_type", "LORA") != "LORA":
+        raise UsageError(f"--peft-config {path}: give a LoRA adapter_config.json")
+    return {k: raw[k] for k in _FILE_KEYS if raw.get(k) is not None}
+
+
+def _check(settings: dict[str, Any], where: str) -> None:
+    """LoraConfig itself accepts the settings (its own checks, e.g. r > 0)."""
+    from peft import LoraConfig
+
+    try:
+        LoraConfig(**{k: v for k, v in settings.items() if k != "peft_type"})
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{where}: peft refuses it: {exc}") from None
+    if int(settings.get("r", 8)) < 1:
+        raise UsageError(f"{where}: r must be at least 1")

@@ -1,0 +1,85 @@
+"""Before a search of the user's own job: build it once in a child process
+(`python -m autotune.probe.job`) and read what their factory built (`JobFacts`).
+
+In a child, as every probe: the user's module may load a model, initialise CUDA or
+crash, and none of that may touch the search process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from autotune.core.errors import UsageError
+from autotune.core.job import JobFacts
+from autotune.system.process import child_env, dies_with, stop
+
+
+class FactoryFailed(UsageError):
+    """The user's factory raised, returned no Trainer, or ignored its arguments."""
+
+
+def survey_job(
+    *,
+    trainer: str,
+    args_class: str | None,
+    fields: dict[str, Any],
+    seed: int,
+    timeout_s: float,
+    use_cpu: bool,
+) -> JobFacts:
+    """What `trainer` builds from the user's `fields`; FactoryFailed with the one-line
+    reason (the factory's exception, as its traceback's last line) when it cannot."""
+    request = {
+        "trainer": trainer,
+        "args_class": args_class,
+        "fields": fields | ({"use_cpu": True} if use_cpu else {}),
+        "seed": seed,
+        "visible_devices": "" if use_cpu else None,
+    }
+    with tempfile.TemporaryDirectory(prefix="autotune-job-") as folder:
+        path = Path(folder) / "request.json"
+        path.write_text(json.dumps(request), encoding="utf-8")
+        log = Path(folder) / "stderr.log"
+        with open(log, "wb") as err:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "autotune.probe.job", str(path)],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=child_env(),
+                start_new_session=True,
+                preexec_fn=dies_with(os.getpid()),
+            )
+            try:
+                child.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise FactoryFailed(
+                    f"{_name(trainer)} did not return a Trainer within {timeout_s:.0f} s "
+                    "(raise --trial-timeout if building your job takes longer)"
+                ) from None
+            finally:
+                stop(child)
+        answer = _answer(path.with_name("facts.json"), log, child.returncode)
+    if "facts" in answer:
+        return JobFacts.from_json(json.dumps(answer["facts"]))
+    if answer.get("raised"):
+        raise FactoryFailed(f"{_name(trainer)} raised {answer['error']}")
+    raise FactoryFailed(str(answer["error"]))
+
+
+def _answer(path: Path, log: Path, returncode: int | None) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        lines = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+        last = lines[-1] if lines else f"exit status {returncode}"
+        return {"error": f"building your job crashed: {last[:300]}", "raised": False}
+
+
+def _name(trainer: str) -> str:
+    location, _, name = trainer.rpartition(":")
+    return f"{Path(location).name}:{name}" if location.endswith(".py") else trainer

@@ -1,0 +1,122 @@
+"""The user's Trainer factory, loaded and checked in this process: references, the
+arguments class, and what a factory must return."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.hf.factory import (
+    FactoryError,
+    args_class_of,
+    build_trainer,
+    class_name,
+    import_class,
+    load_factory,
+    reference_of,
+    resolve_reference,
+    split_reference,
+)
+
+SCRIPT = """
+from transformers import Seq2SeqTrainingArguments
+
+
+def typed(args: Seq2SeqTrainingArguments):
+    return args
+
+
+def untyped(args):
+    return args
+
+
+def no_arguments():
+    return None
+
+
+VALUE = 3
+"""
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT, encoding="utf-8")
+    return path
+
+
+def test_a_reference_is_file_or_module_colon_function(script: Path) -> None:
+    assert split_reference("train.py:make") == ("train.py", "make")
+    assert split_reference("pkg.mod:make") == ("pkg.mod", "make")
+    for bad in ("train.py", ":make", "train.py:", "train.py:not-a-name"):
+        with pytest.raises(FactoryError, match=r"give FILE\.py:FUNCTION or package\.module"):
+            split_reference(bad)
+    assert resolve_reference(f"{script}:typed") == f"{script.resolve()}:typed"
+    assert resolve_reference("pkg.mod:make") == "pkg.mod:make"  # imported by the probes
+    with pytest.raises(FactoryError, match=r"no such file missing\.py"):
+        resolve_reference("missing.py:make")
+
+
+def test_a_script_or_module_is_loaded_and_a_missing_function_named(script: Path) -> None:
+    assert load_factory(f"{script}:typed")("x") == "x"
+    assert load_factory("json:dumps")([1]) == "[1]"
+    with pytest.raises(FactoryError, match=r"has no function 'nope'"):
+        load_factory(f"{script}:nope")
+    with pytest.raises(FactoryError, match=r"has no function 'VALUE'"):  # not callable
+        load_factory(f"{script}:VALUE")
+    with pytest.raises(FactoryError, match="no module named 'no_such_pkg'"):
+        load_factory("no_such_pkg.train:make")
+
+
+def test_the_arguments_class_is_asked_then_annotated_then_training_arguments(
+    script: Path,
+) -> None:
+    from transformers import Seq2SeqTrainingArguments, TrainingArguments
+    from trl import SFTConfig
+
+    assert args_class_of(load_factory(f"{script}:typed"), None) is Seq2SeqTrainingArguments
+    assert args_class_of(load_factory(f"{script}:untyped"), None) is TrainingArguments
+    assert args_class_of(load_factory(f"{script}:untyped"), "SFTConfig") is SFTConfig
+    assert class_name(SFTConfig) == "trl.SFTConfig"  # what the study records
+    assert import_class(class_name(SFTConfig)) is SFTConfig
+    with pytest.raises(FactoryError, match="takes no argument"):
+        args_class_of(load_factory(f"{script}:no_arguments"), None)
+    with pytest.raises(FactoryError, match=r"json\.JSONDecoder is not a TrainingArguments"):
+        import_class("json.JSONDecoder")
+
+
+def test_a_function_is_referenced_so_a_probe_can_import_it_again(script: Path) -> None:
+    loaded = load_factory(f"{script}:typed")
+    assert reference_of(loaded) == f"{script.resolve()}:typed"  # a script: by its path
+    assert reference_of(split_reference) == "autotune.hf.factory:split_reference"
+    with pytest.raises(FactoryError, match="defined at the top level"):
+        reference_of(lambda args: args)
+
+
+def test_a_factory_must_return_a_trainer_built_on_its_arguments(tmp_path: Path) -> None:
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    def args_of(batch: int) -> TrainingArguments:
+        return TrainingArguments(
+            output_dir=str(tmp_path), per_device_train_batch_size=batch, use_cpu=True
+        )
+
+    model = torch.nn.Linear(2, 2)
+
+    def good(args: TrainingArguments) -> Trainer:
+        return Trainer(model=model, args=args)
+
+    def not_a_trainer(args: TrainingArguments) -> dict[str, object]:
+        return {}
+
+    def its_own(args: TrainingArguments) -> Trainer:
+        return Trainer(model=model, args=args_of(3))
+
+    given = args_of(8)
+    assert build_trainer(good, given).args is given
+    with pytest.raises(FactoryError, match="not_a_trainer returned dict, not a transformers"):
+        build_trainer(not_a_trainer, given)
+    with pytest.raises(FactoryError, match=r"per_device_train_batch_size is 3, autotune passed 8"):
+        build_trainer(its_own, given)

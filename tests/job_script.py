@@ -1,0 +1,116 @@
+"""A user's own LoRA + SFTTrainer script, as the tests of `--trainer` search it: a small
+Llama saved with save_pretrained and loaded back with from_pretrained, a byte-level
+tokenizer and a jsonl dataset, all written offline by `write_job`.
+
+Every call of a factory appends a line to calls.log beside the script (its process and
+the arguments it was given), so a test can tell that the probes called it."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+SCRIPT = """
+import os
+from pathlib import Path
+
+from trl import SFTConfig
+
+HERE = Path(__file__).parent
+
+
+def _optim(args):
+    return getattr(args.optim, "value", args.optim)
+
+
+def _log(args):
+    with open(HERE / "calls.log", "a") as out:
+        out.write(f"{os.getpid()} {args.per_device_train_batch_size} {_optim(args)}\\n")
+
+
+def make_trainer(args: SFTConfig):
+    from datasets import load_dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTTrainer
+
+    _log(args)
+    if os.environ.get("JOB_REFUSES") == _optim(args):
+        raise RuntimeError(f"this job cannot run {_optim(args)}")
+    return SFTTrainer(
+        model=AutoModelForCausalLM.from_pretrained(HERE / "model"),
+        args=args,
+        train_dataset=load_dataset("json", data_files=str(HERE / "train.jsonl"), split="train"),
+        processing_class=AutoTokenizer.from_pretrained(HERE / "tokenizer"),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+
+
+def untyped(args):  # the arguments class must come from --args-class
+    return make_trainer(args)
+
+
+def not_a_trainer(args):
+    return {"model": None}
+
+
+def ignores_args(args):
+    return make_trainer(SFTConfig(**{**args.to_dict(), "per_device_train_batch_size": 3}))
+
+
+def raises(args):
+    raise ValueError("the tokenizer folder is missing")
+"""
+
+WORDS = "the model reads text and learns the next token while the adapter trains".split()
+
+
+def write_job(folder: Path) -> Path:
+    """The script, its model, tokenizer and data under `folder`; returns the script."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    bpe = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<eos>", pad_token="<pad>", bos_token="<bos>"
+    )
+    tokenizer.save_pretrained(str(folder / "tokenizer"))
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(str(folder / "model"))
+    rng = random.Random(0)
+    with open(folder / "train.jsonl", "w", encoding="utf-8") as out:
+        for _ in range(120):  # lines of 2 to 20 words: the longest set the probes' peak
+            words = [rng.choice(WORDS) for _ in range(rng.randint(2, 20))]
+            out.write(json.dumps({"text": " ".join(words)}) + "\n")
+    script = folder / "job.py"
+    script.write_text(SCRIPT, encoding="utf-8")
+    return script
+
+
+BASE_ARGS = {
+    "output_dir": "runs/mine",
+    "per_device_train_batch_size": 4,
+    "gradient_accumulation_steps": 2,
+    "learning_rate": 0.001,
+    "lr_scheduler_type": "cosine",
+    "max_steps": 30,
+    "max_length": 64,
+    "dataset_text_field": "text",
+    "bf16": False,
+}

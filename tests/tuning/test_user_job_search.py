@@ -1,0 +1,146 @@
+"""Searching the user's own job (`--trainer job.py:make_trainer`): a LoRA adapter inside
+TRL's SFTTrainer on a model loaded with from_pretrained, their jsonl data. Every probe
+calls their factory in its own process; the export is their SFTConfig; bad factories
+get one line and leave nothing behind."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import autotune
+from job_script import BASE_ARGS, write_job
+
+pytestmark = pytest.mark.slow
+
+SMALL = [
+    "--device", "cpu", "--memory-budget", "4GiB", "--lever", "torch_compile=false",
+    "--warmup-steps", "1", "--measure-steps", "2", "--quiet",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    script = write_job(tmp_path_factory.mktemp("job"))
+    (script.parent / "base.json").write_text(json.dumps(BASE_ARGS))
+    return script
+
+
+def _calls(job: Path) -> list[str]:
+    log = job.parent / "calls.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_a_lora_sft_job_is_searched_through_its_factory_and_exported_as_sftconfig(
+    job: Path,
+) -> None:
+    from transformers import HfArgumentParser
+    from trl import SFTConfig
+
+    before = len(_calls(job))
+    done = autotune(
+        job.parent, "search", "--trainer", "job.py:make_trainer", "--base-args", "base.json",
+        *SMALL, "--precisions", "fp32,bf16", "--optimizers", "adamw_torch,adafactor",
+        "--checkpointing", "on", "--max-trials", "2", "--confirm-top", "1",
+        "--parity", "quick",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    calls = _calls(job)[before:]
+    # the survey, two probes, a confirmation and the parity runs: each its own process
+    assert len(calls) >= 4 and len({c.split()[0] for c in calls}) == len(calls)
+    assert {c.split()[1] for c in calls[1:]} <= {"1", "2", "4", "8"}  # the searched splits
+    (args,) = HfArgumentParser(SFTConfig).parse_json_file(str(job.parent / "studies/job.best.json"))
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 8
+    assert (args.max_length, args.dataset_text_field) == (64, "text")  # theirs, kept
+    assert (args.learning_rate, args.lr_scheduler_type) == (0.001, "cosine")
+    assert (args.max_steps, args.output_dir) == (30, "runs/mine")  # their run, not a probe's
+    assert args.activation_checkpointing is True
+    trial = json.loads(next((job.parent / "studies/job/trials").glob("*/config.json")).read_text())
+    assert trial["model"]["source"] == "factory" and trial["model"]["args_class"] == "trl.SFTConfig"
+    assert trial["model"]["adapter"]["peft_type"] == "LORA"  # read off what was built
+    assert trial["model"]["adapter"]["r"] == 4
+    result = json.loads(next((job.parent / "studies/job/trials").glob("*/result.json")).read_text())
+    assert result["outcome"] == "ok" and result["peak_memory_bytes"] > 0
+    # their own script trains with the export
+    sys.path.insert(0, str(job.parent))
+    try:
+        import job as theirs  # type: ignore[import-not-found]
+
+        args.max_steps, args.output_dir = 2, str(job.parent / "runs")
+        assert theirs.make_trainer(args).train().global_step == 2
+    finally:
+        sys.path.remove(str(job.parent))
+        sys.modules.pop("job", None)
+
+
+@pytest.mark.parametrize(
+    ("reference", "message"),
+    [
+        ("missing.py:make_trainer", "no such file missing.py"),
+        ("job.py:nope", "job.py has no function 'nope'"),
+        ("job.py:raises", "job.py:raises raised ValueError: the tokenizer folder is missing"),
+        ("job.py:not_a_trainer", "not_a_trainer returned dict, not a transformers Trainer"),
+        ("job.py:ignores_args", "your factory must pass `args` to the Trainer"),
+    ],
+)
+def test_a_bad_factory_gets_one_line_and_nothing_is_written(
+    job: Path, reference: str, message: str
+) -> None:
+    done = autotune(
+        job.parent, "search", "--trainer", reference, "--base-args", "base.json", *SMALL,
+        "--study", "bad",
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert message in lines[-1] and lines[-1].startswith("error: ")
+    assert "Traceback" not in done.stderr
+    assert not (job.parent / "studies" / "bad").exists()
+
+
+def test_a_factory_that_fails_for_one_config_makes_that_trial_an_error(
+    job: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JOB_REFUSES", "adafactor")
+    done = autotune(
+        job.parent, "search", "--trainer", "job.py:make_trainer", "--base-args", "base.json",
+        *SMALL, "--precisions", "fp32", "--optimizers", "adamw_torch,adafactor",
+        "--checkpointing", "off", "--max-trials", "2", "--confirm-top", "0", "--parity", "off",
+        "--study", "refuses", "--no-reuse",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    shown = autotune(job.parent, "show", "--study", "refuses", "--format", "json")
+    trials = {t["training_arguments"]["optim"]: t for t in json.loads(shown.stdout)["trials"]}
+    assert trials["adafactor"]["outcome"] == "error"
+    assert "this job cannot run adafactor" in trials["adafactor"]["why"]
+    assert (
+        json.loads((job.parent / "studies/refuses.best.json").read_text())["optim"] == "adamw_torch"
+    )
+
+
+def test_a_lora_stand_in_probes_the_adapter_and_exports_plain_arguments(tmp_path: Path) -> None:
+    from conftest import TINY_GPT2, write_model
+
+    write_model(tmp_path / "tiny", TINY_GPT2)
+    done = autotune(
+        tmp_path, "search", "--model", "./tiny", "--lora", "r=4,alpha=8,targets=c_attn",
+        *SMALL, "--global-batch-size", "8", "--seq-len", "32", "--precisions", "fp32",
+        "--optimizers", "adamw_torch", "--checkpointing", "on", "--max-trials", "1",
+        "--confirm-top", "0", "--parity", "off",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    trial = json.loads(next((tmp_path / "studies/tiny/trials").glob("*/config.json")).read_text())
+    assert trial["model"]["adapter"] == {
+        "peft_type": "LORA",
+        "r": 4,
+        "lora_alpha": 8,
+        "target_modules": ["c_attn"],
+    }
+    result = json.loads(next((tmp_path / "studies/tiny/trials").glob("*/result.json")).read_text())
+    assert result["outcome"] == "ok", result
+    exported = json.loads((tmp_path / "studies/tiny.best.json").read_text())
+    assert exported["activation_checkpointing"] is True  # checkpointing trains the adapter
+    bad = autotune(tmp_path, "search", "--model", "./tiny", "--lora", "targets=q_proj", *SMALL)
+    assert bad.returncode == 2 and "--lora: Target modules" in bad.stderr
+    assert "Traceback" not in bad.stderr
