@@ -9,6 +9,9 @@ a jsonl dataset under $LORA_SFT_DIR (default ./lora-sft).
         --base-args examples/lora_sft.json --memory-budget 4GiB --time-budget 5m
     python examples/lora_sft.py train studies/lora_sft.best.json
 
+or from Python, the same search (`python examples/lora_sft.py tune`, then `train`):
+`autotune.search(make_trainer, base_args=..., memory_budget="4GiB", time_budget="5m")`.
+
 The search calls make_trainer in every probe with the candidate's SFTConfig; the export
 is an SFTConfig JSON that `train` reads with HfArgumentParser, your learning rate,
 schedule, max_length and dataset_text_field kept.
@@ -103,7 +106,22 @@ def train(arguments_file: str) -> None:
     print(f"trained {result.global_step} steps with {arguments_file}: loss {loss:.3f}")
 
 
+def tune() -> None:
+    """The search from Python: the function itself, your arguments as an SFTConfig."""
+    import autotune
+
+    with open(Path(__file__).with_name("lora_sft.json"), encoding="utf-8") as file:
+        base = SFTConfig(**json.load(file), use_cpu=True)
+    outcome = autotune.search(make_trainer, base_args=base, memory_budget="4GiB", time_budget="5m")
+    args = outcome.arguments()  # an SFTConfig, as `train` reads it from the file
+    print(
+        f"{outcome.output}: {args.per_device_train_batch_size}x"
+        f"{args.gradient_accumulation_steps}, optim {args.optim}, bf16 {args.bf16}"
+    )
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] not in ("prepare", "train"):
+    steps = {"prepare": prepare, "tune": tune, "train": lambda: train(sys.argv[2])}
+    if len(sys.argv) < 2 or sys.argv[1] not in steps:
         sys.exit(__doc__)
-    prepare() if sys.argv[1] == "prepare" else train(sys.argv[2])
+    steps[sys.argv[1]]()

@@ -46,6 +46,9 @@ class SearchSpec:
     # The user's fields a probe does not run (output_dir, max_steps, logging...), which
     # the export writes back; not part of the identity
     kept_arguments: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # With the user's factory, which of their samples the probes train on: "" when their
+    # dataset exposes its lengths (the longest ones), else why not (their own batches)
+    unmeasured_lengths: str = ""
 
     @property
     def global_batch_size(self) -> int:
@@ -144,8 +147,19 @@ class SearchSpec:
         lengths = (
             f"{self.seq_len}/{self.target_len}" if self.model.task == Task.SEQ2SEQ else self.seq_len
         )
+        what = f"{self.model.name} ({self.model.task})"
+        if self.model.trainer:  # the user's job: their factory, and what trains in it
+            location, _, function = self.model.trainer.rpartition(":")
+            what = f"{location.rsplit('/', 1)[-1]}:{function} training {what}"
+        if self.model.adapter:
+            what += f" with a LoRA adapter (r={self.model.adapter.get('r', 8)})"
+        if self.trainable_parameters:
+            what += (
+                f", {self.trainable_parameters / 1e6:.2f}M of {self.parameters / 1e6:.1f}M "
+                "parameters trained"
+            )
         return (
-            f"{self.model.name} ({self.model.task}) on {self.device.kind} {self.device.name}; "
+            f"{what} on {self.device.kind} {self.device.name}; "
             f"budget {self.memory_budget_bytes / 2**30:.1f} GiB"
             + (" per process" if self.nproc_per_node > 1 else "")
             + f"; global batch {self.global_batch_size}"

@@ -114,6 +114,7 @@ def build_spec(
         seed=o.seed,
         base_arguments=base.carried,
         kept_arguments=base.kept,
+        unmeasured_lengths=_unmeasured(job),
         recipe_settings=base.recipe,
         parameters=counted.total,
         embedding_parameters=counted.embedding,
@@ -183,14 +184,21 @@ def workload_defaults(options: SearchOptions, spec: SearchSpec) -> list[str]:
     """The workload figures this search took from a default rather than from you, each
     with how to set it: a config that fits 512 tokens says little of a 4k-token run."""
     o = options
-    base = _base(o.base_args, o.global_batch_size)
+    base = _base(o.base_args, o.global_batch_size, spec.model.args_class)
     notes = []
+    if spec.unmeasured_lengths:
+        notes.append(spec.unmeasured_lengths)
+    if spec.model.trainer and spec.parameters == 0:
+        notes.append(
+            "your job's base is quantized: the memory estimate does not model quantized "
+            "weights, so no config is skipped by it; every config is measured"
+        )
     if not (o.global_batch_size or base.global_batch_size):
         notes.append(
             f"global batch {spec.global_batch_size}: a default; set --global-batch-size, or "
             "per_device_train_batch_size and gradient_accumulation_steps in --base-args"
         )
-    if spec.data is None and not (o.seq_len or base.seq_len):
+    if spec.data is None and not (o.seq_len or base.seq_len or spec.model.trainer):
         notes.append(
             f"sequence length {spec.seq_len}: a default (the model's limit, at most 512); "
             "set --seq-len to your longest input, or pass --dataset"
@@ -371,7 +379,22 @@ def job_model(o: SearchOptions, job: JobFacts) -> ModelSpec:
     )
 
 
+def _unmeasured(job: JobFacts | None) -> str:
+    if job is None or job.longest is not None:
+        return ""
+    return (
+        "your train dataset exposes no input_ids or length column, so probes train on "
+        "the batches it gives, not on its longest samples; their peak may be below your "
+        "run's: set --seq-len to your longest input for the estimate"
+    )
+
+
 def job_counts(job: JobFacts) -> ParameterCount:
+    """The counts the estimate works from; none for a quantized base, whose weights the
+    estimate (bytes per parameter by precision) does not model: every config is then
+    measured rather than skipped on an estimate that would be 4-8x too high."""
+    if job.quantized:
+        return ParameterCount(0, 0, 0)
     trainable = job.trainable if job.trainable < job.parameters else 0
     return ParameterCount(job.parameters, job.embedding, job.largest, trainable=trainable)
 

@@ -149,9 +149,15 @@ def test_base_args_fix_the_global_batch_and_carry_the_rest(tmp_path: Path) -> No
     exported = json.loads((tmp_path / "studies" / "tiny.best.json").read_text())
     assert exported["per_device_train_batch_size"] * exported["gradient_accumulation_steps"] == 16
     assert exported["max_grad_norm"] == 0.5 and exported["lr_scheduler_type"] == "cosine"
-    assert "output_dir" not in exported and "num_train_epochs" not in exported
+    # their run's own fields, which no probe runs, are written back as they were
+    assert exported["output_dir"] == "my-run" and exported["num_train_epochs"] == 3
+    assert "model_name_or_path" not in exported  # not a TrainingArguments field
     config = json.loads((tmp_path / "studies/tiny/trials/0/config.json").read_text())
     assert config["training_arguments"]["learning_rate"] == 3e-4
-    # What is exported is what the probe ran, field for field.
-    assert {k: v for k, v in config["training_arguments"].items() if k in exported} == exported
-    assert set(config["training_arguments"]) == set(exported)
+    # What is exported is what the probe ran, field for field, beside the run's own
+    # fields the sidecar names as yours
+    summary = json.loads((tmp_path / "studies" / "tiny.best.summary.json").read_text())
+    assert summary["your_arguments"] == {"output_dir": "my-run", "num_train_epochs": 3}
+    ran = {k: v for k, v in exported.items() if k not in summary["your_arguments"]}
+    assert {k: v for k, v in config["training_arguments"].items() if k in ran} == ran
+    assert set(config["training_arguments"]) == set(ran)
