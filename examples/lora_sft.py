@@ -114,10 +114,9 @@ def tune() -> None:
         base = SFTConfig(**json.load(file), use_cpu=True)
     outcome = autotune.search(make_trainer, base_args=base, memory_budget="4GiB", time_budget="5m")
     args = outcome.arguments()  # an SFTConfig, as `train` reads it from the file
-    print(
-        f"{outcome.output}: {args.per_device_train_batch_size}x"
-        f"{args.gradient_accumulation_steps}, optim {args.optim}, bf16 {args.bf16}"
-    )
+    optim = getattr(args.optim, "value", args.optim)
+    split = f"{args.per_device_train_batch_size}x{args.gradient_accumulation_steps}"
+    print(f"{outcome.output}: {split}, optim {optim}, bf16 {args.bf16}")
 
 
 if __name__ == "__main__":
