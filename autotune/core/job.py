@@ -8,6 +8,8 @@ import dataclasses
 import json
 from typing import Any
 
+FACTS_NAME = "facts.json"  # what the survey child writes beside its request
+
 
 @dataclasses.dataclass(frozen=True)
 class JobFacts:
@@ -38,19 +40,3 @@ class JobFacts:
         raw = json.loads(text)
         raw["args_fields"] = tuple(raw.get("args_fields", ()))
         return cls(**raw)
-
-    def describe(self) -> str:
-        """One line: what trains ("LoRA r=16 on 4-bit Llama: 0.8% of 1.2B parameters")."""
-        share = self.trainable / self.parameters if self.parameters else 0.0
-        what = f"{self.model_class} ({self.parameters / 1e6:.1f}M parameters"
-        if self.trainable < self.parameters:
-            what += f", {self.trainable / 1e6:.2f}M trainable: {100 * share:.2g}%"
-        what += ")"
-        if self.adapter:
-            kind = str(self.adapter.get("peft_type", "adapter"))
-            rank = f" r={self.adapter['r']}" if "r" in self.adapter else ""
-            what = f"{kind}{rank} on {what}"
-        if self.quantized:
-            what += f", {self.quantized} base"
-        short = self.trainer_class.rsplit(".", 1)[-1]
-        return f"{short} training {what}"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import UsageError
-from autotune.core.job import JobFacts
+from autotune.core.job import FACTS_NAME, JobFacts
 from autotune.system.process import child_env, dies_with, stop
 
 
@@ -63,7 +63,7 @@ def survey_job(
                 ) from None
             finally:
                 stop(child)
-        answer = _answer(path.with_name("facts.json"), log, child.returncode)
+        answer = _answer(path.with_name(FACTS_NAME), log, child.returncode)
     if "facts" in answer:
         return JobFacts.from_json(json.dumps(answer["facts"]))
     if answer.get("raised"):

@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.files import write_atomic
+from autotune.core.job import FACTS_NAME
 from autotune.core.trial import TrialConfig
-
-FACTS_NAME = "facts.json"
 
 
 def factory_trainer(config: TrialConfig, fields: dict[str, Any], callbacks: list[Any]) -> Any:
