@@ -13,7 +13,6 @@ FACTS_NAME = "facts.json"  # what the survey child writes beside its request
 
 @dataclasses.dataclass(frozen=True)
 class JobFacts:
-    trainer_class: str  # "trl.trainer.sft_trainer.SFTTrainer"
     args_class: str  # dotted, importable: "trl.SFTConfig"
     args_fields: tuple[str, ...]  # the class's init fields: what --base-args may hold
     model_name: str  # the model's name_or_path, or its class
@@ -26,7 +25,6 @@ class JobFacts:
     largest: int
     adapter: dict[str, Any] = dataclasses.field(default_factory=dict)  # PEFT's config
     quantized: str = ""  # "4-bit (bitsandbytes)"; "": full-precision weights
-    samples: int | None = None  # the train dataset's length; None: not sized
     longest: int | None = None  # tokens in its longest sample; None: it has no input_ids
     per_device_train_batch_size: int = 8  # from the arguments the factory was given
     gradient_accumulation_steps: int = 1

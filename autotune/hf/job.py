@@ -8,7 +8,7 @@ from typing import Any
 
 from autotune.core.job import JobFacts
 from autotune.hf.factory import class_name
-from autotune.hf.models import detect_task
+from autotune.hf.models import detect_task, parameter_count
 
 
 def job_facts(trainer: Any) -> JobFacts:
@@ -17,12 +17,11 @@ def job_facts(trainer: Any) -> JobFacts:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = base.config.to_dict()
     config.pop("quantization_config", None)  # the base's loading, not its architecture
-    counts = parameter_counts(model)
+    counted = parameter_count(model)
     args = trainer.args
     lengths = sample_lengths(trainer.train_dataset)
     length = getattr(args, "max_length", None) or getattr(args, "max_seq_length", None)
     return JobFacts(
-        trainer_class=f"{type(trainer).__module__}.{type(trainer).__qualname__}",
         args_class=class_name(type(args)),
         args_fields=tuple(f.name for f in dataclasses.fields(type(args)) if f.init),
         model_name=str(getattr(base.config, "_name_or_path", "") or type(base).__name__),
@@ -31,44 +30,15 @@ def job_facts(trainer: Any) -> JobFacts:
         config=config,
         adapter=adapter_config(model),
         quantized=quantization(base),
-        samples=_length(trainer.train_dataset),
         longest=max(lengths) if lengths else None,
         per_device_train_batch_size=int(args.per_device_train_batch_size),
         gradient_accumulation_steps=int(args.gradient_accumulation_steps),
         max_length=int(length) if isinstance(length, int) else None,
-        **counts,
+        parameters=counted.total,
+        trainable=counted.trainable or counted.total,
+        embedding=counted.embedding,
+        largest=counted.largest,
     )
-
-
-def parameter_counts(model: Any) -> dict[str, int]:
-    """Every parameter, those that train, those in embeddings, the largest tensor."""
-    import torch
-
-    seen: dict[int, Any] = {id(p): p for p in model.parameters()}
-    embedding = {
-        id(p): p.numel()
-        for module in model.modules()
-        if isinstance(module, torch.nn.Embedding)
-        for p in module.parameters()
-    }
-    sizes = [_elements(p) for p in seen.values()]
-    return {
-        "parameters": int(sum(sizes)),
-        "trainable": int(sum(_elements(p) for p in seen.values() if p.requires_grad)),
-        "embedding": int(sum(embedding.values())),
-        "largest": int(max(sizes, default=0)),
-    }
-
-
-def _elements(parameter: Any) -> int:
-    """A parameter's weights: a 4-bit bitsandbytes tensor packs two in each byte."""
-    quant = getattr(parameter, "quant_state", None)
-    if quant is not None and getattr(quant, "shape", None) is not None:
-        count = 1
-        for size in quant.shape:
-            count *= int(size)
-        return count
-    return int(parameter.numel())
 
 
 def adapter_config(model: Any) -> dict[str, Any]:

@@ -138,21 +138,40 @@ def count_parameters(spec: ModelSpec) -> ParameterCount:
     import torch
 
     with torch.device("meta"):
-        model = build_model(spec)
+        return parameter_count(build_model(spec))
+
+
+def parameter_count(model: Any) -> ParameterCount:
+    """Every parameter (tied ones once), those in embeddings, the largest tensor, and
+    those that train when not all do (a LoRA adapter's)."""
+    import torch
+
     embedding = {
         id(p): p.numel()
         for module in model.modules()
         if isinstance(module, torch.nn.Embedding)
         for p in module.parameters()
     }
-    sizes = [p.numel() for p in model.parameters()]
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    parameters = list(model.parameters())
+    sizes = [_elements(p) for p in parameters]
+    trainable = sum(n for n, p in zip(sizes, parameters, strict=True) if p.requires_grad)
     return ParameterCount(
         int(sum(sizes)),
         int(sum(embedding.values())),
         int(max(sizes, default=0)),
         trainable=int(trainable) if trainable < sum(sizes) else 0,
     )
+
+
+def _elements(parameter: Any) -> int:
+    """A parameter's weights: a 4-bit bitsandbytes tensor packs two in each byte."""
+    quant = getattr(parameter, "quant_state", None)
+    if quant is not None and getattr(quant, "shape", None) is not None:
+        count = 1
+        for size in quant.shape:
+            count *= int(size)
+        return count
+    return int(parameter.numel())
 
 
 def max_positions(config: dict[str, Any]) -> int | None:

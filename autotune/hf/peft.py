@@ -5,11 +5,11 @@ into the LoraConfig fields `hf/models.with_adapter` wraps the built model with."
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import UsageError
+from autotune.hf.training_args import read_json_object
 
 # --lora's short names for LoraConfig's fields
 _NAMES = {
@@ -83,13 +83,8 @@ def _value(name: str, value: str, text: str) -> Any:
 def _read_file(path: Path | None) -> dict[str, Any]:
     if path is None:
         raise UsageError("give --lora SETTINGS or --peft-config FILE")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"--peft-config {path}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--peft-config {path} is not valid JSON ({exc})") from None
-    if not isinstance(raw, dict) or raw.get("peft_type", "LORA") != "LORA":
+    raw = read_json_object(path, option="--peft-config")
+    if raw.get("peft_type", "LORA") != "LORA":
         raise UsageError(f"--peft-config {path}: give a LoRA adapter_config.json")
     return {k: raw[k] for k in _FILE_KEYS if raw.get(k) is not None}
 
