@@ -231,7 +231,9 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         type=DURATION,
         help="The whole search's time, e.g. 10m [default: 30m]: exploring stops at 80% of "
         "it (all of it with --confirm-top 0), earlier by the parity runs' expected time; "
-        "confirming gets the rest (a run expected to end past it does not start).",
+        "confirming gets the rest (a run expected to end past it does not start). It also "
+        "plans the search, said in its first lines: timed steps a probe, whether "
+        "torch.compile is worth probing, and the parity runs' length.",
     ),
     click.option(
         "--trial-timeout",
@@ -270,18 +272,21 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     ),
     click.option(
         "--parity",
-        type=click.Choice(["on", "quick", "off"]),
-        default="on",
+        type=click.Choice(["auto", "on", "quick", "off"]),
+        default="auto",
         show_default=True,
         help="Train each finalist whose precision or optimizer differs from your recipe "
-        "beside it and never export one that learns differently. quick: a short check "
-        "(4 steps) that catches NaNs and gross divergence but cannot verify, and exports "
-        "such unverified configs, saying so; off: skip the check, and say so.",
+        "beside it and never export one that learns differently. on: 20-step runs, which "
+        "verify (exploring stops early to leave them time); quick: 4-step checks, which "
+        "catch NaNs and gross divergence but cannot verify, and export such unverified "
+        "configs, saying so; auto: on where the time budget affords it (the search says "
+        "which, after its first probe), else quick; off: skip the check, and say so.",
     ),
     click.option(
         "--parity-steps",
         type=click.IntRange(2),
-        help="Optimizer steps of each parity run [default: 20; 4 with --parity quick]. "
+        help="Optimizer steps of each parity run [default: 20; 4 with --parity quick; "
+        "with auto, planned by the time budget]. "
         "Fewer than 20 cannot verify a config: within the tolerance it is 'unverified', "
         "exported only with --parity quick.",
     ),
@@ -301,10 +306,9 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     ),
     click.option(
         "--measure-steps",
-        default=5,
-        show_default=True,
         type=click.IntRange(2),
-        help="Optimizer steps timed per probe, at most. On the CPU timing stops early once "
+        help="Optimizer steps timed per probe, at most [default: 3 under a 10m time "
+        "budget, else 5]. On the CPU timing stops early once "
         "the config is clearly slower than the best so far, and where steps are fast it "
         "times about one second of them instead (up to 20); on a GPU it times at least 2 s "
         "and 20 steps; --fixed-steps: always exactly this many.",

@@ -15,8 +15,8 @@ from autotune.core.paths import check_study_name, claim_folder, default_study_na
 from autotune.core.spec import SearchSpec
 from autotune.core.stats import speed_ratio
 from autotune.core.trial import TrialRecord
-from autotune.core.units import format_duration
 from autotune.hf.factory import resolve_reference
+from autotune.hf.levers import parse_lever_options
 from autotune.store.store import StudyStore
 from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import SearchLimits
@@ -26,6 +26,7 @@ from autotune.tuning.parity import reference_for
 from autotune.tuning.plan import DataOptions, Layout, build_spec, workload_defaults
 from autotune.tuning.run import prepare_store, run_search
 from autotune.tuning.selection import nothing_fits, plain_default
+from autotune.tuning.time_plan import plan_for_budget
 from autotune.tuning.workers import run_workers
 from autotune.views.export import export_selected, parity_summary, previous_export
 from autotune.views.progress import Progress
@@ -39,6 +40,7 @@ def search_command(
     (the CLI's --format json keeps stdout for the result)."""
 
     o = _what_to_tune(options)
+    deadline = Deadline.after(o.budget_s)  # the whole command's, surveying and planning too
     name = check_study_name(o.study_name or default_study_name(_job_name(o)))
     url = resolve_storage(o.storage, studies_dir)
     folder = study_folder(studies_dir, name, url)
@@ -46,14 +48,20 @@ def search_command(
     previous_export(output, force=o.force)  # refuse now, not after the search
     claim_folder(folder, name, url, write=False)  # before the data is tokenized into it
     spec, slots = build_spec(o, dataset=_data(o, folder), layout=Layout.of(o))
-    notes = workload_defaults(o, spec)
-    if o.time_budget is None:
-        notes.append(f"time budget {format_duration(o.budget_s)}: a default; set --time-budget")
+    spec, plan = plan_for_budget(
+        spec,
+        budget_s=o.budget_s,
+        explore_share=SearchLimits.search_share if o.confirm_top else 1.0,
+        steps_asked=o.measure_steps is not None,
+        compile_asked="torch_compile" in parse_lever_options(o.levers),
+        stored=StudyStore.stored_spec(url=url, name=name),
+        default_budget=o.time_budget is None,
+    )
+    notes = workload_defaults(o, spec) + plan
     _ensure_sqlite_folder(url)
     store = prepare_store(spec=spec, study_name=name, storage=url, sampler=o.sampler)
     claim_folder(folder, name, url)
     limits = o.limits(spec.measure_steps)
-    deadline = Deadline.after(o.budget_s)
     if slots:
         run_workers(
             spec=spec,

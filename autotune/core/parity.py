@@ -38,6 +38,7 @@ MAX_TOLERANCE = 0.25  # a noisy twin never widens it past a quarter of the progr
 # within the tolerance is unverified: it rules out a NaN, a collapsing loss scale and a
 # gross divergence, not a drift that grows with the steps.
 CALIBRATED_STEPS = 20
+QUICK_STEPS = 4  # a quick check: catches NaNs, a collapsing loss scale, gross divergence
 # fp16 steps skipped by the loss scaler (its initial calibration included) beyond this
 # share of the run: a collapsing scale
 MAX_SKIPPED = 0.25

@@ -1,6 +1,7 @@
 """What a study holds about training parity: the reference, the runs' curves, the
 verdicts by arithmetic and the tolerance, as one value stored in the study (and the
-user's leave to export unverified verdicts). Judging a run is `core/parity.py`."""
+user's leave to export unverified verdicts); and the length of its runs that --parity
+auto planned (`ParityPlan`). Judging a run is `core/parity.py`."""
 
 from __future__ import annotations
 
@@ -83,3 +84,20 @@ class ParityState:
             tolerance=Tolerance(**raw["tolerance"]) if raw["tolerance"] else None,
             quick=bool(raw.get("quick", False)),
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class ParityPlan:
+    """The parity runs' length for a study, and why (stored in the study, so workers and
+    a resumed search keep it)."""
+
+    steps: int
+    quick: bool  # unverified verdicts may be exported, saying so
+    why: str
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ParityPlan:
+        return cls(**json.loads(text))

@@ -37,6 +37,7 @@ class StudyAttr(enum.StrEnum):
     IDENTITY = "autotune_identity"
     DESCRIPTION = "description"
     PARITY = "autotune_parity"  # core.parity.ParityState: the reference, runs, verdicts
+    PARITY_PLAN = "autotune_parity_plan"  # tuning.time_plan.ParityPlan: --parity auto's
 
 
 CONSTRAINT_NAME = "peak_over_limit_gib"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -21,7 +22,7 @@ from optuna_dashboard import save_note
 
 from autotune.core.enums import Outcome
 from autotune.core.errors import StudyError
-from autotune.core.parity_state import ParityState
+from autotune.core.parity_state import ParityPlan, ParityState
 from autotune.core.spec import SearchSpec
 from autotune.core.stats import combine, pooled
 from autotune.core.trial import Candidate, TrialRecord, TrialResult, Verdict
@@ -95,6 +96,24 @@ class StudyStore:
                 f"study {name!r} was not made by autotune (it has no {StudyAttr.SPEC})"
             )
         return cls(study, storage, url, SearchSpec.from_json(raw))
+
+    @staticmethod
+    def stored_spec(*, url: str, name: str) -> SearchSpec | None:
+        """The spec a study of this name was made with; None when there is none yet (a
+        SQLite file that does not exist is not created)."""
+        path = url.removeprefix("sqlite:///")
+        if path != url and not Path(path).exists():
+            return None
+        quiet_optuna()
+        storage = open_storage(url)
+        try:
+            study_id = storage.get_study_id_from_name(name)
+        except KeyError:
+            return None
+        except Exception as exc:
+            raise StudyError(f"cannot open storage {mask(url)!r}: {first_line(exc)}") from None
+        raw = storage.get_study_user_attrs(study_id).get(StudyAttr.SPEC)
+        return SearchSpec.from_json(raw) if raw else None
 
     def _check_identity(self) -> None:
         wanted = json.dumps(self.spec.identity(), sort_keys=True)
@@ -170,6 +189,20 @@ class StudyStore:
     @transient_retry
     def save_parity(self, state: ParityState) -> None:
         self.study.set_user_attr(StudyAttr.PARITY, state.to_json())
+
+    @transient_retry
+    def parity_plan(self) -> ParityPlan | None:
+        """The parity runs' length --parity auto planned for this study, if it has."""
+        raw = self.study.user_attrs.get(StudyAttr.PARITY_PLAN)
+        return ParityPlan.from_json(raw) if raw else None
+
+    @transient_retry
+    def save_parity_plan(self, plan: ParityPlan) -> ParityPlan:
+        """Keep `plan` unless the study has one (another worker's): returns the kept."""
+        kept = self.parity_plan()
+        if kept is None:
+            self.study.set_user_attr(StudyAttr.PARITY_PLAN, plan.to_json())
+        return kept or plan
 
     @transient_retry
     def in_flight(self, exclude: int = -1) -> dict[Candidate, int]:

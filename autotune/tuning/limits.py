@@ -30,6 +30,9 @@ class SearchLimits:
     parity_steps: int = 0  # >0: parity runs of this many steps settle the finalists
     # --parity quick: a verdict too short to verify (core/parity.py) may be exported
     parity_quick: bool = False
+    # --parity auto: parity_steps and parity_quick are planned once the first config
+    # that fits is measured (tuning/time_plan.plan_parity), and kept in the study
+    parity_auto: bool = False
     # Finalists whose arithmetic parity settles, when not confirm_top (a worker confirms
     # none; its parent settles its top confirm_top, and the worker leaves them time)
     parity_top: int | None = None
@@ -53,3 +56,4 @@ class Observer(Protocol):
     def on_parity_start(self, label: str, candidate: Candidate) -> None: ...
     def on_parity_reused(self, study: str, runs: list[str]) -> None: ...
     def on_parity(self, candidate: Candidate, parity: Parity) -> None: ...
+    def on_plan(self, line: str) -> None: ...

@@ -11,15 +11,16 @@ import dataclasses
 from pathlib import Path
 
 from autotune.core.enums import Objective
-from autotune.core.parity import CALIBRATED_STEPS
+from autotune.core.parity import CALIBRATED_STEPS, QUICK_STEPS
 from autotune.tuning.limits import SearchLimits
 
 # A search given no time budget stops within this: never hours unasked (20 probes of up
 # to the trial timeout's 10 minutes each would be over three)
 DEFAULT_TIME_BUDGET_S = 30 * 60.0
 # Parity run length by --parity mode, when --parity-steps is not given: 20 steps verify
-# (core/parity.CALIBRATED_STEPS); a quick check's 4 catch NaNs and gross divergence
-PARITY_STEPS = {"on": CALIBRATED_STEPS, "quick": 4}
+# (core/parity.CALIBRATED_STEPS); a quick check's 4 catch NaNs and gross divergence; auto
+# plans one or the other once the first config is measured (tuning/time_plan.py)
+PARITY_STEPS = {"on": CALIBRATED_STEPS, "auto": CALIBRATED_STEPS, "quick": QUICK_STEPS}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -69,10 +70,13 @@ class SearchOptions:
     seed: int = 0  # of the sampler, and of the probes' weights and data
     confirm_top: int = 3  # finalists measured again, longer (0: none)
     confirm_steps: int | None = None  # measured steps of a confirmation; None: 2 x measure
-    parity: str = "on"  # on, quick (exports unverified verdicts, saying so), off
+    # auto: 20-step runs where the time budget affords them, else quick; on: always 20
+    # steps, never an unverified export; quick: 4-step checks whose passing configs are
+    # exported marked unverified; off
+    parity: str = "auto"
     parity_steps: int | None = None  # None: PARITY_STEPS[parity]
     warmup_steps: int = 3  # at most this many steps before timing
-    measure_steps: int = 5  # at most this many timed steps a probe
+    measure_steps: int | None = None  # timed steps a probe, at most; None: by the budget
     fixed_steps: bool = False  # time exactly warmup + measure steps, every probe
     fork_server: bool = True  # fork probes from a pre-imported server
     reuse: bool = True  # take over what another study in the storage measured alike
@@ -103,6 +107,7 @@ class SearchOptions:
             if self.parity == "off"
             else self.parity_steps or PARITY_STEPS[self.parity],
             parity_quick=self.parity == "quick",
+            parity_auto=self.parity == "auto" and self.parity_steps is None,
             objective=Objective(self.objective),
             fork_server=self.fork_server,
             adaptive=not self.fixed_steps,

@@ -243,9 +243,8 @@ def reserved_s(
     with any, the reference and its twin where not run yet (the twin always counted,
     though it runs only where a verdict depends on it). A run takes what its quickest
     alike measured config would take for `steps` steps (`run_s`), plus the held-out
-    evaluations: forward passes in fp32, each a third of a training step's work on
-    `EVAL_SAMPLES` samples, timed at the reference's step. A config or arithmetic not
-    measured yet is timed as the slowest that was. 0 while nothing that fits was."""
+    evaluations (`evaluation_s`). A config or arithmetic not measured yet is timed as the
+    slowest that was. 0 while nothing that fits was."""
     quickest: dict[Arithmetic, TrialResult] = {}
     fits = fitting(records, spec.fit_limit_bytes)
     for r in fits:
@@ -269,11 +268,18 @@ def reserved_s(
     if "twin" not in state.curves and twin is not None:
         measured = [r.result for r in fits if r.candidate == twin]
         runs.append(measured[0] if measured else slowest)
+    evaluations = evaluation_s(spec, steps, quickest.get(reference, slowest))
+    return sum(run_s(r, steps, spec.nproc_per_node) + evaluations for r in runs)
+
+
+def evaluation_s(spec: SearchSpec, steps: int, reference: TrialResult) -> float:
+    """The held-out evaluations of a parity run of `steps` steps: forward passes in fp32,
+    each a third of a training step's work on `EVAL_SAMPLES` samples, timed at the
+    reference's measured step."""
     every = max(1, steps // POINTS)
     evaluations = 1 + steps // every + (1 if steps % every else 0)
     share = min(1.0, EVAL_SAMPLES / max(1, spec.space.global_batch_size)) / 3
-    evaluation_s = evaluations * share * (quickest.get(reference, slowest).step_time_median_s or 0)
-    return sum(run_s(r, steps, spec.nproc_per_node) + evaluation_s for r in runs)
+    return evaluations * share * (reference.step_time_median_s or 0.0)
 
 
 def run_s(result: TrialResult, steps: int, processes: int) -> float:

@@ -36,6 +36,7 @@ from autotune.launch.survey import survey_job
 from autotune.system.devices import cuda_device_count, detect_device
 from autotune.tuning.estimate import check_budget
 from autotune.tuning.options import SearchOptions
+from autotune.tuning.time_plan import measure_steps_for
 from autotune.tuning.workers import Slot, plan_slots
 
 DEFAULT_GLOBAL_BATCH = 32
@@ -110,7 +111,7 @@ def build_spec(
         memory_budget_bytes=budget,
         headroom=o.headroom,
         warmup_steps=o.warmup_steps,
-        measure_steps=o.measure_steps,
+        measure_steps=o.measure_steps or measure_steps_for(o.budget_s),
         seed=o.seed,
         base_arguments=base.carried,
         kept_arguments=base.kept,

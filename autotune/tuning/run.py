@@ -8,6 +8,7 @@ is the caller's (commands), so a worker that only explores writes nothing else.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import random
@@ -42,6 +43,7 @@ from autotune.tuning.selection import (
     verdict,
 )
 from autotune.tuning.skips import Verdictor, open_candidates, skip_reason
+from autotune.tuning.time_plan import plan_parity
 
 
 class SearchRun:
@@ -65,6 +67,7 @@ class SearchRun:
         self.observer = observer
         self.launcher = launcher
         self.probes = 0  # launched by this process
+        self.started = time.monotonic()
 
     # ---- exploring ------------------------------------------------------------------
 
@@ -114,6 +117,7 @@ class SearchRun:
         over: Verdictor,
     ) -> str:
         """Why no new probe should start ('' to go on). Probes running elsewhere count."""
+        self.plan_parity(deadline, recs)
         limits = self.limits
         if sum(is_probe(r) for r in recs) + len(busy) >= limits.max_trials:
             return f"reached --max-trials {limits.max_trials}"
@@ -137,6 +141,37 @@ class SearchRun:
         if not busy and not open_candidates(self.spec.space, recs, over):
             return "every config in the space is measured or ruled out"
         return ""
+
+    def plan_parity(self, deadline: Deadline, recs: list[TrialRecord]) -> None:
+        """--parity auto: once a config that fits is measured, the parity runs' length
+        for the time left to explore (`deadline`). The study keeps it: a worker's or an
+        earlier run's plan stands."""
+        limits = self.limits
+        if not limits.parity_auto:
+            return
+        plan = self.store.parity_plan()
+        if plan is not None:
+            kind = "checks, unverified" if plan.quick else "runs"
+            said = f"parity: {plan.steps}-step {kind}, as this study planned"
+        else:
+            top = limits.confirm_top if limits.parity_top is None else limits.parity_top
+            plan = plan_parity(
+                self.spec,
+                recs,
+                top=top,
+                explore_left_s=deadline.left(),
+                elapsed_s=time.monotonic() - self.started,
+                explore_share=limits.search_share,
+            )
+            if plan is None:
+                return
+            plan = self.store.save_parity_plan(plan)
+            said = plan.why
+        self.limits = dataclasses.replace(
+            limits, parity_steps=plan.steps, parity_quick=plan.quick, parity_auto=False
+        )
+        if said:
+            self.observer.on_plan(said)
 
     def _proposal(
         self, recs: list[TrialRecord], busy: dict[Candidate, int], over: Verdictor
@@ -381,8 +416,9 @@ def run_search(
             stop = run.explore(deadline.share(share), wait_for_others=confirm)
         if confirm:  # parity first: only configs that may be exported are confirmed
             check = None
-            if limits.parity_steps:  # within the time budget: exploring left them room
-                check = ParityCheck(run, limits)
+            run.plan_parity(deadline, store.records())  # where exploring did not plan it
+            if run.limits.parity_steps:  # within the time budget: exploring left them room
+                check = ParityCheck(run, run.limits)
                 check.settle()
             run.confirm(deadline)
             if check is not None:  # confirmation may have reordered the finalists

@@ -176,6 +176,10 @@ class Progress:
             f"parity  {candidate.precision} {candidate.optim}: {parity.figures()}", soft_wrap=True
         )
 
+    def on_plan(self, line: str) -> None:
+        """What the time budget planned once the first config was measured."""
+        self._say(line, soft_wrap=True)
+
     def close(self) -> None:
         """Stop the live display (also when the search ends by an exception)."""
         if self.live:

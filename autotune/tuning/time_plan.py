@@ -1,0 +1,180 @@
+"""The time budget drives the plan: how long a probe measures, whether a lever whose
+one-time cost the budget cannot pay back is probed at all, and how long the parity runs
+are. Each choice is said in the search's first lines, with its reason.
+
+Before the first probe, from the budget alone (`plan_for_budget`):
+- Timed steps a probe: at most 3 under `SHORT_BUDGET_S`, else 5 (`--measure-steps`
+  overrides). On the CPU the timer stops earlier anyway once a config is clearly slower
+  or its band is tight; a short budget buys more probes with the two steps saved.
+- torch.compile: each compiled probe pays a cold compile in its own cache (about 60-115 s
+  a probe on this 2-core CPU for gpt2 and mt5-small, 25-35 s for a 25M-parameter model,
+  56 s for mt5-small on an H100: benchmarks/RESULTS.md). Whether compiling pays is
+  known only after `COMPILE_PROBES` compiled probes of the best family; when those
+  would take more than `COMPILE_SHARE` of the time to explore, compile is left out.
+  `--lever torch_compile=...` or a `torch_compile` in `--base-args` decides instead.
+A study resumed keeps the plan it was made with (its probes' figures stay comparable,
+and its identity holds).
+
+Once the first config that fits is measured (`plan_parity`, for `--parity auto`): the
+parity runs' length. 20 steps verify a verdict (core/parity.CALIBRATED_STEPS); they are
+planned when the runs they need (your recipe, its other batch split, a run per
+finalist arithmetic) take at most `PARITY_SHARE` of the time left to explore, else
+4-step checks that can only say `unverified`, exported saying so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from autotune.core.enums import DeviceKind
+from autotune.core.parity import CALIBRATED_STEPS, QUICK_STEPS, Arithmetic
+from autotune.core.parity_state import ParityPlan
+from autotune.core.space import SearchSpace
+from autotune.core.spec import SearchSpec
+from autotune.core.trial import Candidate, TrialRecord, TrialResult
+from autotune.core.units import format_duration
+from autotune.tuning.parity import evaluation_s, reference_candidate, run_s
+from autotune.tuning.selection import fitting
+
+SHORT_BUDGET_S = 10 * 60.0
+SHORT_MEASURE_STEPS = 3
+MEASURE_STEPS = 5
+# What one cold compile costs a probe, planned with (measured: see the module docstring)
+COLD_COMPILE_S = {DeviceKind.CPU: 90.0, DeviceKind.CUDA: 60.0}
+COMPILE_PROBES = 3
+COMPILE_SHARE = 1 / 3
+PARITY_SHARE = 0.5  # parity runs may take at most half of what is left to explore
+
+
+def measure_steps_for(budget_s: float) -> int:
+    return SHORT_MEASURE_STEPS if budget_s < SHORT_BUDGET_S else MEASURE_STEPS
+
+
+def plan_for_budget(
+    spec: SearchSpec,
+    *,
+    budget_s: float,
+    explore_share: float,
+    steps_asked: bool,
+    compile_asked: bool,
+    stored: SearchSpec | None = None,
+    default_budget: bool = False,
+) -> tuple[SearchSpec, list[str]]:
+    """The spec with the levers this budget affords, and the lines that say what the
+    plan is and why. `steps_asked`, `compile_asked`: the user set --measure-steps, or
+    torch.compile (the budget decides neither then); `stored`: the study resumed, whose
+    plan stands where the rest of the search is the same; `default_budget`: the budget
+    is the default, not the user's."""
+    if stored is not None:
+        kept = dataclasses.replace(
+            spec,
+            measure_steps=spec.measure_steps if steps_asked else stored.measure_steps,
+            space=stored.space,
+        )
+        if kept.identity() == stored.identity():
+            return kept, [f"resumed: the study's plan stands ({_steps_line(kept)})"]
+    default = " (a default: set --time-budget)" if default_budget else ""
+    said = [f"time budget {format_duration(budget_s)}{default}: {_steps_line(spec)}"]
+    if not steps_asked:
+        said[0] += f" ({MEASURE_STEPS} from a {format_duration(SHORT_BUDGET_S)} budget up)"
+    compile_values = dict(spec.space.levers).get("torch_compile", ())
+    if not compile_asked and len(compile_values) > 1:
+        cost = COLD_COMPILE_S[spec.device.kind]
+        explore_s = budget_s * explore_share
+        if COMPILE_PROBES * cost > COMPILE_SHARE * explore_s:
+            why = (
+                f"left out by the time budget: a cold compile costs about "
+                f"{format_duration(cost)} a probe, and the {COMPILE_PROBES} compiled probes "
+                f"that tell whether it pays back would take over a third of the "
+                f"{format_duration(explore_s)} to explore"
+            )
+            spec = dataclasses.replace(spec, space=_fixed(spec, "torch_compile", False, why))
+            said.append(f"torch.compile {why} (--lever torch_compile=false,true probes it)")
+    return spec, said
+
+
+def _steps_line(spec: SearchSpec) -> str:
+    return f"at most {spec.measure_steps} timed steps a probe"
+
+
+def _fixed(spec: SearchSpec, lever: str, value: object, why: str) -> SearchSpace:
+    space = spec.space
+    levers = tuple((n, (value,) if n == lever else v) for n, v in space.levers)
+    return dataclasses.replace(space, levers=levers, not_offered=(*space.not_offered, (lever, why)))
+
+
+def plan_parity(
+    spec: SearchSpec,
+    records: Sequence[TrialRecord],
+    *,
+    top: int,
+    explore_left_s: float | None,
+    elapsed_s: float,
+    explore_share: float,
+) -> ParityPlan | None:
+    """--parity auto: 20-step runs where the budget affords them, else 4-step checks;
+    None until a config that fits is measured (nothing to time the runs by).
+
+    The runs: your recipe, its other batch split, and one per finalist arithmetic (up to
+    `top`, as many as the space holds besides the recipe's), each timed as the slowest
+    config that fits so far would take (the first measured is the plain default, so the
+    plan errs long). `elapsed_s`, `explore_share`: the search's time so far and the share
+    of the budget that explores, for the budget that would afford 20 steps."""
+    fits = fitting(records, spec.fit_limit_bytes)
+    if not fits:
+        return None
+    recipe = Arithmetic.of(reference_candidate(spec, records))
+    others = {Arithmetic.of(c) for c in _corners(spec)} - {recipe}
+    if not others:  # no config changes the recipe's arithmetic: nothing to run
+        return ParityPlan(CALIBRATED_STEPS, quick=False, why="")
+    runs = 2 + min(max(1, top), len(others))
+    slowest = max((r.result for r in fits), key=lambda r: _run_s(spec, r, CALIBRATED_STEPS))
+    need = runs * _run_s(spec, slowest, CALIBRATED_STEPS)
+    if explore_left_s is None or need <= PARITY_SHARE * explore_left_s:
+        left = _probes_left(records, explore_left_s, need)
+        return ParityPlan(
+            CALIBRATED_STEPS,
+            quick=False,
+            why=f"{left}parity: {CALIBRATED_STEPS}-step runs, which verify (about "
+            f"{format_duration(need)} for {runs} runs)",
+        )
+    afford = (elapsed_s + need / PARITY_SHARE) / explore_share
+    left = _probes_left(records, explore_left_s, runs * _run_s(spec, slowest, QUICK_STEPS))
+    return ParityPlan(
+        QUICK_STEPS,
+        quick=True,
+        why=f"{left}parity: {QUICK_STEPS}-step checks, which cannot verify: a config "
+        f"they pass is exported marked unverified. {runs} runs of {CALIBRATED_STEPS} steps "
+        f"(about {format_duration(need)}) would take over half of the "
+        f"{format_duration(explore_left_s)} left to explore; a --time-budget of about "
+        f"{format_duration(60 * math.ceil(afford / 60))} affords them",
+    )
+
+
+def _run_s(spec: SearchSpec, result: TrialResult, steps: int) -> float:
+    """A parity run of `steps` steps of a measured config, its evaluations included."""
+    return run_s(result, steps, spec.nproc_per_node) + evaluation_s(spec, steps, result)
+
+
+def _probes_left(
+    records: Sequence[TrialRecord], explore_left_s: float | None, reserve_s: float
+) -> str:
+    """'about N more probes; ' that fit the time left to explore beside the parity runs,
+    at the mean wall time of the probes so far ('' without a budget)."""
+    walls = [w for r in records if (w := r.result.phases_s.get("wall", 0.0)) > 0]
+    if explore_left_s is None or not walls:
+        return ""
+    more = max(0, int((explore_left_s - reserve_s) / (sum(walls) / len(walls))))
+    return f"about {more} more probes fit; "
+
+
+def _corners(spec: SearchSpec) -> list[Candidate]:
+    """One candidate per precision and optimizer of the space."""
+    batch = spec.space.micro_batches[0]
+    return [
+        spec.space.candidate(batch, p, False, o)
+        for p in spec.space.precisions
+        for o in spec.space.optimizers
+    ]
