@@ -8,15 +8,15 @@ which imports this package, does not pay for the search's modules.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+from autotune._exports import lazy_exports
+
+if TYPE_CHECKING:
+    from autotune.api import load, search
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "load", "search"]
 
-
-def __getattr__(name: str) -> Any:  # PEP 562: the public API, imported when first used
-    if name in ("search", "load"):
-        from autotune import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module 'autotune' has no attribute {name!r}")
+# PEP 562: the public API, imported when first used
+__getattr__ = lazy_exports(__name__, {"load": "autotune.api", "search": "autotune.api"})

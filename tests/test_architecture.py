@@ -1,11 +1,14 @@
 """The layout's promises, checked statically: no import cycle, small modules, a pure core,
-an Optuna adapter that fails loudly when Optuna moves, and review commands without torch."""
+private modules kept private, public names that resolve, an Optuna adapter that fails
+loudly when Optuna moves, and review commands without torch."""
 
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -13,6 +16,9 @@ import pytest
 from conftest import ROOT
 
 PACKAGE = ROOT / "autotune"
+SUBPACKAGES = sorted(path.parent.name for path in PACKAGE.glob("*/__init__.py"))
+OUTSIDERS = ("autotune", "benchmarks", "examples")  # tests/ may reach inside a package
+LIGHT = ("core", "store", "views")  # `show` and `export` stand on these: no torch
 
 
 def modules() -> dict[str, Path]:
@@ -50,6 +56,93 @@ def test_no_function_passes_60_lines_without_saying_why() -> None:
                 length = (node.end_lineno or node.lineno) - node.lineno + 1
                 head = " ".join(lines[node.lineno - 1 : node.lineno + 2])
                 assert length <= 60 or "# long: " in head, f"{name}.{node.name}: {length} lines"
+
+
+def imported(importer: str, tree: ast.AST) -> Iterator[tuple[str, int]]:
+    """Every module (or name) each import in `tree` reaches, with its line: inside
+    functions too, `from package import module` as the module, relative ones resolved."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = importer.split(".")[: len(importer.split(".")) - node.level]
+            module = ".".join([*base, node.module] if node.level else [node.module or ""])
+            yield module, node.lineno
+            yield from ((f"{module}.{alias.name}", node.lineno) for alias in node.names)
+
+
+def private_imports(importer: str, tree: ast.AST) -> list[str]:
+    """Imports of a `_private` module (or name) by a module outside the package that
+    owns it (the package above the first `_name`)."""
+    found = []
+    for target, line in imported(importer, tree):
+        parts = target.split(".")
+        private = [i for i, part in enumerate(parts) if part.startswith("_")]
+        private = [i for i in private if not parts[i].startswith("__")]
+        owner = ".".join(parts[: private[0]]) if private else None
+        if owner and importer != owner and not importer.startswith(owner + "."):
+            found.append(f"{importer}:{line} imports {target}")
+    return found
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from autotune.store._params import candidate_of",
+        "import autotune.store._params",
+        "from autotune.store import _params",
+        "def later():\n    from autotune.store._params import candidate_of",
+    ],
+)
+def test_the_private_import_check_sees_every_form(source: str) -> None:
+    """The check below, on an import it must refuse from outside the package."""
+    assert private_imports("autotune.tuning.run", ast.parse(source))
+    assert not private_imports("autotune.store.store", ast.parse(source))
+
+
+def test_no_module_outside_a_package_imports_its_private_modules() -> None:
+    """A `_name` module is its package's inside: the package re-exports what it offers."""
+    found = []
+    for path in sorted(p for folder in OUTSIDERS for p in (ROOT / folder).rglob("*.py")):
+        importer = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        found += private_imports(importer.removesuffix(".__init__"), ast.parse(path.read_text()))
+    assert found == []
+
+
+def exported(package: str) -> dict[str, str]:
+    """What the package's `__init__` imports (eagerly, or for type checkers under
+    TYPE_CHECKING): each name and the module it comes from."""
+    tree = ast.parse((PACKAGE / package / "__init__.py").read_text())
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autotune."):
+            names.update({alias.asname or alias.name: node.module for alias in node.names})
+    names.pop("lazy_exports", None)  # the mechanism, not a public name
+    return names
+
+
+@pytest.mark.parametrize("package", SUBPACKAGES)
+def test_every_public_name_resolves_to_where_its_package_says(package: str) -> None:
+    """Each name in `__all__` is imported (and typed) from its module, and resolves to
+    that module's object; the light packages do so without torch or transformers."""
+    names = exported(package)
+    code = (
+        "import importlib, json, sys\n"
+        f"package = importlib.import_module('autotune.{package}')\n"
+        f"names = {names!r}\n"
+        "wrong = [n for n in package.__all__ if n not in names or getattr(package, n)\n"
+        "         is not getattr(importlib.import_module(names[n]), n)]\n"
+        "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
+        "print(json.dumps([sorted(package.__all__), wrong, heavy]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    public, wrong, heavy = json.loads(done.stdout.splitlines()[-1])
+    assert public == sorted(names)  # __all__ and the imports name the same things
+    assert wrong == []
+    if package in LIGHT:
+        assert heavy == []
 
 
 def test_the_optuna_adapter_still_finds_what_it_uses(tmp_path: Path) -> None:

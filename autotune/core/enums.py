@@ -41,7 +41,7 @@ class Objective(enum.StrEnum):
 
 
 class SamplerName(enum.StrEnum):
-    MODEL = "model"  # tuning/propose.py: an additive model of step time proposes
+    MODEL = "model"  # tuning/_propose.py: an additive model of step time proposes
     TPE = "tpe"
     RANDOM = "random"
     NSGA2 = "nsga2"

@@ -21,7 +21,7 @@ from typing import Any
 from autotune.core.enums import Precision
 from autotune.core.trial import LEVERS, Candidate, TrialResult
 
-# A parity run's held-out loss (probe/parity.py; tuning/parity.py times it)
+# A parity run's held-out loss (probe/_parity.py; tuning/parity.py times it)
 EVAL_SAMPLES = 16  # held out; evaluated in micro-batches no larger than the run's own
 POINTS = 8  # held-out evaluations along a run (plus step 0)
 # Optimizers that compute the same update (a fused kernel sums in another order): one

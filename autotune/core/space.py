@@ -1,7 +1,7 @@
 """The search space: derived from the hardware and the user's options.
 
 Per-device batches are multiples of 8 that divide the global batch (1, 2 and 4 only as
-a fallback, once 8 cannot fit: tuning/skips.py); the accumulation steps follow, so
+a fallback, once 8 cannot fit: tuning/_skips.py); the accumulation steps follow, so
 micro-batch x accumulation always equals the global batch exactly.
 """
 

@@ -228,7 +228,7 @@ def _padding_free(model: ModelSpec, dataset: bool) -> tuple[tuple[Any, ...], str
         return (), "padding-free batches need your data (--dataset): probes have no padding"
     if model.task != Task.CAUSAL_LM:
         return (), f"padding-free batches are for causal LMs; this is {model.task}"
-    from autotune.hf.packing import packing_error
+    from autotune.hf._packing import packing_error
 
     error = packing_error(model)
     if error:

@@ -187,7 +187,7 @@ class PackedBatches:
     the micro-batch in one row, position ids restarting at each), counting tokens.
 
     Only for causal LMs whose attention keeps packed sequences apart (checked by
-    autotune.hf.packing before the lever is offered). Nothing is padded."""
+    autotune.hf._packing before the lever is offered). Nothing is padded."""
 
     def __init__(self, *, flash_attention: bool = False) -> None:
         from transformers import DataCollatorWithFlattening

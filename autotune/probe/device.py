@@ -74,7 +74,7 @@ _CUDA: dict[str, Any] = {}  # this probe process's measured CUDA context (one de
 def cuda_context(index: int) -> int:
     """The CUDA context's bytes, measured once per process (creating the context)."""
     if "context_bytes" not in _CUDA:
-        from autotune.probe import cuda_context as context
+        from autotune.probe import _cuda_context as context
 
         _CUDA["context_bytes"], _CUDA["context_method"] = context.measure(index)
     return int(_CUDA["context_bytes"])

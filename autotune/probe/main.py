@@ -27,8 +27,8 @@ from autotune.core.outcomes import is_out_of_memory
 from autotune.core.trial import TrialConfig, TrialResult
 from autotune.probe import device as hardware
 from autotune.probe import shared_model
+from autotune.probe._train import probe_only_arguments, real_batches, worst_case
 from autotune.probe.ranks import RESULT_NAME, rank_result_name
-from autotune.probe.train import probe_only_arguments, real_batches, worst_case
 
 
 def run_probe(config: TrialConfig) -> TrialResult:
@@ -87,7 +87,7 @@ def _train(
     model = _model(config, index, phases, baseline)
     del zero_init
     if config.parity_steps:
-        from autotune.probe.parity import parity_run
+        from autotune.probe._parity import parity_run
 
         tick = time.perf_counter()
         result = parity_run(config, model, recipe)

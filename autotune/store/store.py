@@ -26,10 +26,10 @@ from autotune.core.parity_state import ParityPlan, ParityState
 from autotune.core.spec import SearchSpec
 from autotune.core.stats import combine, pooled
 from autotune.core.trial import Candidate, TrialRecord, TrialResult, Verdict
-from autotune.store import compat, coordination, identity
+from autotune.store import _coordination, _identity, compat
+from autotune.store._params import candidate_of, candidate_params, distributions
+from autotune.store._retry import transient_retry
 from autotune.store.keys import CONSTRAINT_NAME, METRIC_NAMES, Attr, StudyAttr
-from autotune.store.params import candidate_of, candidate_params, distributions
-from autotune.store.retry import transient_retry
 from autotune.store.storage import first_line, mask, open_storage, quiet_optuna
 
 GIB = float(2**30)
@@ -123,9 +123,9 @@ class StudyStore:
             self.study.set_user_attr(StudyAttr.SPEC, self.spec.to_json())
             self.study.set_user_attr(StudyAttr.DESCRIPTION, self.spec.describe())
             self.study.set_metric_names(list(METRIC_NAMES))
-            save_note(self.study, identity.note(self.spec))
-        elif not identity.same_search(stored, wanted):
-            budget_only = identity.differs_only_in(
+            save_note(self.study, _identity.note(self.spec))
+        elif not _identity.same_search(stored, wanted):
+            budget_only = _identity.differs_only_in(
                 stored, wanted, ("memory_budget_bytes", "headroom")
             )
             reused = (
@@ -136,7 +136,7 @@ class StudyStore:
             )
             raise StudyError(
                 f"study {self.name!r} already holds a different search "
-                f"({identity.difference(stored, wanted)}); pass --study with a new name to "
+                f"({_identity.difference(stored, wanted)}); pass --study with a new name to "
                 f"start another{reused}"
             )
 
@@ -178,7 +178,7 @@ class StudyStore:
                     state.verdict(candidate) if state else None,
                 )
             )
-        return coordination.one_per_config(found)
+        return _coordination.one_per_config(found)
 
     @transient_retry
     def parity(self) -> ParityState | None:
@@ -242,7 +242,7 @@ class StudyStore:
         PostgreSQL and MySQL lock the row in between, SQLite does not, and two workers on
         one SQLite file were seen taking the same trial. On SQLite the workers take turns
         through a lock file beside the database."""
-        with coordination.sqlite_turn(self.url):
+        with _coordination.sqlite_turn(self.url):
             trial = self.study.ask(distributions(self.spec.space))
         return trial, candidate_of(self.spec.space, trial.params)
 
@@ -254,23 +254,23 @@ class StudyStore:
         another worker holds the config (or the study already has `max_trials` probes),
         else None. TrialLost when another worker failed the trial meanwhile."""
         with _lost_if_finished(trial):
-            for key, value in coordination.worker_identity().items():
+            for key, value in _coordination.worker_identity().items():
                 trial.set_user_attr(key, value)
-            trial.set_user_attr(Attr.CLAIM, coordination.claim_key(candidate))
+            trial.set_user_attr(Attr.CLAIM, _coordination.claim_key(candidate))
             trial.set_user_attr(Attr.TRIAL_DIR, folder)
             compat.record_heartbeat(self.storage, self._id(trial.number))
         trials = self.study.get_trials(deepcopy=False)
-        return coordination.rival(trials, trial.number, candidate, max_trials)
+        return _coordination.rival(trials, trial.number, candidate, max_trials)
 
     @contextlib.contextmanager
     def heartbeat(self, trial: optuna.Trial) -> Iterator[None]:
-        with coordination.heartbeat(self.storage, self._id(trial.number)):
+        with _coordination.heartbeat(self.storage, self._id(trial.number)):
             yield
 
     @transient_retry
     def recover_stale(self) -> list[int]:
         """Fail trials whose worker is gone and re-queue their configs; their numbers."""
-        return coordination.recover_stale(self.study, self.storage)
+        return _coordination.recover_stale(self.study, self.storage)
 
     # ---- writing results ------------------------------------------------------------
 
@@ -309,7 +309,7 @@ class StudyStore:
         taken over, and the sampler learns from all of it before its first proposal. On
         SQLite under the ask lock, so two workers starting together add each once."""
         taken = []
-        with coordination.sqlite_turn(self.url):
+        with _coordination.sqlite_turn(self.url):
             # running first (claimed or only asked for), so a probe that ends meanwhile
             # is seen in the records; on a server without the lock, records() keeps one
             # record per config where two workers still raced

@@ -2,7 +2,7 @@
 
 Pure arithmetic (bytes per parameter, activation bytes from the architecture), apart
 from the I/O (counting parameters on the meta device, which allocates nothing); the fit
-of the activation term to the peaks a study has measured is in memory_verdict.py.
+of the activation term to the peaks a study has measured is in _memory_verdict.py.
 """
 
 from __future__ import annotations

@@ -28,12 +28,13 @@ from autotune.store.keys import Attr
 from autotune.store.reuse import Reuse
 from autotune.store.store import StudyStore, TrialLost
 from autotune.system import devices as device
+from autotune.tuning._memory_verdict import far_over_budget
+from autotune.tuning._propose import Proposal, next_config
+from autotune.tuning._skips import Verdictor, open_candidates, skip_reason
 from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import Observer, SearchLimits
-from autotune.tuning.memory_verdict import far_over_budget
 from autotune.tuning.outcome import SearchReport
 from autotune.tuning.parity import ParityCheck, parity_stop, run_s
-from autotune.tuning.propose import Proposal, next_config
 from autotune.tuning.selection import (
     fitting,
     incumbent_cost,
@@ -42,7 +43,6 @@ from autotune.tuning.selection import (
     select_best,
     verdict,
 )
-from autotune.tuning.skips import Verdictor, open_candidates, skip_reason
 from autotune.tuning.time_plan import plan_parity
 
 

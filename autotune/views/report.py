@@ -2,8 +2,8 @@
 
 Read in ten seconds: what won and by how much against the plain default, whether it
 ties with others, the lines to paste into your run, what it changes, the charts, every
-trial with a note, and what the search cost. Meaning is computed in `insight`, drawing
-in `charts`; this module only lays the page out, escaping everything a user supplied.
+trial with a note, and what the search cost. Meaning is computed in `_insight`, drawing
+in `_charts`; this module only lays the page out, escaping everything a user supplied.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from autotune.core.stats import speed_ratio
 from autotune.core.trial import Candidate, TrialRecord
 from autotune.core.units import format_duration, format_size
 from autotune.hf.training_args import cli_flags, study_arguments
-from autotune.views.charts import plot_by_batch, plot_ranked, plot_tradeoff
-from autotune.views.insight import Insight, insight, note
+from autotune.views._charts import plot_by_batch, plot_ranked, plot_tradeoff
+from autotune.views._insight import Insight, insight, note
 from autotune.views.show import TrialRow
 
 STYLE = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}

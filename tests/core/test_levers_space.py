@@ -9,8 +9,8 @@ from helpers import DIMENSIONS, SPACE, SPEC
 
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate
-from autotune.store.coordination import claim_key
-from autotune.store.params import candidate_of, candidate_params, distributions
+from autotune.store._coordination import claim_key
+from autotune.store._params import candidate_of, candidate_params, distributions
 
 LEVERED = dataclasses.replace(
     SPACE,

@@ -12,8 +12,8 @@ from conftest import TINY_GPT2, TINY_T5
 from autotune.core.enums import DeviceKind
 from autotune.core.errors import UsageError
 from autotune.core.trial import ModelSpec
+from autotune.hf._packing import losses, packing_error
 from autotune.hf.levers import offer, parse_lever_options
-from autotune.hf.packing import losses, packing_error
 
 GPT2 = ModelSpec("gpt2", "local", "causal-lm", TINY_GPT2)
 T5 = ModelSpec("t5", "local", "seq2seq", TINY_T5)

@@ -12,7 +12,7 @@ from autotune.core.device import DeviceInfo
 from autotune.core.enums import DeviceKind
 from autotune.core.errors import UsageError
 from autotune.probe import device
-from autotune.probe.cuda_context import nvml_used_bytes
+from autotune.probe._cuda_context import nvml_used_bytes
 from autotune.system import devices
 
 A100 = DeviceInfo(DeviceKind.CUDA, 1, "A100", 80 * 2**30, (8, 0))

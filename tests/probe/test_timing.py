@@ -116,7 +116,7 @@ def test_a_scheduled_window_counts_a_skip_in_the_step_that_ended_warm_up() -> No
 
 def test_only_single_process_cpu_probes_of_a_search_get_a_schedule() -> None:
     from autotune.core.trial import Candidate, ModelSpec, TrialConfig
-    from autotune.probe.train import schedule_of
+    from autotune.probe._train import schedule_of
 
     config = TrialConfig(number=0, trial_dir="t", model=ModelSpec("m", "local", "causal-lm", {}),
                          candidate=Candidate(8, 1, "fp32", False, "adamw_torch"), device="cpu",

@@ -102,7 +102,7 @@ def test_a_trial_whose_worker_on_another_machine_went_silent_is_probed_again(
     heartbeat tells; it fails the trial with that reason and measures the config."""
     from autotune.core.trial import Candidate
     from autotune.store import compat
-    from autotune.store.coordination import claim_key
+    from autotune.store._coordination import claim_key
     from autotune.store.storage import open_storage
 
     write_model(tmp_path / "tiny", TINY_GPT2)

@@ -19,10 +19,10 @@ from optuna.trial import TrialState
 
 from autotune.core.enums import Outcome
 from autotune.core.trial import TrialResult, Verdict
-from autotune.store import coordination
-from autotune.store.identity import same_search
+from autotune.store import _coordination
+from autotune.store._identity import same_search
+from autotune.store._params import candidate_params
 from autotune.store.keys import Attr
-from autotune.store.params import candidate_params
 from autotune.store.samplers import make_sampler
 from autotune.store.store import StudyStore, TrialLost
 
@@ -75,9 +75,9 @@ def test_claim_rule_when_two_workers_claim_before_either_reads() -> None:
     for number in (0, 1):
         trial = _running(number, cand(16))
         trials.append(trial)
-    assert coordination.rival(trials, 0, cand(16), 10) == "trial 1 is probing the same config"
-    assert coordination.rival(trials, 1, cand(16), 10) == "trial 0 is probing the same config"
-    assert coordination.rival(trials[:1], 0, cand(16), 10) is None
+    assert _coordination.rival(trials, 0, cand(16), 10) == "trial 1 is probing the same config"
+    assert _coordination.rival(trials, 1, cand(16), 10) == "trial 0 is probing the same config"
+    assert _coordination.rival(trials[:1], 0, cand(16), 10) is None
 
 
 def _running(number: int, config: object) -> object:
@@ -86,7 +86,7 @@ def _running(number: int, config: object) -> object:
     return optuna.trial.FrozenTrial(
         number=number, state=TrialState.RUNNING, value=None, values=None,
         datetime_start=None, datetime_complete=None, params={}, distributions={},
-        user_attrs={Attr.CLAIM: coordination.claim_key(config)},  # type: ignore[arg-type]
+        user_attrs={Attr.CLAIM: _coordination.claim_key(config)},  # type: ignore[arg-type]
         system_attrs={}, intermediate_values={}, trial_id=number,
     )  # fmt: skip
 
@@ -118,8 +118,8 @@ def test_a_dead_search_on_this_host_loses_its_trial_at_once(storage: str) -> Non
     store.enqueue(cand(8))
     trial, config = store.ask()
     store.claim(trial, config, 10, "trials/x")
-    ns = coordination.pid_namespace()
-    trial.set_user_attr(Attr.WORKER, f"{coordination.HOST}|{ns}|999999999|gone")
+    ns = _coordination.pid_namespace()
+    trial.set_user_attr(Attr.WORKER, f"{_coordination.HOST}|{ns}|999999999|gone")
     assert store.recover_stale() == [trial.number]
     reason = store.study.get_trials(deepcopy=False)[trial.number].user_attrs[Attr.REASON]
     assert "search process died" in reason
@@ -132,7 +132,7 @@ def test_a_live_worker_in_another_pid_namespace_keeps_its_trial(storage: str) ->
     store.enqueue(cand(8))
     trial, config = store.ask()
     store.claim(trial, config, 10, "trials/x")
-    trial.set_user_attr(Attr.WORKER, f"{coordination.HOST}|pid:[1]|999999999|other")
+    trial.set_user_attr(Attr.WORKER, f"{_coordination.HOST}|pid:[1]|999999999|other")
     assert store.recover_stale() == []
 
 
@@ -142,9 +142,9 @@ def test_a_claim_seen_half_written_is_not_taken_for_a_dead_worker(storage: str) 
     store = worker(storage, f"half-{uuid.uuid4().hex[:8]}")
     store.enqueue(cand(8))
     trial, _ = store.ask()
-    trial.set_user_attr(Attr.HOST, coordination.HOST)
+    trial.set_user_attr(Attr.HOST, _coordination.HOST)
     assert worker(storage, store.name).recover_stale() == []
-    assert next(iter(coordination.worker_identity())) == Attr.WORKER  # the whole id goes first
+    assert next(iter(_coordination.worker_identity())) == Attr.WORKER  # the whole id goes first
 
 
 def test_a_worker_whose_trial_was_taken_over_drops_it(storage: str) -> None:

@@ -44,7 +44,7 @@ def test_the_peak_is_backward_or_the_optimizer_step_whichever_is_larger() -> Non
     budget: 8x2 fp32 Adafactor peaked at 3.72 GiB, and every fp32 AdamW run out of memory
     at the 3.8 GiB limit, whatever its batch: the optimizer step's temporaries, not the
     activations, set those peaks."""
-    from autotune.tuning.memory_verdict import far_over_budget
+    from autotune.tuning._memory_verdict import far_over_budget
 
     counted = count_parameters(resolve_model("google/mt5-small"))
     assert counted.largest == 250112 * 512  # the shared embedding

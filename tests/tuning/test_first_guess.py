@@ -14,11 +14,11 @@ from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialConfig, TrialResult
 from autotune.store.keys import Attr
 from autotune.store.store import StudyStore
+from autotune.tuning._memory_verdict import far_over_budget
+from autotune.tuning._skips import open_candidates
 from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import SearchLimits
-from autotune.tuning.memory_verdict import far_over_budget
 from autotune.tuning.run import SearchRun, prepare_store
-from autotune.tuning.skips import open_candidates
 
 GIB = 2**30
 

@@ -1,4 +1,4 @@
-"""Structure-aware proposals (tuning/propose.py) on spaces whose step times are known."""
+"""Structure-aware proposals (tuning/_propose.py) on spaces whose step times are known."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from helpers import SPEC as HSPEC
 from autotune.core.enums import Objective
 from autotune.core.space import SearchSpace
 from autotune.core.trial import Candidate, Outcome, TrialRecord, TrialResult
-from autotune.tuning.propose import CostModel, memory_free, next_config, propose
+from autotune.tuning._propose import CostModel, memory_free, next_config, propose
 
 SPACE = SearchSpace(
     global_batch_size=16, micro_batches=(8, 16), fallback_batches=(1, 2, 4),
@@ -43,7 +43,7 @@ def true_step_s(candidate: Candidate, interaction: float = 0.0) -> float:
 
 
 def dims(candidate: Candidate) -> list[tuple[str, object]]:
-    from autotune.tuning.propose import dimensions
+    from autotune.tuning._propose import dimensions
 
     return list(dimensions(candidate))
 
@@ -139,7 +139,7 @@ def test_one_step_caught_by_another_process_does_not_rule_out_its_precision() ->
     import dataclasses
 
     from autotune.core.schedule import CLEARLY_SLOWER
-    from autotune.tuning.propose import SLOWEST, _bounded
+    from autotune.tuning._propose import SLOWEST, _bounded
 
     small = SearchSpace(
         global_batch_size=16, micro_batches=(8, 16), fallback_batches=(),

@@ -22,7 +22,7 @@ from conftest import (
 )
 from transformers import HfArgumentParser, TrainingArguments
 
-from autotune.probe.train import CPU_WINDOW_STEPS
+from autotune.probe._train import CPU_WINDOW_STEPS
 
 pytestmark = pytest.mark.slow
 MIB = 2**20

@@ -11,7 +11,7 @@ from autotune.core.space import SearchSpace
 from autotune.core.trial import Outcome, TrialConfig, TrialRecord
 from autotune.hf.models import resolve_model
 from autotune.launch.runner import run_trial
-from autotune.tuning.skips import skip_reason
+from autotune.tuning._skips import skip_reason
 
 pytestmark = pytest.mark.slow
 

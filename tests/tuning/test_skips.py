@@ -6,7 +6,7 @@ import pytest
 from helpers import DIMENSIONS, MEMORY_FREE, SPACE, cand, rec
 
 from autotune.core.trial import LEVERS, Candidate, Outcome
-from autotune.tuning.skips import open_candidates, skip_reason
+from autotune.tuning._skips import open_candidates, skip_reason
 
 
 def test_larger_batches_of_an_oom_family_are_skipped_with_the_trial_that_implies_it() -> None:
@@ -84,7 +84,7 @@ def test_the_fitted_estimate_opens_the_fallbacks_of_a_family_whose_8_cannot_fit(
 
     from helpers import SPEC
 
-    from autotune.tuning.memory_verdict import far_over_budget
+    from autotune.tuning._memory_verdict import far_over_budget
 
     spec = dataclasses.replace(SPEC, parameters=10_000_000)
     records = [rec(1, cand(2), Outcome.OK, peak_gib=3.0)]
@@ -117,7 +117,7 @@ def test_a_config_the_estimate_puts_far_over_the_budget_is_skipped_as_infeasible
 
     from helpers import SPEC
 
-    from autotune.tuning.memory_verdict import far_over_budget
+    from autotune.tuning._memory_verdict import far_over_budget
 
     big = dataclasses.replace(SPEC, parameters=1_000_000_000, largest_parameter=250_000_000)
     adafactor = SPACE.candidate(8, "fp16", False, "adafactor")
@@ -139,7 +139,7 @@ def test_a_config_whose_states_alone_exceed_what_a_probe_may_use_is_never_probed
 
     from helpers import SPEC
 
-    from autotune.tuning.memory_verdict import far_over_budget
+    from autotune.tuning._memory_verdict import far_over_budget
 
     mt5 = dataclasses.replace(SPEC, parameters=300_000_000, memory_budget_bytes=4 * 2**30)
     over = far_over_budget(mt5, [])

@@ -15,11 +15,11 @@ from autotune.core.enums import Objective
 from autotune.core.parity import Arithmetic, Curve, Parity, Status
 from autotune.core.parity_state import ParityState
 from autotune.core.trial import Candidate, TrialRecord
+from autotune.tuning._skips import NO_ESTIMATE
 from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import SearchLimits
 from autotune.tuning.parity import reserved_s
 from autotune.tuning.run import SearchRun
-from autotune.tuning.skips import NO_ESTIMATE
 
 
 class Clock:

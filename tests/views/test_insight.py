@@ -5,7 +5,7 @@ from __future__ import annotations
 from helpers import SPEC, cand, rec
 
 from autotune.core.trial import TrialRecord
-from autotune.views.insight import insight, note
+from autotune.views._insight import insight, note
 
 
 def test_the_winner_its_ties_and_what_it_changes_against_the_recipe() -> None:

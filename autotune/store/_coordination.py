@@ -27,8 +27,8 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.core.enums import Outcome
 from autotune.core.trial import Candidate, TrialRecord
 from autotune.store import compat
+from autotune.store._retry import transient_retry
 from autotune.store.keys import Attr
-from autotune.store.retry import transient_retry
 
 # This process, as other workers see it. The pid namespace tells containers that share a
 # hostname apart; the random part tells apart two processes that reuse one pid.

@@ -111,7 +111,7 @@ def parity_run(config: TrialConfig, model: Any, recipe: dict[str, Any]) -> Trial
         # batched by their collator, with the columns their Trainer keeps
         eval_batches = [_forward_inputs(b, model) for b in trainer.get_eval_dataloader(held)]
     else:
-        from autotune.probe.train import plain_trainer
+        from autotune.probe._train import plain_trainer
 
         train, held, collator = _data(config, needed)
         size = min(8, config.candidate.per_device_train_batch_size)  # never above training's
@@ -202,7 +202,7 @@ def _stack(features: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 
 def _arguments(config: TrialConfig, steps: int) -> dict[str, Any]:
     """A probe's bookkeeping fields, no logging, and one batch order for every config."""
-    from autotune.probe.train import probe_only_arguments
+    from autotune.probe._train import probe_only_arguments
 
     return {
         **probe_only_arguments(config, steps),

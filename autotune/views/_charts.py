@@ -11,7 +11,7 @@ from autotune.core.spec import SearchSpec
 from autotune.core.trial import TrialRecord
 from autotune.core.units import format_size
 from autotune.tuning.selection import select_best
-from autotune.views.insight import Insight, pareto_front
+from autotune.views._insight import Insight, pareto_front
 
 GIB = float(2**30)
 COLOURS = {
