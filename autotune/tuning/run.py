@@ -126,15 +126,19 @@ class SearchRun:
                 " (the rest is for confirmation)" if limits.confirm_top else ""
             )
         top = limits.confirm_top if limits.parity_top is None else limits.parity_top
-        if limits.parity_steps and (
-            why := parity_stop(
-                self.spec,
-                recs,
-                self.store.parity(),
-                limits.parity_steps,
-                top,
-                limits.objective,
-                deadline.left(),
+        if (
+            limits.parity_steps
+            and not limits.parity_auto
+            and (
+                why := parity_stop(
+                    self.spec,
+                    recs,
+                    self.store.parity(),
+                    limits.parity_steps,
+                    top,
+                    limits.objective,
+                    deadline.left(),
+                )
             )
         ):
             return why
@@ -142,10 +146,12 @@ class SearchRun:
             return "every config in the space is measured or ruled out"
         return ""
 
-    def plan_parity(self, deadline: Deadline, recs: list[TrialRecord]) -> None:
-        """--parity auto: once a config that fits is measured, the parity runs' length
-        for the time left to explore (`deadline`). The study keeps it: a worker's or an
-        earlier run's plan stands."""
+    def plan_parity(
+        self, deadline: Deadline, recs: list[TrialRecord], *, final: bool = False
+    ) -> None:
+        """--parity auto: once the first guesses are measured (`final`: exploring is
+        over), the parity runs' length for the time left to explore (`deadline`). The
+        study keeps it: a worker's or an earlier run's plan stands."""
         limits = self.limits
         if not limits.parity_auto:
             return
@@ -162,6 +168,7 @@ class SearchRun:
                 explore_left_s=deadline.left(),
                 elapsed_s=time.monotonic() - self.started,
                 explore_share=limits.search_share,
+                final=final,
             )
             if plan is None:
                 return
@@ -416,7 +423,7 @@ def run_search(
             stop = run.explore(deadline.share(share), wait_for_others=confirm)
         if confirm:  # parity first: only configs that may be exported are confirmed
             check = None
-            run.plan_parity(deadline, store.records())  # where exploring did not plan it
+            run.plan_parity(deadline, store.records(), final=True)  # if exploring did not
             if run.limits.parity_steps:  # within the time budget: exploring left them room
                 check = ParityCheck(run, run.limits)
                 check.settle()

@@ -33,7 +33,7 @@ from autotune.core.parity import CALIBRATED_STEPS, QUICK_STEPS, Arithmetic
 from autotune.core.parity_state import ParityPlan
 from autotune.core.space import SearchSpace
 from autotune.core.spec import SearchSpec
-from autotune.core.trial import Candidate, TrialRecord, TrialResult
+from autotune.core.trial import Candidate, TrialRecord
 from autotune.core.units import format_duration
 from autotune.tuning.parity import evaluation_s, reference_candidate, run_s
 from autotune.tuning.selection import fitting
@@ -46,6 +46,7 @@ COLD_COMPILE_S = {DeviceKind.CPU: 90.0, DeviceKind.CUDA: 60.0}
 COMPILE_PROBES = 3
 COMPILE_SHARE = 1 / 3
 PARITY_SHARE = 0.5  # parity runs may take at most half of what is left to explore
+MEASURED_TO_PLAN = 2  # configs that fit, measured before the parity runs are planned
 
 
 def measure_steps_for(budget_s: float) -> int:
@@ -113,49 +114,58 @@ def plan_parity(
     explore_left_s: float | None,
     elapsed_s: float,
     explore_share: float,
+    final: bool = False,
 ) -> ParityPlan | None:
-    """--parity auto: 20-step runs where the budget affords them, else 4-step checks;
-    None until a config that fits is measured (nothing to time the runs by).
+    """--parity auto: 20-step runs where the budget affords them, else 4-step checks.
+    None until `MEASURED_TO_PLAN` configs that fit are measured (the search's first
+    guesses: the plain default and the fast guess), unless `final` (exploring is over).
 
-    The runs: your recipe, its other batch split, and one per finalist arithmetic (up to
-    `top`, as many as the space holds besides the recipe's), each timed as the slowest
-    config that fits so far would take (the first measured is the plain default, so the
-    plan errs long). `elapsed_s`, `explore_share`: the search's time so far and the share
-    of the budget that explores, for the budget that would afford 20 steps."""
+    The runs: your recipe and its other batch split, each timed as the slowest config
+    that fits would take (the plain default is among the first measured, so this errs
+    long), and one per finalist arithmetic (up to `top`, as many as the space holds
+    besides the recipe's) timed as the quickest would. `elapsed_s`, `explore_share`: the
+    search's time so far and the share of the budget that explores, for the budget that
+    would afford 20 steps."""
     fits = fitting(records, spec.fit_limit_bytes)
-    if not fits:
+    if not fits or (len(fits) < MEASURED_TO_PLAN and not final):
         return None
     recipe = Arithmetic.of(reference_candidate(spec, records))
     others = {Arithmetic.of(c) for c in _corners(spec)} - {recipe}
     if not others:  # no config changes the recipe's arithmetic: nothing to run
         return ParityPlan(CALIBRATED_STEPS, quick=False, why="")
-    runs = 2 + min(max(1, top), len(others))
-    slowest = max((r.result for r in fits), key=lambda r: _run_s(spec, r, CALIBRATED_STEPS))
-    need = runs * _run_s(spec, slowest, CALIBRATED_STEPS)
-    if explore_left_s is None or need <= PARITY_SHARE * explore_left_s:
-        left = _probes_left(records, explore_left_s, need)
+    finalists = min(max(1, top), len(others))
+    by_run = sorted((r.result for r in fits), key=lambda r: run_s(r, CALIBRATED_STEPS, 1))
+    slowest, quickest = by_run[-1], by_run[0]
+
+    def need(steps: int) -> float:  # the held-out evaluations run in fp32: the slowest's
+        processes = spec.nproc_per_node
+        evaluations = (2 + finalists) * evaluation_s(spec, steps, slowest)
+        return (
+            2 * run_s(slowest, steps, processes)
+            + finalists * run_s(quickest, steps, processes)
+            + evaluations
+        )
+
+    runs = f"{2 + finalists} runs"
+    if explore_left_s is None or need(CALIBRATED_STEPS) <= PARITY_SHARE * explore_left_s:
         return ParityPlan(
             CALIBRATED_STEPS,
             quick=False,
-            why=f"{left}parity: {CALIBRATED_STEPS}-step runs, which verify (about "
-            f"{format_duration(need)} for {runs} runs)",
+            why=f"{_probes_left(records, explore_left_s, need(CALIBRATED_STEPS))}parity: "
+            f"{CALIBRATED_STEPS}-step runs, which verify ({runs}, about "
+            f"{format_duration(need(CALIBRATED_STEPS))})",
         )
-    afford = (elapsed_s + need / PARITY_SHARE) / explore_share
-    left = _probes_left(records, explore_left_s, runs * _run_s(spec, slowest, QUICK_STEPS))
+    afford = (elapsed_s + need(CALIBRATED_STEPS) / PARITY_SHARE) / explore_share
     return ParityPlan(
         QUICK_STEPS,
         quick=True,
-        why=f"{left}parity: {QUICK_STEPS}-step checks, which cannot verify: a config "
-        f"they pass is exported marked unverified. {runs} runs of {CALIBRATED_STEPS} steps "
-        f"(about {format_duration(need)}) would take over half of the "
+        why=f"{_probes_left(records, explore_left_s, need(QUICK_STEPS))}parity: "
+        f"{QUICK_STEPS}-step checks, which cannot verify: a config they pass is exported "
+        f"marked unverified. {CALIBRATED_STEPS}-step runs ({runs}, about "
+        f"{format_duration(need(CALIBRATED_STEPS))}) would take over half of the "
         f"{format_duration(explore_left_s)} left to explore; a --time-budget of about "
         f"{format_duration(60 * math.ceil(afford / 60))} affords them",
     )
-
-
-def _run_s(spec: SearchSpec, result: TrialResult, steps: int) -> float:
-    """A parity run of `steps` steps of a measured config, its evaluations included."""
-    return run_s(result, steps, spec.nproc_per_node) + evaluation_s(spec, steps, result)
 
 
 def _probes_left(

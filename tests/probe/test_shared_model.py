@@ -4,7 +4,6 @@ the fork server measures what a fresh process would."""
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from pathlib import Path
 
 import pytest
@@ -61,9 +60,12 @@ def test_an_inherited_model_gives_the_peak_and_speed_of_a_fresh_process(
         assert run.peak_memory_bytes and fresh.peak_memory_bytes
         gap = abs(run.peak_memory_bytes - fresh.peak_memory_bytes) / fresh.peak_memory_bytes
         assert gap < 0.08, (fresh.peak_memory_bytes, run.peak_memory_bytes)
-    # the same weights and batches: the same loss; the same speed within noise
+    # the same weights and batches: the same loss; the same speed within noise. The
+    # quickest step of each, which another process on the host slows least (a median
+    # read 4x apart while a second test run shared the two cores); pages copied on write,
+    # or a model built twice, slow every step
     assert inherited.final_loss == pytest.approx(fresh.final_loss, rel=1e-5)
-    speed = statistics.median(inherited.step_times_s) / statistics.median(fresh.step_times_s)
+    speed = min(inherited.step_times_s) / min(fresh.step_times_s)
     assert 0.75 < speed < 1.33, (inherited.step_times_s, fresh.step_times_s)
 
 

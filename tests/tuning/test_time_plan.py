@@ -92,32 +92,41 @@ def parity_plan(records: list[TrialRecord], left: float | None) -> ParityPlan | 
 
 
 def test_parity_runs_of_20_steps_where_they_fit_half_the_time_left_else_quick_checks() -> None:
-    """The recipe (fp32 AdamW), its twin and the one other arithmetic (bf16): three runs
-    of 20 steps at the slowest measured step (2 s), each with its child's 4 s start and
-    1 s one-time cost and the held-out evaluations."""
+    """The recipe (fp32 AdamW) and its twin at the slowest measured step (2 s), the one
+    other arithmetic (bf16) at the quickest (1 s); each child 4 s to start and 1 s of
+    one-time cost; the held-out evaluations in fp32, at the slowest's step."""
     records = [timed(0, cand(64), 2.0), timed(1, cand(64, "bf16"), 1.0)]
     assert parity_plan([], 1000.0) is None  # nothing measured: nothing to time them by
-    evaluations = 11 * (16 / 64) / 3 * 2.0  # steps 0, 2, 4 ... 20
-    need = 3 * (4.0 + 1.0 + 20 * 2.0 + evaluations)
-    roomy = parity_plan(records, 2 * need + 1)
+    assert parity_plan(records[:1], 1000.0) is None  # until both first guesses are in
+    final = plan_parity(SPEC, records[:1], top=3, explore_left_s=1000.0, elapsed_s=0.0,
+                        explore_share=0.8, final=True)  # fmt: skip
+    assert final is not None  # unless exploring is over
+
+    def need(steps: int, evaluations: int) -> float:
+        return 2 * (5.0 + steps * 2.0) + (5.0 + steps * 1.0) + 3 * evaluations * (16 / 64) / 3 * 2.0
+
+    twenty = need(20, 11)  # evaluations at steps 0, 2, 4 ... 20
+    roomy = parity_plan(records, 2 * twenty + 1)
     assert roomy is not None and (roomy.steps, roomy.quick) == (CALIBRATED_STEPS, False)
-    assert "parity: 20-step runs, which verify" in roomy.why
-    tight = parity_plan(records, 2 * need - 1)
+    assert "parity: 20-step runs, which verify (3 runs" in roomy.why
+    tight = parity_plan(records, 2 * twenty - 1)
     assert tight is not None and (tight.steps, tight.quick) == (QUICK_STEPS, True)
     assert "exported marked unverified" in tight.why
-    afford = (60.0 + 2 * need) / 0.8
+    afford = (60.0 + 2 * twenty) / 0.8
     assert f"a --time-budget of about {int(-(-afford // 60))}m00s affords them" in tight.why
-    # the probes that still fit, at the mean wall time (30 s) beside the quick checks
-    quick_need = 3 * (4.0 + 1.0 + 4 * 2.0 + 5 * (16 / 64) / 3 * 2.0)
-    assert tight.why.startswith(f"about {int((2 * need - 1 - quick_need) / 30)} more probes fit")
+    # the probes that still fit, at the mean wall time (30 s) beside the 4-step checks
+    more = int((2 * twenty - 1 - need(4, 5)) / 30)
+    assert tight.why.startswith(f"about {more} more probes fit; parity: 4-step checks")
 
 
 def test_no_parity_plan_is_said_where_no_config_changes_the_recipes_arithmetic() -> None:
     fp32_only = dataclasses.replace(
         SPEC, space=dataclasses.replace(SPEC.space, precisions=("fp32",))
     )
-    got = plan_parity(fp32_only, [timed(0, cand(64), 2.0)], top=3, explore_left_s=10.0,
-                      elapsed_s=0.0, explore_share=0.8)  # fmt: skip
+    records = [timed(0, cand(64), 2.0), timed(1, cand(32), 3.0)]
+    got = plan_parity(
+        fp32_only, records, top=3, explore_left_s=10.0, elapsed_s=0.0, explore_share=0.8
+    )
     assert got is not None and got.why == ""
 
 
