@@ -245,7 +245,11 @@ class Parity:
             f"{self.status}: loss {_num(self.final_loss)} vs reference "
             f"{_num(self.reference_final_loss)} after {self.steps} steps{gap}{tol}"
             + (f"; {self.reason}" if self.reason else "")
-            + ("; exported unverified, as --parity quick allows" if self.allowed else "")
+            + (
+                "; exported unverified (--parity on exports verified configs only)"
+                if self.allowed
+                else ""
+            )
         )
 
     @classmethod

@@ -35,7 +35,7 @@ def test_a_zero3_search_probes_checks_parity_and_exports_the_deepspeed_config(
     assert "parity  bf16-adamw_torch-deepspeed batch" in out, out
     # 8 steps cannot verify it: --parity quick exports it unverified, and says so
     assert "parity  bf16 adamw_torch: unverified" in out, out
-    assert "exported unverified, as --parity quick allows" in out, out
+    assert "exported unverified (--parity on exports verified configs only)" in out, out
     args = json.loads((tmp_path / "studies" / "tiny.best.json").read_text())
     summary = json.loads((tmp_path / "studies" / "tiny.best.summary.json").read_text())
     assert summary["launch"] == "torchrun --nproc-per-node 2 your_script.py ARGS.json"
