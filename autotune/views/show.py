@@ -154,7 +154,7 @@ def render_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) ->
     columns = ["trial", "config", "outcome", "samples/s", "real tokens/s" if real else "tokens/s"]
     columns += ["pad", "worst-case samples/s"] if real else []
     timed = spec.train_steps > 0 or any(row.one_time_s for row in rows)
-    columns += ["one-time s"] if timed else []
+    columns += ["setup s"] if timed else []
     columns += [f"{spec.train_steps} steps"] if spec.train_steps else []
     columns += ["peak", "budget", "spread", "MFU", "parity", "why"]
     for column in columns:
@@ -212,8 +212,8 @@ def lever_lines(spec: SearchSpec) -> list[str]:
         lines.append(f"levers searched: {'; '.join(searched)}")
     if spec.train_steps:
         lines.append(
-            f"selected by time to finish {spec.train_steps} steps: one-time costs "
-            "(setup, compilation, slow first steps) + steps at the measured median"
+            f"selected by time to finish {spec.train_steps} steps: setup (compilation, "
+            "slow first steps; the 'setup s' column) + steps at the measured median"
         )
     lines += [f"not searched: {name}: {why}" for name, why in spec.space.not_offered if why]
     return lines
