@@ -9,7 +9,7 @@ from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _common import readme_main_job
-from main_job import NOT_SPACE, ratio, without
+from main_job import FIXTURE, NOT_SPACE, TUNED, ratio, without
 
 
 def test_the_timed_command_is_the_readmes_and_the_grid_is_kept_across_budget_changes() -> None:
@@ -21,6 +21,17 @@ def test_the_timed_command_is_the_readmes_and_the_grid_is_kept_across_budget_cha
     assert "--time-budget" not in without(flags, NOT_SPACE)
     narrowed = [*flags, "--precisions", "fp32"]
     assert without(narrowed, NOT_SPACE) != without(flags, NOT_SPACE)
+
+
+def test_the_readmes_job_gives_the_workload_and_a_time_budget_and_the_plan_does_the_rest() -> None:
+    """At most five options, --time-budget among them; the recorded grid is the space of
+    the hand-tuned command the README's job is compared with."""
+    import json
+
+    flags = readme_main_job()
+    options = [word for word in flags if word.startswith("--")]
+    assert len(options) <= 5 and "--time-budget" in options, options
+    assert json.loads(FIXTURE.read_text())["flags"] == without(TUNED, NOT_SPACE)
 
 
 def test_a_selected_config_scores_by_the_grids_truth() -> None:

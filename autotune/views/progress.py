@@ -29,6 +29,12 @@ _STYLE = {
 }
 
 
+# What each parity run is, said beside it (docs/glossary.md)
+_PARITY_ROLES = {
+    "reference": "your recipe",
+    "twin": "your recipe at another batch split: what rounding alone does",
+}
+
 SHORT_STEP_S = 0.05  # below this a step is mostly kernel-launch overhead on a GPU
 
 
@@ -166,7 +172,8 @@ class Progress:
         self._say(line, soft_wrap=True)
 
     def on_parity_start(self, label: str, candidate: Candidate) -> None:
-        self._say(f"parity  {label:<10} {candidate.describe()}  (training run)", soft_wrap=True)
+        role = _PARITY_ROLES.get(label, "a finalist's arithmetic")
+        self._say(f"parity  {label:<10} {candidate.describe()}  ({role})", soft_wrap=True)
 
     def on_parity_reused(self, study: str, runs: list[str]) -> None:
         self._say(f"parity  reused: study {study}'s runs ({', '.join(runs)})", soft_wrap=True)
