@@ -15,8 +15,8 @@ Before the first probe, from the budget alone (`plan_for_budget`):
 A study resumed keeps the plan it was made with (its probes' figures stay comparable,
 and its identity holds).
 
-Once the first config that fits is measured (`plan_parity`, for `--parity auto`): the
-parity runs' length. 20 steps verify a verdict (core/parity.CALIBRATED_STEPS); they are
+Once the first guesses are measured (two configs that fit; `plan_parity`, for `--parity
+auto`): the parity runs' length. 20 steps verify a verdict (core/parity.CALIBRATED_STEPS); they are
 planned when the runs they need (your recipe, its other batch split, a run per
 finalist arithmetic) take at most `PARITY_SHARE` of the time left to explore, else
 4-step checks that can only say `unverified`, exported saying so.
@@ -72,7 +72,7 @@ def plan_for_budget(
         kept = dataclasses.replace(
             spec,
             measure_steps=spec.measure_steps if steps_asked else stored.measure_steps,
-            space=stored.space,
+            space=spec.space if compile_asked else stored.space,
         )
         if kept.identity() == stored.identity():
             return kept, [f"resumed: the study's plan stands ({_steps_line(kept)})"]
