@@ -48,6 +48,8 @@ def search(
             every field not tuned come from it.
         memory_budget: what one training process may use: bytes, or "16GiB", "7500MB".
         time_budget: the whole search: seconds, or "10m", "1h30m" (default 30 minutes).
+            It plans the search too: the timed steps a probe, whether torch.compile is
+            probed, and the parity runs' length (as the CLI's first lines say).
         studies_dir: where studies, trial folders and exports go.
         **options: any other field of `autotune.tuning.options.SearchOptions`, named as
             the CLI's flag without its dashes (global_batch_size=64, seq_len=1024,
