@@ -30,8 +30,8 @@ class SearchLimits:
     parity_steps: int = 0  # >0: parity runs of this many steps settle the finalists
     # --parity quick: a verdict too short to verify (core/parity.py) may be exported
     parity_quick: bool = False
-    # --parity auto: parity_steps and parity_quick are planned once the first config
-    # that fits is measured (tuning/time_plan.plan_parity), and kept in the study
+    # --parity auto: parity_steps and parity_quick are planned once the first guesses
+    # are measured (tuning/time_plan.plan_parity), and kept in the study
     parity_auto: bool = False
     # Finalists whose arithmetic parity settles, when not confirm_top (a worker confirms
     # none; its parent settles its top confirm_top, and the worker leaves them time)

@@ -19,7 +19,7 @@ from autotune.tuning.limits import SearchLimits
 DEFAULT_TIME_BUDGET_S = 30 * 60.0
 # Parity run length by --parity mode, when --parity-steps is not given: 20 steps verify
 # (core/parity.CALIBRATED_STEPS); a quick check's 4 catch NaNs and gross divergence; auto
-# plans one or the other once the first config is measured (tuning/time_plan.py)
+# plans one or the other once the first guesses are measured (tuning/time_plan.py)
 PARITY_STEPS = {"on": CALIBRATED_STEPS, "auto": CALIBRATED_STEPS, "quick": QUICK_STEPS}
 
 
