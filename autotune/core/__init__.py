@@ -29,6 +29,7 @@ from autotune.core.parity import (
     CALIBRATED_STEPS,
     EVAL_SAMPLES,
     POINTS,
+    QUICK_STEPS,
     Arithmetic,
     Change,
     Curve,
@@ -38,7 +39,7 @@ from autotune.core.parity import (
     needs_twin,
     tolerance,
 )
-from autotune.core.parity_state import ParityState
+from autotune.core.parity_state import ParityPlan, ParityState
 from autotune.core.paths import (
     DEFAULT_STUDIES,
     check_study_name,
@@ -70,6 +71,7 @@ __all__ = [
     "FACTS_NAME",
     "LEVERS",
     "POINTS",
+    "QUICK_STEPS",
     "Arithmetic",
     "AutotuneError",
     "Candidate",
@@ -89,6 +91,7 @@ __all__ = [
     "Objective",
     "Outcome",
     "Parity",
+    "ParityPlan",
     "ParityState",
     "Precision",
     "SamplerName",

@@ -158,7 +158,9 @@ def test_the_parity_plan_is_kept_by_the_study_for_workers_and_reruns(tmp_path: P
 
 
 @pytest.mark.parametrize(("budget", "steps"), [("5m", 3), ("9m59s", 3), ("10m", 5), (None, 5)])
-def test_the_cli_plans_timed_steps_by_the_time_budget(budget: str | None, steps: int) -> None:
+def test_the_timed_steps_follow_the_time_budget_or_its_default(
+    budget: str | None, steps: int
+) -> None:
     from autotune.core.units import parse_duration
     from autotune.tuning.options import SearchOptions
     from autotune.tuning.time_plan import measure_steps_for
