@@ -100,10 +100,12 @@ def measure(
     while True:
         truth = paired(runs)
         unsettled = [
-            k for k in truth.ties
-            if k != truth.best and truth.ratios[k] < 1 - RESOLVE
+            k
+            for k in truth.ties
+            if k != truth.best
+            and truth.ratios[k] < 1 - RESOLVE
             and len(runs[k]) - start.get(k, 0) < MAX_ROUNDS
-        ]  # fmt: skip
+        ]
         if not unsettled:
             return truth
         # The best is timed beside them: a pair is only fair within one round.

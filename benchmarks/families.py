@@ -307,8 +307,9 @@ def autotune(
     )
     wall = time.monotonic() - started
     if keep:
-        shutil.copytree(run_dir / "studies",
-                        Path(keep) / f"{model_dir.name}-{budget // MIB}MiB-seed{seed}")  # fmt: skip
+        shutil.copytree(
+            run_dir / "studies", Path(keep) / f"{model_dir.name}-{budget // MIB}MiB-seed{seed}"
+        )
     best_file = run_dir / "studies" / "bench.best.json"
     study = optuna.load_study(
         study_name="bench", storage=f"sqlite:///{run_dir}/studies/autotune.db"
@@ -338,9 +339,17 @@ def autotune(
 
 
 def seeds(
-    name: str, model_dir: Path, work: Path, budget: int, trials: int, prober: Prober | None,
-    grid: dict[str, Any], keep: str | None, *, label: str,
-) -> list[dict[str, Any]]:  # fmt: skip
+    name: str,
+    model_dir: Path,
+    work: Path,
+    budget: int,
+    trials: int,
+    prober: Prober | None,
+    grid: dict[str, Any],
+    keep: str | None,
+    *,
+    label: str,
+) -> list[dict[str, Any]]:
     """One method's searches, a seed each, run for real and scored by the grid's truth."""
     outs = []
     for seed in SEEDS:
@@ -443,20 +452,35 @@ def _replay(args: argparse.Namespace, recorded: dict[str, Any], trials: int, wor
         methods: dict[str, list[dict[str, Any]]] = {}
         try:
             for name in names:
-                methods[name] = outs = seeds(name, model_dir, work, row["budget_mib"] * MIB,
-                                             trials, prober, grid, args.keep,
-                                             label=f"{row['family']}, {row['budget']}: ")  # fmt: skip
+                methods[name] = outs = seeds(
+                    name,
+                    model_dir,
+                    work,
+                    row["budget_mib"] * MIB,
+                    trials,
+                    prober,
+                    grid,
+                    args.keep,
+                    label=f"{row['family']}, {row['budget']}: ",
+                )
                 ratios = [o["ratio"] for o in outs]
-                print(f"  {name}: mean {statistics.mean(ratios):.3f}, worst {min(ratios):.3f}",
-                      flush=True)  # fmt: skip
+                print(
+                    f"  {name}: mean {statistics.mean(ratios):.3f}, worst {min(ratios):.3f}",
+                    flush=True,
+                )
         finally:
             if prober is not None:
                 prober.close()
         rows.append({**row, "ties": grid["truth"].ties, "methods": methods})
     if len(names) > 1:
         command = f"python benchmarks/families.py --grid {args.grid} --methods {args.methods}"
-        print(markdown({**recorded, **machine(), "trial_budget": trials, "settings": rows},
-                       names=names, command=command))  # fmt: skip
+        print(
+            markdown(
+                {**recorded, **machine(), "trial_budget": trials, "settings": rows},
+                names=names,
+                command=command,
+            )
+        )
 
 
 def remeasure(args: argparse.Namespace, work: Path) -> None:
@@ -502,8 +526,11 @@ def remeasure(args: argparse.Namespace, work: Path) -> None:
             "wall_s": round(time.monotonic() - started, 1),
         }
         rescore(row)
-        print(f"{row['family']}, {row['budget']}: {len(contenders)} contenders,",
-              row["truth"], flush=True)  # fmt: skip
+        print(
+            f"{row['family']}, {row['budget']}: {len(contenders)} contenders,",
+            row["truth"],
+            flush=True,
+        )
         if not args.no_append:  # each setting saved as it is done
             path.write_text(json.dumps(recorded, indent=2) + "\n")
     text = (pooled_markdown if pooling else remeasured_markdown)(recorded, args.only)
@@ -555,8 +582,9 @@ def rescored(rows: list[dict[str, Any]], was: str) -> tuple[list[str], str]:
 
 
 def _change(old: list[float], new: list[float]) -> str:
-    return (f"{statistics.mean(old):.3f} → {statistics.mean(new):.3f} / "
-            f"{min(old):.3f} → {min(new):.3f}")  # fmt: skip
+    return (
+        f"{statistics.mean(old):.3f} → {statistics.mean(new):.3f} / {min(old):.3f} → {min(new):.3f}"
+    )
 
 
 def remeasured_markdown(recorded: dict[str, Any], only: str) -> str:
@@ -730,8 +758,9 @@ def main() -> None:
                         flush=True,
                     )
                     for name in METHODS:
-                        outs = seeds(name, model_dir, work, budget, trials, prober, grid,
-                                     args.keep, label="")  # fmt: skip
+                        outs = seeds(
+                            name, model_dir, work, budget, trials, prober, grid, args.keep, label=""
+                        )
                         row["methods"][name] = [
                             {
                                 **o,

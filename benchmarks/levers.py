@@ -25,22 +25,49 @@ from pathlib import Path
 STEPS = 1000
 MODELS = {
     # the README's main job's shapes; the attention kept at sdpa (8 configs, 4 compiled)
-    "google/mt5-small": ["--global-batch-size", "16", "--seq-len", "64", "--target-len", "16",
-                         "--lever", "attn_implementation=sdpa"],
+    "google/mt5-small": [
+        "--global-batch-size",
+        "16",
+        "--seq-len",
+        "64",
+        "--target-len",
+        "16",
+        "--lever",
+        "attn_implementation=sdpa",
+    ],
     # a small causal LM (124M): one batch split, sdpa and eager (8 configs, 4 compiled)
     "gpt2": ["--global-batch-size", "8", "--seq-len", "128"],
-}  # fmt: skip
+}
 COMMON = [
-    "--precisions", "fp32,bf16", "--optimizers", "adamw_torch", "--checkpointing", "off",
-    "--measure-steps", "3", "--max-trials", "8", "--confirm-top", "0", "--parity", "off",
-    "--train-steps", str(STEPS),
-]  # fmt: skip
+    "--precisions",
+    "fp32,bf16",
+    "--optimizers",
+    "adamw_torch",
+    "--checkpointing",
+    "off",
+    "--measure-steps",
+    "3",
+    "--max-trials",
+    "8",
+    "--confirm-top",
+    "0",
+    "--parity",
+    "off",
+    "--train-steps",
+    str(STEPS),
+]
 
 
 def autotune(cwd: Path, *args: str) -> str:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-m", "autotune", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         raise SystemExit(f"autotune {' '.join(args)} failed:\n{done.stderr[-2000:]}")
     return done.stdout
@@ -68,8 +95,12 @@ def measure(model: str, cwd: Path) -> dict[str, object]:
 
     classic = min((t for t in ok if plain(t)), key=lambda t: t["finish_s"])
     fastest = max(ok, key=lambda t: t["samples_per_s"])
-    rows = {"plain default": default, "best without levers": classic,
-            "best with levers (selected)": chosen, "highest throughput": fastest}  # fmt: skip
+    rows = {
+        "plain default": default,
+        "best without levers": classic,
+        "best with levers (selected)": chosen,
+        "highest throughput": fastest,
+    }
     return {
         "model": model,
         "search_wall_s": round(wall, 1),
@@ -116,8 +147,10 @@ def main() -> None:
     out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(table(results))
     for result in results:
-        print(f"{result['model']}: search {result['search_wall_s']} s, {result['probed']} "
-              f"configs; levers {result['levers']}")  # fmt: skip
+        print(
+            f"{result['model']}: search {result['search_wall_s']} s, {result['probed']} "
+            f"configs; levers {result['levers']}"
+        )
     print(f"wrote {out}")
 
 

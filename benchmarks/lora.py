@@ -165,10 +165,22 @@ def main() -> None:
     minutes, rounds = ("1m", 1) if options.quick else ("5m", 3)
     budget = options.budget
     common = [
-        "--device", "cpu", "--memory-budget", budget, "--time-budget", minutes,
-        "--lever", "torch_compile=false", "--parity", "off", "--quiet",
-        "--precisions", "fp32,bf16", "--global-batch-size", "16",
-    ]  # fmt: skip
+        "--device",
+        "cpu",
+        "--memory-budget",
+        budget,
+        "--time-budget",
+        minutes,
+        "--lever",
+        "torch_compile=false",
+        "--parity",
+        "off",
+        "--quiet",
+        "--precisions",
+        "fp32,bf16",
+        "--global-batch-size",
+        "16",
+    ]
     lora = search(
         work, "lora", ["--trainer", "lora_job.py:make_trainer", "--base-args", "base.json"], common
     )

@@ -52,14 +52,41 @@ GRID_WARMUP = 2
 NEAR = 0.2  # a config whose first run comes this close to the best's is a contender
 # The README's main job until 2026-11-26: the workload, and flags fit by hand to a 4.5
 # minute search, which the time budget now plans
-TUNED = ["--model", "google/mt5-small", "--global-batch-size", "16", "--seq-len", "64",
-         "--target-len", "16", "--measure-steps", "3", "--time-budget", "4m30s", "--parity",
-         "quick", "--lever", "torch_compile=false", "--lever", "attn_implementation=sdpa"]  # fmt: skip
+TUNED = [
+    "--model",
+    "google/mt5-small",
+    "--global-batch-size",
+    "16",
+    "--seq-len",
+    "64",
+    "--target-len",
+    "16",
+    "--measure-steps",
+    "3",
+    "--time-budget",
+    "4m30s",
+    "--parity",
+    "quick",
+    "--lever",
+    "torch_compile=false",
+    "--lever",
+    "attn_implementation=sdpa",
+]
 # Flags that do not change the space: a grid stays the truth of a command that differs
 # only in these
-NOT_SPACE = ("--study", "--time-budget", "--max-trials", "--parity", "--parity-steps",
-             "--confirm-top", "--confirm-steps", "--warmup-steps", "--measure-steps", "--quiet",
-             "--format")  # fmt: skip
+NOT_SPACE = (
+    "--study",
+    "--time-budget",
+    "--max-trials",
+    "--parity",
+    "--parity-steps",
+    "--confirm-top",
+    "--confirm-steps",
+    "--warmup-steps",
+    "--measure-steps",
+    "--quiet",
+    "--format",
+)
 
 
 def without(flags: list[str], names: tuple[str, ...]) -> list[str]:
@@ -85,15 +112,19 @@ class GridProber:
             self.spec.device.kind, work / "forkserver.log", shared=model_to_share(self.spec, 1)
         )
         self.run = SearchRun(
-            store=store, study_dir=work, limits=SearchLimits(), observer=None,  # type: ignore[arg-type]
+            store=store,
+            study_dir=work,
+            limits=SearchLimits(),
+            observer=None,  # type: ignore[arg-type]
             launcher=launcher,
-        )  # fmt: skip
+        )
         self.count = 0
 
     def __call__(self, c: Candidate) -> TrialResult:
         self.count += 1
-        config = self.run.trial_config(10_000 + self.count, c, f"grid-{self.count}",
-                                       measure_steps=GRID_MEASURE)  # fmt: skip
+        config = self.run.trial_config(
+            10_000 + self.count, c, f"grid-{self.count}", measure_steps=GRID_MEASURE
+        )
         config = dataclasses.replace(config, warmup_steps=GRID_WARMUP)
         return self.run.launcher.run(config, timeout_s=600)
 
@@ -106,8 +137,15 @@ class GridProber:
 
 def spec_study(work: Path) -> StudyStore:
     """A study the tuned command's flags created (one probe), whose stored spec is the space."""
-    flags = [*without(TUNED, NOT_SPACE), "--max-trials", "1", "--parity", "off",
-             "--confirm-top", "0"]  # fmt: skip
+    flags = [
+        *without(TUNED, NOT_SPACE),
+        "--max-trials",
+        "1",
+        "--parity",
+        "off",
+        "--confirm-top",
+        "0",
+    ]
     done = autotune(work, "search", "--study", "grid", *flags, "--quiet")
     if done.returncode != 0:
         raise SystemExit(f"the tuned command's flags did not make a study:\n{done.stderr}")
@@ -235,15 +273,23 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
             folders = {"readme": Path(a), "tuned": Path(b)}
             order = ["readme", "tuned"] if number % 2 == 0 else ["tuned", "readme"]
-            runs = {k: timed_search(folders[k], readme_main_job() if k == "readme" else TUNED)
-                    for k in order}  # fmt: skip
+            runs = {
+                k: timed_search(folders[k], readme_main_job() if k == "readme" else TUNED)
+                for k in order
+            }
             compared = side_by_side(folders["readme"], folders["tuned"])
         for run in runs.values():
             run["ratio_to_grid"] = round(ratio(run["selected"], grid), 3)
-        record = {"date": machine()["date"], "flags": readme_main_job(), **runs,
-                  "readme_vs_tuned": compared}  # fmt: skip
-        shown = {k: ({f: v for f, v in r.items() if f != "progress"} if isinstance(r, dict) else r)
-                 for k, r in record.items()}  # fmt: skip
+        record = {
+            "date": machine()["date"],
+            "flags": readme_main_job(),
+            **runs,
+            "readme_vs_tuned": compared,
+        }
+        shown = {
+            k: ({f: v for f, v in r.items() if f != "progress"} if isinstance(r, dict) else r)
+            for k, r in record.items()
+        }
         print(json.dumps(shown), flush=True)
         grid["runs"].append(record)
         FIXTURE.write_text(json.dumps(grid, indent=2) + "\n")

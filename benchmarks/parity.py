@@ -24,22 +24,58 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._common import autotune, machine, readme_main_job, save
 
 TINY = {
-    "tiny-gpt2": {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 64,
-                  "n_layer": 2, "n_head": 4, "n_positions": 256, "vocab_size": 512},
-    "tiny-t5": {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"],
-                "d_model": 64, "d_ff": 128, "d_kv": 16, "num_layers": 2, "num_heads": 4,
-                "vocab_size": 512, "decoder_start_token_id": 0, "pad_token_id": 0,
-                "eos_token_id": 1, "is_encoder_decoder": True},
-}  # fmt: skip
+    "tiny-gpt2": {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "n_embd": 64,
+        "n_layer": 2,
+        "n_head": 4,
+        "n_positions": 256,
+        "vocab_size": 512,
+    },
+    "tiny-t5": {
+        "model_type": "t5",
+        "architectures": ["T5ForConditionalGeneration"],
+        "d_model": 64,
+        "d_ff": 128,
+        "d_kv": 16,
+        "num_layers": 2,
+        "num_heads": 4,
+        "vocab_size": 512,
+        "decoder_start_token_id": 0,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
+        "is_encoder_decoder": True,
+    },
+}
 
 
 SMALL_SEARCH = [
-    "--device", "cpu", "--global-batch-size", "16", "--seq-len", "64", "--target-len", "16",
-    "--precisions", "fp32,bf16", "--checkpointing", "off",
-    "--optimizers", "adamw_torch,adamw_torch_fused,adafactor,sgd",
-    "--warmup-steps", "1", "--measure-steps", "3", "--confirm-top", "3",
-    "--lever", "torch_compile=false", "--lever", "attn_implementation=sdpa",
-]  # fmt: skip
+    "--device",
+    "cpu",
+    "--global-batch-size",
+    "16",
+    "--seq-len",
+    "64",
+    "--target-len",
+    "16",
+    "--precisions",
+    "fp32,bf16",
+    "--checkpointing",
+    "off",
+    "--optimizers",
+    "adamw_torch,adamw_torch_fused,adafactor,sgd",
+    "--warmup-steps",
+    "1",
+    "--measure-steps",
+    "3",
+    "--confirm-top",
+    "3",
+    "--lever",
+    "torch_compile=false",
+    "--lever",
+    "attn_implementation=sdpa",
+]
 
 
 def search(
@@ -67,10 +103,15 @@ def search(
     study = optuna.load_study(study_name="parity", storage=f"sqlite:///{work}/studies/autotune.db")
     raw = study.user_attrs.get("autotune_parity")
     summary = json.loads((work / "studies" / "parity.best.summary.json").read_text())
-    return {"model": model, "command": "autotune search " + shlex.join(flags),
-            "search_s": round(elapsed, 1), "state": json.loads(raw) if raw else None,
-            "exported": summary["best"]["config"], "parity": summary["parity"],
-            "output": done.stdout.splitlines()}  # fmt: skip
+    return {
+        "model": model,
+        "command": "autotune search " + shlex.join(flags),
+        "search_s": round(elapsed, 1),
+        "state": json.loads(raw) if raw else None,
+        "exported": summary["best"]["config"],
+        "parity": summary["parity"],
+        "output": done.stdout.splitlines(),
+    }
 
 
 def table(runs: list[dict[str, Any]], steps: int) -> str:
@@ -90,8 +131,10 @@ def table(runs: list[dict[str, Any]], steps: int) -> str:
     for run in runs:
         state = run["state"]
         if state is None:
-            out.append(f"| {run['model']} | every finalist had the recipe's arithmetic | "
-                       "| | | same-arithmetic |")  # fmt: skip
+            out.append(
+                f"| {run['model']} | every finalist had the recipe's arithmetic | "
+                "| | | same-arithmetic |"
+            )
             continue
         parity = ParityState.from_json(json.dumps(state))
         ref = parity.curves["reference"]
@@ -99,35 +142,53 @@ def table(runs: list[dict[str, Any]], steps: int) -> str:
         out.append(f"| {run['model']} | reference: {recipe} | {ref.end:.4g} | 1 | 0 | |")
         if "twin" in parity.curves:  # judged as a finalist would be: the same figures
             twin = judge(ref, parity.curves["twin"], tolerance(ref, None))
-            out.append(f"| {run['model']} | split twin: {recipe}, another batch split | "
-                       f"{twin.final_loss:.4g} | {twin.ratio:.4f} | {twin.gap:+.2%} | "
-                       "(calibration) |")  # fmt: skip
+            out.append(
+                f"| {run['model']} | split twin: {recipe}, another batch split | "
+                f"{twin.final_loss:.4g} | {twin.ratio:.4f} | {twin.gap:+.2%} | "
+                "(calibration) |"
+            )
         for key, verdict in sorted(parity.verdicts.items()):
             name = key.replace("|", " ")
             if verdict.ratio is None or verdict.gap is None:
-                out.append(f"| {run['model']} | {name} | | | | {verdict.status}: "
-                           f"{verdict.reason} |")  # fmt: skip
+                out.append(
+                    f"| {run['model']} | {name} | | | | {verdict.status}: {verdict.reason} |"
+                )
                 continue
-            out.append(f"| {run['model']} | {name} | {verdict.final_loss:.4g} | "
-                       f"{verdict.ratio:.3f} | {verdict.gap:+.1%} | {verdict.status} |")  # fmt: skip
+            out.append(
+                f"| {run['model']} | {name} | {verdict.final_loss:.4g} | "
+                f"{verdict.ratio:.3f} | {verdict.gap:+.1%} | {verdict.status} |"
+            )
     out.append("")
     for run in runs:
         tol = (run["state"] or {}).get("tolerance")
-        rests = "no parity run" if tol is None else (
-            f"tolerance {tol['fraction']:.1%} of the reference's progress = "
-            + ("the 5% floor (no twin)" if tol["rounding_gap"] is None else
-               f"max(5% floor, 4 x the twin's {tol['rounding_gap']:.2%})"))  # fmt: skip
-        out.append(f"- {run['model']}: {rests}; exported {run['exported']} "
-                   f"({run['parity']['status']}); the whole search took {run['search_s']:.0f} s: "
-                   f"`{run['command']}`")  # fmt: skip
+        rests = (
+            "no parity run"
+            if tol is None
+            else (
+                f"tolerance {tol['fraction']:.1%} of the reference's progress = "
+                + (
+                    "the 5% floor (no twin)"
+                    if tol["rounding_gap"] is None
+                    else f"max(5% floor, 4 x the twin's {tol['rounding_gap']:.2%})"
+                )
+            )
+        )
+        out.append(
+            f"- {run['model']}: {rests}; exported {run['exported']} "
+            f"({run['parity']['status']}); the whole search took {run['search_s']:.0f} s: "
+            f"`{run['command']}`"
+        )
     return "\n".join(out) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", action="append", required=True)
-    parser.add_argument("--readme", action="store_true",
-                        help="search with the README main job's flags (timed as such)")  # fmt: skip
+    parser.add_argument(
+        "--readme",
+        action="store_true",
+        help="search with the README main job's flags (timed as such)",
+    )
     parser.add_argument("--max-trials", type=int, help="[default: 8; --readme: the README's]")
     parser.add_argument("--parity-steps", type=int, default=20)
     parser.add_argument("--append", action="store_true", help="add to RESULTS.md")

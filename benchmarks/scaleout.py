@@ -39,10 +39,14 @@ def settings(quick: bool) -> dict[str, Any]:
     if quick:
         # the smoke run checks the script end to end; parity runs, the same for one worker
         # and two, have their own tests (tests/tuning/test_parity_search.py)
-        return {"max_trials": 4, "global_batch": 16, "seq_len": 64, "confirm_top": 1,
-                "parity": "off"}  # fmt: skip
-    return {"max_trials": 12, "global_batch": 32, "seq_len": 128, "confirm_top": 2,
-            "parity": "on"}  # fmt: skip
+        return {
+            "max_trials": 4,
+            "global_batch": 16,
+            "seq_len": 64,
+            "confirm_top": 1,
+            "parity": "off",
+        }
+    return {"max_trials": 12, "global_batch": 32, "seq_len": 128, "confirm_top": 2, "parity": "on"}
 
 
 def search(work: Path, s: dict[str, Any], study: str, parallel: int) -> dict[str, Any]:

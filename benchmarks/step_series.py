@@ -21,16 +21,46 @@ from _common import HERE, autotune, machine
 
 PLAIN = ["--lever", "torch_compile=false", "--lever", "attn_implementation=sdpa"]
 MODELS = {
-    "t5-small": ["--global-batch-size", "16", "--seq-len", "32", "--target-len", "8",
-                         "--optimizers", "adamw_torch,adafactor"],
-    "gpt2": ["--global-batch-size", "8", "--seq-len", "64",
-             "--optimizers", "adamw_torch,adamw_torch_fused"],
-}  # fmt: skip
+    "t5-small": [
+        "--global-batch-size",
+        "16",
+        "--seq-len",
+        "32",
+        "--target-len",
+        "8",
+        "--optimizers",
+        "adamw_torch,adafactor",
+    ],
+    "gpt2": [
+        "--global-batch-size",
+        "8",
+        "--seq-len",
+        "64",
+        "--optimizers",
+        "adamw_torch,adamw_torch_fused",
+    ],
+}
 COMMON = [
-    "--precisions", "fp32,bf16", "--checkpointing", "on,off", "--fixed-steps",
-    "--warmup-steps", "1", "--measure-steps", "14", "--max-trials", "16",
-    "--confirm-top", "0", "--parity", "off", "--sampler", "random", "--quiet", *PLAIN,
-]  # fmt: skip
+    "--precisions",
+    "fp32,bf16",
+    "--checkpointing",
+    "on,off",
+    "--fixed-steps",
+    "--warmup-steps",
+    "1",
+    "--measure-steps",
+    "14",
+    "--max-trials",
+    "16",
+    "--confirm-top",
+    "0",
+    "--parity",
+    "off",
+    "--sampler",
+    "random",
+    "--quiet",
+    *PLAIN,
+]
 
 
 def record(model: str, work: Path) -> list[dict[str, object]]:

@@ -42,18 +42,26 @@ SHAPES = {
     # name: (config, micro-batch, tokens)
     "gpt2 512x4 (29M), batch 16x64": ({**GPT2, "n_embd": 512, "n_layer": 4}, 16, 64),
     "gpt2 1024x4 (83M), batch 2x16": ({**GPT2, "n_embd": 1024, "n_layer": 4}, 2, 16),
-}  # fmt: skip
+}
 MiB = 2**20
 
 
 def probe(folder: Path, model: ModelSpec, batch: int, tokens: int, stage: int) -> dict:
     candidate = Candidate(batch, 1, "fp32", False, "adamw_torch", zero_stage=stage)
     config = TrialConfig(
-        number=stage, trial_dir=str(folder / f"zero{stage}"), model=model, candidate=candidate,
-        device="cpu", seq_len=tokens, target_len=0, memory_limit_bytes=None, warmup_steps=2,
-        measure_steps=4, nproc_per_node=2,
+        number=stage,
+        trial_dir=str(folder / f"zero{stage}"),
+        model=model,
+        candidate=candidate,
+        device="cpu",
+        seq_len=tokens,
+        target_len=0,
+        memory_limit_bytes=None,
+        warmup_steps=2,
+        measure_steps=4,
+        nproc_per_node=2,
         training_arguments=tuned_arguments(candidate, device_kind=DeviceKind.CPU),
-    )  # fmt: skip
+    )
     result = run_trial(config, timeout_s=600)
     params = count_parameters(model).total
     return {
@@ -75,8 +83,10 @@ def main() -> None:
         for name, (config, batch, tokens) in list(SHAPES.items())[1:]:
             model = ModelSpec(name, "local", "causal-lm", config)
             for stage in (3,):
-                row = {"shape": name, **probe(Path(tmp) / str(len(rows)), model, batch, tokens,
-                                              stage)}  # fmt: skip
+                row = {
+                    "shape": name,
+                    **probe(Path(tmp) / str(len(rows)), model, batch, tokens, stage),
+                }
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
     print("| shape | ZeRO stage | samples/s | peak per process | estimated states per process |")
@@ -84,8 +94,10 @@ def main() -> None:
     for r in rows:
         stage = "0 (DDP)" if r["stage"] == 0 else str(r["stage"])
         speed = f"{r['samples_per_s']:.2f}" if r["samples_per_s"] else r["outcome"]
-        print(f"| {r['shape']} | {stage} | {speed} | {r['peak_mib']} MiB "
-              f"| {r['static_estimate_mib']} MiB |")  # fmt: skip
+        print(
+            f"| {r['shape']} | {stage} | {speed} | {r['peak_mib']} MiB "
+            f"| {r['static_estimate_mib']} MiB |"
+        )
     if not args.no_append:
         (ROOT / "benchmarks" / "zero_stages.json").write_text(json.dumps(rows, indent=1) + "\n")
 

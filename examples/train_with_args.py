@@ -37,9 +37,11 @@ class ModelArguments:
     )
     attn_implementation: str | None = field(
         default=None,
-        metadata={"help": "eager, sdpa, flash_attention_2, ...: a model argument, not a "
-                  "TrainingArguments field (autotune's summary lists it under model_arguments)"},
-    )  # fmt: skip
+        metadata={
+            "help": "eager, sdpa, flash_attention_2, ...: a model argument, not a "
+            "TrainingArguments field (autotune's summary lists it under model_arguments)"
+        },
+    )
     max_seq_length: int = field(default=128)
     max_target_length: int = field(default=32)
     num_examples: int = field(default=256)

@@ -52,27 +52,62 @@ def prepare(work: Path, lines: int) -> None:
     wrapped.save_pretrained(str(work / "tokenizer"))
     (work / "model").mkdir(exist_ok=True)
     config = {
-        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 64,
-        "n_layer": 2, "n_head": 4, "n_positions": 512, "vocab_size": len(wrapped),
-        "bos_token_id": wrapped.eos_token_id, "eos_token_id": wrapped.eos_token_id,
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "n_embd": 64,
+        "n_layer": 2,
+        "n_head": 4,
+        "n_positions": 512,
+        "vocab_size": len(wrapped),
+        "bos_token_id": wrapped.eos_token_id,
+        "eos_token_id": wrapped.eos_token_id,
         "pad_token_id": wrapped.pad_token_id,
-    }  # fmt: skip
+    }
     (work / "model" / "config.json").write_text(json.dumps(config, indent=2))
     print(f"wrote {corpus} ({lines} lines), {work / 'tokenizer'}, {work / 'model'}")
 
 
 def tune(work: Path, max_trials: int) -> None:
     command = [
-        sys.executable, "-m", "autotune", "search", "--model", "./model", "--device", "cpu",
-        "--dataset", "corpus.txt", "--tokenizer", "./tokenizer", "--study", STUDY,
-        "--global-batch-size", "16", "--precisions", "fp32,bf16", "--optimizers",
-        "adamw_torch", "--checkpointing", "off", "--max-trials", str(max_trials),
-        "--warmup-steps", "1", "--measure-steps", "3", "--confirm-top", "1", "--quiet",
+        sys.executable,
+        "-m",
+        "autotune",
+        "search",
+        "--model",
+        "./model",
+        "--device",
+        "cpu",
+        "--dataset",
+        "corpus.txt",
+        "--tokenizer",
+        "./tokenizer",
+        "--study",
+        STUDY,
+        "--global-batch-size",
+        "16",
+        "--precisions",
+        "fp32,bf16",
+        "--optimizers",
+        "adamw_torch",
+        "--checkpointing",
+        "off",
+        "--max-trials",
+        str(max_trials),
+        "--warmup-steps",
+        "1",
+        "--measure-steps",
+        "3",
+        "--confirm-top",
+        "1",
+        "--quiet",
         # kept plain in this demo: a cold compilation costs ~25 s a probe on a CPU, and
         # train() below batches with padding (a padding-free export would need
         # DataCollatorWithFlattening there; see examples/README.md)
-        "--lever", "torch_compile=false", "--lever", "padding_free=false",
-    ]  # fmt: skip
+        "--lever",
+        "torch_compile=false",
+        "--lever",
+        "padding_free=false",
+    ]
     subprocess.run(command, cwd=work, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 

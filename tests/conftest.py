@@ -122,11 +122,17 @@ def tiny_budgets(tmp_path_factory: pytest.TempPathFactory) -> TinyBudgets:
     peaks, after_imports = {}, {}
     for batch, precision in ((1, "fp32"), (8, "fp32"), (8, "bf16"), (16, "fp32"), (16, "bf16")):
         config = TrialConfig(
-            number=batch, trial_dir=str(work / f"{batch}-{precision}"), model=model,
+            number=batch,
+            trial_dir=str(work / f"{batch}-{precision}"),
+            model=model,
             candidate=Candidate(batch, 64 // batch, precision, False, "adamw_torch"),
-            device="cpu", seq_len=256, target_len=8, memory_limit_bytes=None,
-            warmup_steps=2, measure_steps=3,
-        )  # fmt: skip
+            device="cpu",
+            seq_len=256,
+            target_len=8,
+            memory_limit_bytes=None,
+            warmup_steps=2,
+            measure_steps=3,
+        )
         result = run_trial(config, timeout_s=300)
         assert result.peak_memory_bytes, result
         peaks[(batch, precision)] = result.peak_memory_bytes
@@ -139,9 +145,13 @@ def tiny_budgets(tmp_path_factory: pytest.TempPathFactory) -> TinyBudgets:
 # plain in the searches whose tests are about something else: their spaces stay the size
 # the tests count on. tests/tuning/test_levers_search.py searches the levers.
 PLAIN_LEVERS = (
-    "--lever", "torch_compile=false", "--lever", "attn_implementation=sdpa",
-    "--lever", "zero_stage=0",
-)  # fmt: skip
+    "--lever",
+    "torch_compile=false",
+    "--lever",
+    "attn_implementation=sdpa",
+    "--lever",
+    "zero_stage=0",
+)
 
 
 def worker_search_args(max_trials: int) -> list[str]:
@@ -149,12 +159,33 @@ def worker_search_args(max_trials: int) -> list[str]:
     test coordination, and some share one PostgreSQL server: --no-reuse keeps one test's
     study from taking over what another's measured."""
     return [
-        "search", "--model", "./tiny", "--device", "cpu", "--no-reuse",
-        *PLAIN_LEVERS, "--global-batch-size", "16",
-        "--seq-len", "64", "--precisions", "fp32,bf16", "--optimizers", "adamw_torch,adafactor",
-        "--checkpointing", "off", "--max-trials", str(max_trials), "--warmup-steps", "1",
-        "--measure-steps", "2", "--confirm-top", "1", "--quiet",
-    ]  # fmt: skip
+        "search",
+        "--model",
+        "./tiny",
+        "--device",
+        "cpu",
+        "--no-reuse",
+        *PLAIN_LEVERS,
+        "--global-batch-size",
+        "16",
+        "--seq-len",
+        "64",
+        "--precisions",
+        "fp32,bf16",
+        "--optimizers",
+        "adamw_torch,adafactor",
+        "--checkpointing",
+        "off",
+        "--max-trials",
+        str(max_trials),
+        "--warmup-steps",
+        "1",
+        "--measure-steps",
+        "2",
+        "--confirm-top",
+        "1",
+        "--quiet",
+    ]
 
 
 def probe_trials(trials: list[Any]) -> list[Any]:

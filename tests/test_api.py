@@ -22,11 +22,22 @@ def test_search_from_python_exports_what_load_gives_back(
     model = write_model(tmp_path / "tiny", TINY_GPT2)
     levers = [v for v in PLAIN_LEVERS if v != "--lever"]
     outcome = autotune.search(
-        str(model), memory_budget="4GiB", time_budget="5m", device="cpu", levers=levers,
-        global_batch_size=8, seq_len=32, precisions="fp32", optimizers=["adamw_torch"],
-        checkpointing="off", max_trials=1, warmup_steps=1, measure_steps=2, confirm_top=0,
+        str(model),
+        memory_budget="4GiB",
+        time_budget="5m",
+        device="cpu",
+        levers=levers,
+        global_batch_size=8,
+        seq_len=32,
+        precisions="fp32",
+        optimizers=["adamw_torch"],
+        checkpointing="off",
+        max_trials=1,
+        warmup_steps=1,
+        measure_steps=2,
+        confirm_top=0,
         quiet=True,
-    )  # fmt: skip
+    )
     assert outcome.study_name == "tiny" and outcome.probes_this_run == 1
     assert outcome.output == Path("studies/tiny.best.json")
     exported = json.loads(outcome.output.read_text())
@@ -60,11 +71,20 @@ def test_search_takes_a_factory_function_and_returns_the_users_arguments_class(
         outcome = autotune.search(
             job.untyped,  # its class from the arguments object given
             base_args=SFTConfig(**BASE_ARGS, use_cpu=True),
-            memory_budget="4GiB", time_budget="5m", device="cpu", precisions="fp32",
-            optimizers="adamw_torch", checkpointing="off", max_trials=1, warmup_steps=1,
-            measure_steps=2, confirm_top=0, parity="off", levers=["torch_compile=false"],
+            memory_budget="4GiB",
+            time_budget="5m",
+            device="cpu",
+            precisions="fp32",
+            optimizers="adamw_torch",
+            checkpointing="off",
+            max_trials=1,
+            warmup_steps=1,
+            measure_steps=2,
+            confirm_top=0,
+            parity="off",
+            levers=["torch_compile=false"],
             quiet=True,
-        )  # fmt: skip
+        )
     finally:
         sys.modules.pop("job", None)
     args = outcome.arguments()

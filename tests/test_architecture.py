@@ -135,8 +135,14 @@ def test_every_public_name_resolves_to_where_its_package_says(package: str) -> N
         "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
         "print(json.dumps([sorted(package.__all__), wrong, heavy]))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     public, wrong, heavy = json.loads(done.stdout.splitlines()[-1])
     assert public == sorted(names)  # __all__ and the imports name the same things
@@ -175,7 +181,13 @@ def test_review_commands_import_neither_torch_nor_transformers(
         f"main({[*command, '--study', 'mt5-small']!r})\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -37,9 +37,13 @@ def test_the_readmes_job_gives_the_workload_and_a_time_budget_and_the_plan_does_
 def test_a_selected_config_scores_by_the_grids_truth() -> None:
     grid = {
         "first_pass": {"a": 5.0, "b": 4.6, "c": 4.0, "d": 2.0},
-        "truth": {"best": "a", "ties": ["a", "b"], "ratios": {"a": 1.0, "b": 0.98, "c": 0.9},
-                  "rounds": {"a": [5.0, 5.2, 4.8], "b": [4.9, 5.0, 4.7], "c": [4.5, 4.6, 4.4]}},
-    }  # fmt: skip
+        "truth": {
+            "best": "a",
+            "ties": ["a", "b"],
+            "ratios": {"a": 1.0, "b": 0.98, "c": 0.9},
+            "rounds": {"a": [5.0, 5.2, 4.8], "b": [4.9, 5.0, 4.7], "c": [4.5, 4.6, 4.4]},
+        },
+    }
     assert ratio("b", grid) == 1.0  # a tie with the best counts as found
     assert ratio("c", grid) == 0.9  # a contender: its paired ratio
     assert ratio("d", grid) == 2.0 / 5.0  # the rest: its first run over the best's median

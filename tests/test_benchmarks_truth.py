@@ -84,8 +84,10 @@ def test_another_days_rounds_are_pooled_with_the_recorded_ones() -> None:
     """Day one timed 'b' at 0.94 of 'a', tightly; day two times them level. Pooled, 'b'
     sits between, its interval spanning both days' rounds; the new rounds are numbered
     after the recorded ones, and rounds to settle a tie are counted from day two."""
-    day_one = {"a": {r: 100.0 for r in range(ROUNDS)},
-               "b": {r: 94.0 + (r % 2) * 0.5 for r in range(ROUNDS)}}  # fmt: skip
+    day_one = {
+        "a": {r: 100.0 for r in range(ROUNDS)},
+        "b": {r: 94.0 + (r % 2) * 0.5 for r in range(ROUNDS)},
+    }
     alone = paired(day_one)
     assert "b" not in alone.ties and alone.half_widths["b"] < 0.01
     host = Host({"a": 100.0, "b": 100.0}, drift=0.0, jitter=0.01)

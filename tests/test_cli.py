@@ -172,8 +172,17 @@ def test_parallel_cpu_probes_cannot_share_more_memory_than_the_machine_has(
     from autotune.system.devices import cpu_memory_bytes
 
     budget = int(0.6 * cpu_memory_bytes())
-    argv = ["search", "--model", "gpt2", "--device", "cpu", "--parallel", "2",
-            "--memory-budget", f"{budget}B"]  # fmt: skip
+    argv = [
+        "search",
+        "--model",
+        "gpt2",
+        "--device",
+        "cpu",
+        "--parallel",
+        "2",
+        "--memory-budget",
+        f"{budget}B",
+    ]
     code, err = run(argv, capsys)
     assert code == 2 and "--parallel 2 probes at once exceeds this machine" in err
     assert_nothing_written(in_tmp)
@@ -278,15 +287,28 @@ def test_export_refuses_options_that_would_be_ignored(
 
 
 def test_estimate_as_json_for_scripts(capsys: pytest.CaptureFixture[str]) -> None:
-    main(["estimate", "--model", "gpt2", "--device", "cpu", "--precisions", "fp32,bf16",
-          "--optimizers", "adamw_torch,adafactor", "--format", "json"])  # fmt: skip
+    main(
+        [
+            "estimate",
+            "--model",
+            "gpt2",
+            "--device",
+            "cpu",
+            "--precisions",
+            "fp32,bf16",
+            "--optimizers",
+            "adamw_torch,adafactor",
+            "--format",
+            "json",
+        ]
+    )
     data = json.loads(capsys.readouterr().out)
     assert data["parameters"] == 124_439_808 and len(data["rows"]) == 2 * 2 * 2
     for row in data["rows"]:  # the peak: backward's activations or the optimizer's step
-        static = sum(row[k] for k in ("weights_bytes", "gradients_bytes",
-                                      "optimizer_state_bytes"))  # fmt: skip
-        moment = max(row["activations_bytes"], row["optimizer_step_bytes"],
-                     row["embedding_gradient_bytes"])  # fmt: skip
+        static = sum(row[k] for k in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes"))
+        moment = max(
+            row["activations_bytes"], row["optimizer_step_bytes"], row["embedding_gradient_bytes"]
+        )
         assert row["total_bytes"] == static + moment
     # AdamW on the CPU steps a tensor at a time: two copies of the largest, gpt2's
     # 50257 x 768 embedding
@@ -300,9 +322,15 @@ def test_estimate_as_json_for_scripts(capsys: pytest.CaptureFixture[str]) -> Non
 def test_search_help_groups_its_options(capsys: pytest.CaptureFixture[str]) -> None:
     main(["search", "--help"])
     out = capsys.readouterr().out
-    headings = ["Common:", "Advanced: the workload:", "Advanced: your data:",
-                "Advanced: what to try:", "Advanced: how to search:",
-                "Advanced: storage and workers:", "Advanced: output:"]  # fmt: skip
+    headings = [
+        "Common:",
+        "Advanced: the workload:",
+        "Advanced: your data:",
+        "Advanced: what to try:",
+        "Advanced: how to search:",
+        "Advanced: storage and workers:",
+        "Advanced: output:",
+    ]
     positions = [out.index(h) for h in headings]
     assert positions == sorted(positions) and "Other options:" not in out
     common = out[out.index("Common:") : out.index("Advanced: the workload:")]
@@ -313,8 +341,13 @@ def test_search_help_groups_its_options(capsys: pytest.CaptureFixture[str]) -> N
         "--time-budget",
     ]
     assert common.count("\n  --") <= 8 and "30m]" in common
-    for lever in ("torch_compile", "attn_implementation", "use_liger_kernel", "padding_free",
-                  "dataloader_num_workers"):  # fmt: skip
+    for lever in (
+        "torch_compile",
+        "attn_implementation",
+        "use_liger_kernel",
+        "padding_free",
+        "dataloader_num_workers",
+    ):
         assert lever in out  # every searched dimension, and when it is offered
 
 

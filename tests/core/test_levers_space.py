@@ -14,10 +14,13 @@ from autotune.store._params import candidate_of, candidate_params, distributions
 
 LEVERED = dataclasses.replace(
     SPACE,
-    levers=(("torch_compile", (False, True)), ("attn_implementation", ("sdpa", "eager")),
-            ("use_liger_kernel", (False,))),
+    levers=(
+        ("torch_compile", (False, True)),
+        ("attn_implementation", ("sdpa", "eager")),
+        ("use_liger_kernel", (False,)),
+    ),
     not_offered=(("use_liger_kernel", "liger-kernel is not installed"),),
-)  # fmt: skip
+)
 
 
 def test_every_combination_of_the_searched_levers_is_a_candidate() -> None:
@@ -25,8 +28,11 @@ def test_every_combination_of_the_searched_levers_is_a_candidate() -> None:
     assert len(candidates) == LEVERED.size == SPACE.size * 4
     assert len(set(candidates)) == len(candidates)
     assert {(c.torch_compile, c.attn_implementation) for c in candidates} == {
-        (False, "sdpa"), (False, "eager"), (True, "sdpa"), (True, "eager"),
-    }  # fmt: skip
+        (False, "sdpa"),
+        (False, "eager"),
+        (True, "sdpa"),
+        (True, "eager"),
+    }
     assert not any(c.use_liger_kernel for c in candidates)
 
 

@@ -107,13 +107,21 @@ def test_changes_split_into_what_keeps_and_what_alters_the_arithmetic() -> None:
 
 
 def test_a_diverged_config_is_never_selected_and_the_state_survives_the_study() -> None:
-    state = ParityState(cand(16), 30, 1e-3, 0, {"reference": REFERENCE},
-                        {"bf16|adamw_torch": Parity(Status.DIVERGED, "learns slower")})  # fmt: skip
+    state = ParityState(
+        cand(16),
+        30,
+        1e-3,
+        0,
+        {"reference": REFERENCE},
+        {"bf16|adamw_torch": Parity(Status.DIVERGED, "learns slower")},
+    )
     state = ParityState.from_json(state.to_json())
     fast = rec(1, cand(16, "bf16"), sps=30.0)
     plain = rec(2, cand(8), sps=10.0)
-    records = [r.__class__(r.number, r.candidate, r.result, 1, state.verdict(r.candidate))
-               for r in (fast, plain)]  # fmt: skip
+    records = [
+        r.__class__(r.number, r.candidate, r.result, 1, state.verdict(r.candidate))
+        for r in (fast, plain)
+    ]
     assert records[0].parity is not None and records[0].parity.status == Status.DIVERGED
     assert records[1].parity is not None and records[1].parity.status == Status.SAME
     best = select_best(records, fit_limit_bytes=SPEC.fit_limit_bytes)
@@ -123,9 +131,17 @@ def test_a_diverged_config_is_never_selected_and_the_state_survives_the_study() 
 
 def test_a_rerun_retries_what_did_not_finish_and_other_settings_start_over() -> None:
     failed = Curve((), 0, 30, "out of memory")
-    state = ParityState(cand(16), 30, 1e-3, 0, {"reference": failed, "twin": REFERENCE},
-                        {"bf16|adamw_torch": Parity(Status.UNCHECKED, "no reference"),
-                         "fp32|sgd": Parity(Status.DIVERGED, "slower")})  # fmt: skip
+    state = ParityState(
+        cand(16),
+        30,
+        1e-3,
+        0,
+        {"reference": failed, "twin": REFERENCE},
+        {
+            "bf16|adamw_torch": Parity(Status.UNCHECKED, "no reference"),
+            "fp32|sgd": Parity(Status.DIVERGED, "slower"),
+        },
+    )
     retry = state.retrying()
     assert retry.curves == {} and list(retry.verdicts) == ["fp32|sgd"]
     assert state.same_setup(ParityState(cand(8), 30, 1e-3, 0))  # another split: same arithmetic

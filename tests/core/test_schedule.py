@@ -87,8 +87,7 @@ def test_a_window_most_of_whose_steps_stalled_is_not_closed() -> None:
 def test_fast_steps_are_measured_for_a_time_before_any_window_closes() -> None:
     # 80 ms steps with two slow ones among the first three: three are a third of a
     # second, so the window stays open until a second of steps (12) is in
-    schedule = Schedule(max_warmup=3, max_measure=3, incumbent_s=0.09, min_window_s=1.0,
-                        most=20)  # fmt: skip
+    schedule = Schedule(max_warmup=3, max_measure=3, incumbent_s=0.09, min_window_s=1.0, most=20)
     steps = [0.08, 0.14, 0.13] + [0.08] * 17
     stops = [schedule.stop_reason(steps[:n]) for n in range(1, 21)]
     assert stops[:11] == [""] * 11  # neither the full window nor a tight band closes it
@@ -123,8 +122,7 @@ def replay(
     incumbent: float | None = None
     medians, stops, steps = [], [], 0
     for durations in series:
-        schedule = Schedule(max_warmup=max_warmup, max_measure=max_measure,
-                            incumbent_s=incumbent)  # fmt: skip
+        schedule = Schedule(max_warmup=max_warmup, max_measure=max_measure, incumbent_s=incumbent)
         warmup = warmup_of(schedule, durations)
         assert warmup is not None
         measured: list[float] = []
@@ -156,8 +154,7 @@ def test_early_stopping_keeps_the_config_a_full_measurement_selects(model: str) 
     orders += [rng.sample(orders[0], len(recorded)) for _ in range(200)]
     spent, whole = 0, 15 * len(recorded)
     for order in orders:
-        medians, stops, steps = replay([recorded[i] for i in order], max_warmup=3,
-                                       max_measure=12)  # fmt: skip
+        medians, stops, steps = replay([recorded[i] for i in order], max_warmup=3, max_measure=12)
         winner = order[medians.index(min(medians))]
         position = order.index(full.index(best))
         assert "clearly" not in stops[position], (order, stops[position])

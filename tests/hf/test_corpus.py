@@ -25,10 +25,20 @@ def write_jsonl(path: Path, rows: list[dict[str, str]]) -> Path:
 
 def options(tmp_path: Path, **changes: object) -> dict[str, object]:
     base: dict[str, object] = dict(
-        split="train", task="causal-lm", text_column=None, target_column=None,
-        tokenizer=None, model_name="unused", vocab_size=100, seq_len=None, target_len=None,
-        max_positions=64, micro_batches=(1, 2), global_batch=2, out_dir=tmp_path / "data",
-    )  # fmt: skip
+        split="train",
+        task="causal-lm",
+        text_column=None,
+        target_column=None,
+        tokenizer=None,
+        model_name="unused",
+        vocab_size=100,
+        seq_len=None,
+        target_len=None,
+        max_positions=64,
+        micro_batches=(1, 2),
+        global_batch=2,
+        out_dir=tmp_path / "data",
+    )
     return base | changes
 
 
@@ -109,8 +119,11 @@ def test_tokens_outside_the_models_vocabulary_are_refused(tmp_path: Path) -> Non
 def test_a_missing_text_column_names_the_columns(tmp_path: Path, tokenizer_dir: Path) -> None:
     source = write_jsonl(tmp_path / "d.jsonl", [{"body": "a b"}])
     with pytest.raises(UsageError, match=r"no column 'text'.*columns: body"):
-        prepare(**options(tmp_path, source=str(source), text_column="text",
-                          tokenizer=str(tokenizer_dir)))  # fmt: skip
+        prepare(
+            **options(
+                tmp_path, source=str(source), text_column="text", tokenizer=str(tokenizer_dir)
+            )
+        )
 
 
 def _tokenized(tmp_path: Path, rows: dict[str, list[object]]) -> str:
@@ -150,8 +163,12 @@ def test_local_files_of_each_format_load(tmp_path: Path, suffix: str) -> None:
 
     table = datasets.Dataset.from_dict({"text": ["a b", "c d e"], "label": [0, 1]})
     path = tmp_path / f"d{suffix}"
-    {".csv": table.to_csv, ".parquet": table.to_parquet, ".json": table.to_json,
-     ".jsonl": table.to_json}[suffix](str(path))  # fmt: skip
+    {
+        ".csv": table.to_csv,
+        ".parquet": table.to_parquet,
+        ".json": table.to_json,
+        ".jsonl": table.to_json,
+    }[suffix](str(path))
     loaded = load_source(str(path), split="train")
     assert list(loaded["text"]) == ["a b", "c d e"] and list(loaded["label"]) == [0, 1]
 

@@ -17,23 +17,44 @@ from autotune.hf.levers import offer, parse_lever_options
 
 GPT2 = ModelSpec("gpt2", "local", "causal-lm", TINY_GPT2)
 T5 = ModelSpec("t5", "local", "seq2seq", TINY_T5)
-LLAMA = ModelSpec("llama", "local", "causal-lm", {
-    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
-    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 4, "vocab_size": 512,
-})  # fmt: skip
-OPT = ModelSpec("opt", "local", "causal-lm", {
-    "model_type": "opt", "architectures": ["OPTForCausalLM"], "hidden_size": 64,
-    "ffn_dim": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 512,
-    "word_embed_proj_dim": 64,
-})  # fmt: skip
+LLAMA = ModelSpec(
+    "llama",
+    "local",
+    "causal-lm",
+    {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "vocab_size": 512,
+    },
+)
+OPT = ModelSpec(
+    "opt",
+    "local",
+    "causal-lm",
+    {
+        "model_type": "opt",
+        "architectures": ["OPTForCausalLM"],
+        "hidden_size": 64,
+        "ffn_dim": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "vocab_size": 512,
+        "word_embed_proj_dim": 64,
+    },
+)
 
 
 def offered(
     model: ModelSpec, *, dataset: bool = False, **kw: Any
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    levers, reasons = offer(model, DeviceKind.CPU, dataset=dataset, fixed=kw.pop("fixed", {}),
-                            asked=kw.pop("asked", {}))  # fmt: skip
+    levers, reasons = offer(
+        model, DeviceKind.CPU, dataset=dataset, fixed=kw.pop("fixed", {}), asked=kw.pop("asked", {})
+    )
     return dict(levers), dict(reasons)
 
 
@@ -43,8 +64,9 @@ def test_on_this_cpu_compile_and_the_attention_kernels_are_searched() -> None:
     assert levers["attn_implementation"] == ("sdpa", "eager")  # the model's default first
     assert "flash-attn" in reasons["attn_implementation"]
     assert "use_liger_kernel" not in levers  # Triton kernels: never on the CPU
-    assert reasons["use_liger_kernel"].startswith(("liger-kernel is not installed",
-                                                   "liger kernels are Triton kernels"))  # fmt: skip
+    assert reasons["use_liger_kernel"].startswith(
+        ("liger-kernel is not installed", "liger kernels are Triton kernels")
+    )
     assert "several GPUs" in reasons["fsdp"]
     assert (
         "--dataset" in reasons["padding_free"] and "--dataset" in reasons["dataloader_num_workers"]
@@ -136,8 +158,10 @@ def test_zero_is_offered_only_to_several_processes_with_deepspeed_and_says_why_n
     pytest.importorskip("deepspeed")
     assert zero(nproc_per_node=2) == ((0, 1, 2, 3), "")
     monkeypatch.setenv("CXX", "/nonexistent/g++")
-    assert zero(nproc_per_node=2) == (None, "DeepSpeed on the CPU builds a C++ op "
-                                            "(/nonexistent/g++ not found)")  # fmt: skip
+    assert zero(nproc_per_node=2) == (
+        None,
+        "DeepSpeed on the CPU builds a C++ op (/nonexistent/g++ not found)",
+    )
     monkeypatch.delenv("CXX")
     real = importlib.util.find_spec
     absent = lambda name, *a: None if name == "deepspeed" else real(name, *a)  # noqa: E731

@@ -21,8 +21,12 @@ def test_a_stage_exports_a_config_the_trainer_completes_and_no_optimizer_of_its_
         assert config["zero_optimization"]["stage"] == stage
         assert "optimizer" not in config  # the candidate's optimizer is the one sharded
         autos = [k for k, v in config.items() if v == "auto"]
-        assert set(autos) == {"train_micro_batch_size_per_gpu", "train_batch_size",
-                              "gradient_accumulation_steps", "gradient_clipping"}  # fmt: skip
+        assert set(autos) == {
+            "train_micro_batch_size_per_gpu",
+            "train_batch_size",
+            "gradient_accumulation_steps",
+            "gradient_clipping",
+        }
         assert config["zero_optimization"]["reduce_bucket_size"] == "auto"  # not 2 GB
     assert "stage3_prefetch_bucket_size" in deepspeed_config(3)["zero_optimization"]
     with pytest.raises(ValueError, match="stages are 1, 2 and 3"):
@@ -47,8 +51,9 @@ def test_the_command_line_form_parses_back_to_the_same_config() -> None:
     args = tuned_arguments(zero, device_kind=DeviceKind.CPU)
     words = shlex.split(cli_flags({"deepspeed": args["deepspeed"]}))
     parser = HfArgumentParser(TrainingArguments)  # type: ignore[arg-type]
-    (parsed,) = parser.parse_args_into_dataclasses([*words, "--output_dir", "x", "--use_cpu",
-                                                    "true"])  # fmt: skip
+    (parsed,) = parser.parse_args_into_dataclasses(
+        [*words, "--output_dir", "x", "--use_cpu", "true"]
+    )
     assert parsed.deepspeed == json.loads(json.dumps(args["deepspeed"]))
     validate({**args, "output_dir": "x"}, error=UsageError, where="test")
 

@@ -111,8 +111,15 @@ def test_a_ddp_rank_that_dies_without_result_is_named_in_the_reason(
     rank's exception, or the signal that killed it (torchrun's root cause)."""
     script = tmp_path / "rank.py"
     script.write_text(code)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node=2", f"--log-dir={tmp_path / 'logs'}", str(script)]  # fmt: skip
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        f"--log-dir={tmp_path / 'logs'}",
+        str(script),
+    ]
     result = run_trial(config(tmp_path), timeout_s=60, command=torchrun)
     assert result.outcome == Outcome.ERROR
     assert result.reason.startswith("exit code 1; no result.json; ") and said in result.reason
@@ -244,12 +251,18 @@ def test_a_ddp_probe_killed_mid_run_leaves_no_process(tmp_path: Path) -> None:
     from conftest import TINY_GPT2
 
     trial = TrialConfig(
-        number=0, trial_dir=str(tmp_path / "ddp-killed"),
+        number=0,
+        trial_dir=str(tmp_path / "ddp-killed"),
         model=ModelSpec("tiny", "local", "causal-lm", TINY_GPT2),
-        candidate=Candidate(16, 1, "fp32", False, "adamw_torch"), device="cpu", seq_len=64,
-        target_len=0, memory_limit_bytes=None, warmup_steps=1, measure_steps=100_000,
+        candidate=Candidate(16, 1, "fp32", False, "adamw_torch"),
+        device="cpu",
+        seq_len=64,
+        target_len=0,
+        memory_limit_bytes=None,
+        warmup_steps=1,
+        measure_steps=100_000,
         nproc_per_node=2,
-    )  # fmt: skip
+    )
     result = run_trial(trial, timeout_s=25)  # the ranks are training by then
     assert result.outcome == Outcome.TIMEOUT
     deadline = time.monotonic() + 10
@@ -270,9 +283,18 @@ def test_a_forked_probe_reports_the_peak_a_fresh_process_would(
     model = resolve_model(str(tiny_gpt2))
 
     def config(name: str) -> TrialConfig:
-        return TrialConfig(number=0, trial_dir=str(tmp_path / name), model=model,
-                           candidate=CANDIDATE, device="cpu", seq_len=64, target_len=8,
-                           memory_limit_bytes=None, warmup_steps=1, measure_steps=2)  # fmt: skip
+        return TrialConfig(
+            number=0,
+            trial_dir=str(tmp_path / name),
+            model=model,
+            candidate=CANDIDATE,
+            device="cpu",
+            seq_len=64,
+            target_len=8,
+            memory_limit_bytes=None,
+            warmup_steps=1,
+            measure_steps=2,
+        )
 
     fresh = run_trial(config("fresh"), timeout_s=300)
     server = ForkServer(tmp_path / "forkserver.log", data_limit=None)

@@ -22,18 +22,30 @@ GIB = 2**30
 
 
 def python(code: str, **env: str) -> str:
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True, timeout=300, env={**os.environ, **env})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
     return done.stdout
 
 
 def probe(tmp_path: Path, name: str, **kw: object) -> TrialConfig:
     args: dict[str, object] = dict(
-        number=0, trial_dir=str(tmp_path / name),
+        number=0,
+        trial_dir=str(tmp_path / name),
         model=ModelSpec("t", "local", "causal-lm", TINY_GPT2),
-        candidate=Candidate(8, 1, "fp32", False, "adamw_torch"), device="cuda:0", seq_len=64,
-        target_len=0, memory_limit_bytes=4 * GIB, warmup_steps=2, measure_steps=5,
-    )  # fmt: skip
+        candidate=Candidate(8, 1, "fp32", False, "adamw_torch"),
+        device="cuda:0",
+        seq_len=64,
+        target_len=0,
+        memory_limit_bytes=4 * GIB,
+        warmup_steps=2,
+        measure_steps=5,
+    )
     args.update(kw)
     return TrialConfig(**args)  # type: ignore[arg-type]
 
@@ -76,8 +88,13 @@ def test_an_allocation_over_the_cap_is_a_typed_oom_and_the_next_probe_is_clean(
 ) -> None:
     # 4096 x 256 tokens: the logits alone are 2 GiB (the tiny model has 256 positions;
     # a longer sequence is an indexing error, a device-side assert on CUDA, not an OOM)
-    big = probe(tmp_path, "big", candidate=Candidate(4096, 1, "fp32", False, "adamw_torch"),
-                seq_len=256, memory_limit_bytes=2 * GIB)  # fmt: skip
+    big = probe(
+        tmp_path,
+        "big",
+        candidate=Candidate(4096, 1, "fp32", False, "adamw_torch"),
+        seq_len=256,
+        memory_limit_bytes=2 * GIB,
+    )
     result = run_trial(big, timeout_s=300)
     assert result.outcome == Outcome.OOM, result
     assert "OutOfMemoryError" in result.error or "out of memory" in result.error
@@ -104,8 +121,13 @@ def test_fast_steps_are_measured_by_time_not_by_count(tmp_path: Path) -> None:
 def test_fp16_fused_adamw_skips_are_seen_through_the_loss_scale(tmp_path: Path) -> None:
     """An initial scale of 2**16 overflows for a few steps: seen (not hidden by the fused
     optimizer), and counted as calibration, not instability."""
-    fused = probe(tmp_path, "fused", candidate=Candidate(8, 1, "fp16", False, "adamw_torch_fused"),
-                  warmup_steps=1, measure_steps=10)  # fmt: skip
+    fused = probe(
+        tmp_path,
+        "fused",
+        candidate=Candidate(8, 1, "fp16", False, "adamw_torch_fused"),
+        warmup_steps=1,
+        measure_steps=10,
+    )
     result = run_trial(fused, timeout_s=300)
     assert result.outcome == Outcome.OK, result.reason
 
@@ -131,8 +153,9 @@ def test_two_rank_zero_probes_run_on_gpus(tmp_path: Path, stage: int) -> None:
 
     candidate = Candidate(8, 1, "bf16", False, "adamw_torch", zero_stage=stage)
     args = tuned_arguments(candidate, device_kind=DeviceKind.CUDA)
-    config = probe(tmp_path, f"zero{stage}", candidate=candidate, nproc_per_node=2,
-                   training_arguments=args)  # fmt: skip
+    config = probe(
+        tmp_path, f"zero{stage}", candidate=candidate, nproc_per_node=2, training_arguments=args
+    )
     result = run_trial(config, timeout_s=600)
     assert result.outcome == Outcome.OK, result.reason
     assert result.versions["world_size"] == "2" and result.peak_memory_bytes

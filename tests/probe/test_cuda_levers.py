@@ -13,18 +13,38 @@ from autotune.hf.levers import offer
 from autotune.launch.runner import run_trial
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow]
-LLAMA = ModelSpec("llama", "local", "causal-lm", {
-    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256,
-    "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 4, "vocab_size": 4096, "max_position_embeddings": 512,
-})  # fmt: skip
+LLAMA = ModelSpec(
+    "llama",
+    "local",
+    "causal-lm",
+    {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "vocab_size": 4096,
+        "max_position_embeddings": 512,
+    },
+)
 
 
 def probe(tmp_path: Path, name: str, **levers: object) -> TrialConfig:
     candidate = Candidate(8, 1, "bf16", False, "adamw_torch", **levers)  # type: ignore[arg-type]
-    return TrialConfig(number=0, trial_dir=str(tmp_path / name), model=LLAMA,
-                       candidate=candidate, device="cuda:0", seq_len=256, target_len=0,
-                       memory_limit_bytes=8 * 2**30, warmup_steps=3, measure_steps=5)  # fmt: skip
+    return TrialConfig(
+        number=0,
+        trial_dir=str(tmp_path / name),
+        model=LLAMA,
+        candidate=candidate,
+        device="cuda:0",
+        seq_len=256,
+        target_len=0,
+        memory_limit_bytes=8 * 2**30,
+        warmup_steps=3,
+        measure_steps=5,
+    )
 
 
 def test_on_a_gpu_compilation_and_flex_attention_are_offered() -> None:

@@ -131,11 +131,16 @@ def test_a_probe_runs_what_its_recipe_says_whatever_accelerates_variables_say(
     from autotune.probe.main import prepare_environment
 
     config = TrialConfig(
-        number=0, trial_dir=str(tmp_path), model=ModelSpec("m", "local", "causal-lm", {}),
-        candidate=Candidate(8, 1, "bf16", False, "adamw_torch", zero_stage=2), device="cpu",
-        seq_len=8, target_len=0, memory_limit_bytes=None,
+        number=0,
+        trial_dir=str(tmp_path),
+        model=ModelSpec("m", "local", "causal-lm", {}),
+        candidate=Candidate(8, 1, "bf16", False, "adamw_torch", zero_stage=2),
+        device="cpu",
+        seq_len=8,
+        target_len=0,
+        memory_limit_bytes=None,
         training_arguments={"deepspeed": {"zero_optimization": {"stage": 2}}},
-    )  # fmt: skip
+    )
     saved = dict(os.environ)  # the probe's environment must not leak into later tests
     try:
         for name in ("WORLD_SIZE", "RANK", "MASTER_PORT"):

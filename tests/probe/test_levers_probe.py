@@ -16,10 +16,17 @@ GPT2 = ModelSpec("gpt2", "local", "causal-lm", TINY_GPT2)
 
 def trial(tmp_path: Path, name: str, candidate: Candidate, **kw: object) -> TrialConfig:
     args: dict[str, object] = dict(
-        number=0, trial_dir=str(tmp_path / name), model=GPT2, candidate=candidate,
-        device="cpu", seq_len=64, target_len=0, memory_limit_bytes=None, warmup_steps=2,
+        number=0,
+        trial_dir=str(tmp_path / name),
+        model=GPT2,
+        candidate=candidate,
+        device="cpu",
+        seq_len=64,
+        target_len=0,
+        memory_limit_bytes=None,
+        warmup_steps=2,
         measure_steps=3,
-    )  # fmt: skip
+    )
     args.update(kw)
     return TrialConfig(**args)  # type: ignore[arg-type]
 
@@ -46,8 +53,9 @@ def test_a_compiled_probe_pays_its_compilation_once_and_says_so(tmp_path: Path) 
 
 def test_the_attention_implementation_asked_for_is_the_one_that_ran(tmp_path: Path) -> None:
     for attention in ("eager", "sdpa"):
-        result = run_trial(trial(tmp_path, attention, plain(attn_implementation=attention)),
-                           timeout_s=300)  # fmt: skip
+        result = run_trial(
+            trial(tmp_path, attention, plain(attn_implementation=attention)), timeout_s=300
+        )
         assert result.outcome == Outcome.OK, result.reason
         assert result.attention == attention
 
@@ -75,10 +83,13 @@ def lines(tmp_path: Path) -> Path:
 
 def test_padding_free_and_loader_workers_run_on_real_batches(tmp_path: Path, lines: Path) -> None:
     padded = run_trial(trial(tmp_path, "padded", plain(), data_path=str(lines)), timeout_s=300)
-    packed = run_trial(trial(tmp_path, "packed", plain(padding_free=True), data_path=str(lines)),
-                       timeout_s=300)  # fmt: skip
-    workers = run_trial(trial(tmp_path, "workers", plain(dataloader_num_workers=1),
-                              data_path=str(lines)), timeout_s=300)  # fmt: skip
+    packed = run_trial(
+        trial(tmp_path, "packed", plain(padding_free=True), data_path=str(lines)), timeout_s=300
+    )
+    workers = run_trial(
+        trial(tmp_path, "workers", plain(dataloader_num_workers=1), data_path=str(lines)),
+        timeout_s=300,
+    )
     for result in (padded, packed, workers):
         assert result.outcome == Outcome.OK, result.reason
     assert padded.padding_fraction is not None and padded.padding_fraction > 0.1

@@ -20,11 +20,17 @@ def parity(
 ) -> Curve:
     args = tuned_arguments(candidate, device_kind="cpu", checkpointing_field=checkpointing_field())
     config = TrialConfig(
-        number=-1, trial_dir=str(tmp_path / name), candidate=candidate, device="cpu",
-        model=ModelSpec("tiny-t5", "local", Task.SEQ2SEQ, TINY_T5), seq_len=32, target_len=8,
-        memory_limit_bytes=None, training_arguments={**args, "learning_rate": lr},
+        number=-1,
+        trial_dir=str(tmp_path / name),
+        candidate=candidate,
+        device="cpu",
+        model=ModelSpec("tiny-t5", "local", Task.SEQ2SEQ, TINY_T5),
+        seq_len=32,
+        target_len=8,
+        memory_limit_bytes=None,
+        training_arguments={**args, "learning_rate": lr},
         parity_steps=steps,
-    )  # fmt: skip
+    )
     result = run_trial(config, timeout_s=300)
     assert result.outcome in (Outcome.OK, Outcome.UNSTABLE), result.error
     return Curve.of(result, steps)

@@ -90,8 +90,12 @@ def test_a_budget_below_what_the_imports_hold_is_an_oom_not_a_hang(
     its result."""
     from autotune.launch.forkserver import ForkServer, ServerStartError
 
-    config = trial(tmp_path, tiny_gpt2, Candidate(8, 2, "fp32", False, "adamw_torch"),
-                   memory_limit_bytes=budget_mib * MIB)  # fmt: skip
+    config = trial(
+        tmp_path,
+        tiny_gpt2,
+        Candidate(8, 2, "fp32", False, "adamw_torch"),
+        memory_limit_bytes=budget_mib * MIB,
+    )
     result = run_trial(config, timeout_s=120)
     assert result.outcome == Outcome.OOM, result.reason
     assert "after its imports the process holds" in result.error
@@ -117,10 +121,12 @@ def test_the_cpu_budget_means_resident_memory_within_a_few_percent(
     peak = tiny_budgets.peaks[(8, "fp32")]  # type: ignore[attr-defined]
     base = dict(seq_len=256, warmup_steps=2, measure_steps=3)
     candidate = Candidate(8, 8, "fp32", False, "adamw_torch")
-    above = trial(tmp_path / "above", tiny_gpt2, candidate, memory_limit_bytes=int(1.08 * peak),
-                  **base)  # fmt: skip
-    below = trial(tmp_path / "below", tiny_gpt2, candidate, memory_limit_bytes=int(0.92 * peak),
-                  **base)  # fmt: skip
+    above = trial(
+        tmp_path / "above", tiny_gpt2, candidate, memory_limit_bytes=int(1.08 * peak), **base
+    )
+    below = trial(
+        tmp_path / "below", tiny_gpt2, candidate, memory_limit_bytes=int(0.92 * peak), **base
+    )
     fits = run_trial(above, timeout_s=300)
     assert fits.outcome == Outcome.OK, fits.reason
     assert (fits.peak_memory_bytes or 0) <= int(1.08 * peak)

@@ -18,10 +18,16 @@ from autotune.probe.shared_model import SharedModel
 
 # 95M parameters (380 MB in fp32): a second copy would add about a fifth to the peak
 MID_GPT2 = {
-    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 768,
-    "n_layer": 8, "n_head": 12, "n_positions": 128, "vocab_size": 50000,
-    "bos_token_id": 0, "eos_token_id": 0,
-}  # fmt: skip
+    "model_type": "gpt2",
+    "architectures": ["GPT2LMHeadModel"],
+    "n_embd": 768,
+    "n_layer": 8,
+    "n_head": 12,
+    "n_positions": 128,
+    "vocab_size": 50000,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+}
 CANDIDATE = Candidate(8, 1, "fp32", False, "adamw_torch", attn_implementation="sdpa")
 
 
@@ -29,11 +35,17 @@ def probe_config(model_dir: Path, trial_dir: Path, attention: str = "sdpa") -> T
     from autotune.hf.models import resolve_model
 
     return TrialConfig(
-        number=0, trial_dir=str(trial_dir), model=resolve_model(str(model_dir)),
+        number=0,
+        trial_dir=str(trial_dir),
+        model=resolve_model(str(model_dir)),
         candidate=dataclasses.replace(CANDIDATE, attn_implementation=attention),
-        device="cpu", seq_len=64, target_len=8, memory_limit_bytes=None,
-        warmup_steps=2, measure_steps=8,
-    )  # fmt: skip
+        device="cpu",
+        seq_len=64,
+        target_len=8,
+        memory_limit_bytes=None,
+        warmup_steps=2,
+        measure_steps=8,
+    )
 
 
 @pytest.mark.slow
@@ -46,11 +58,13 @@ def test_an_inherited_model_gives_the_peak_and_speed_of_a_fresh_process(
     server = ForkServer(tmp_path / "forkserver.log", data_limit=None, shared=shared)
     try:
         assert server.shared_model.startswith("built in")
-        inherited = run_trial(probe_config(model_dir, tmp_path / "inherited"), timeout_s=300,
-                              server=server)  # fmt: skip
+        inherited = run_trial(
+            probe_config(model_dir, tmp_path / "inherited"), timeout_s=300, server=server
+        )
         # another attention: this probe builds its own, and lets the inherited copy go
-        own = run_trial(probe_config(model_dir, tmp_path / "own", "eager"), timeout_s=300,
-                        server=server)  # fmt: skip
+        own = run_trial(
+            probe_config(model_dir, tmp_path / "own", "eager"), timeout_s=300, server=server
+        )
     finally:
         server.close()
     assert inherited.baseline.get("model") == "inherited from the fork server"

@@ -38,14 +38,16 @@ def test_a_fixed_window_keeps_the_steps_after_warm_up() -> None:
 
 def test_a_time_window_closes_at_enough_time_and_enough_steps() -> None:
     # 62.5 ms steps: 2 s of window is 32 measured steps, more than MIN_FAST_STEPS.
-    timer = StepTimer(device_kind="cpu", warmup_steps=2, measure_steps=5, min_window_s=2.0,
-                      clock=Clock(0.0625))  # fmt: skip
+    timer = StepTimer(
+        device_kind="cpu", warmup_steps=2, measure_steps=5, min_window_s=2.0, clock=Clock(0.0625)
+    )
     ran = run(timer, 500)
     assert ran - 2 == 32
     assert len(timer.measured_step_times()) == 32
     # Slow steps: time is there at once, the step floor holds the window open.
-    slow = StepTimer(device_kind="cpu", warmup_steps=1, measure_steps=5, min_window_s=2.0,
-                     clock=Clock(1.0))  # fmt: skip
+    slow = StepTimer(
+        device_kind="cpu", warmup_steps=1, measure_steps=5, min_window_s=2.0, clock=Clock(1.0)
+    )
     assert run(slow, 500) - 1 == MIN_FAST_STEPS
 
 
@@ -87,8 +89,9 @@ def test_a_schedule_ends_warm_up_when_steady_and_drops_a_clearly_slower_config()
     # steps 1-3 slow (a compile), then 5 s steps: steady from step 4; the incumbent steps
     # in 3 s, so the first timed steps already say this one cannot win
     schedule = Schedule(max_warmup=5, max_measure=8, incumbent_s=3.0)
-    timer = StepTimer(device_kind="cpu", warmup_steps=5, clock=Steps([60, 9, 6, 5, 5, 5]),
-                      schedule=schedule)  # fmt: skip
+    timer = StepTimer(
+        device_kind="cpu", warmup_steps=5, clock=Steps([60, 9, 6, 5, 5, 5]), schedule=schedule
+    )
     assert run(timer, 13) == 5
     assert timer.warmup_steps == 3 and timer.measured_step_times() == [5.0, 5.0]
     assert timer.stop_reason == "clearly slower than the best so far"
@@ -108,8 +111,12 @@ def test_the_one_time_cost_counts_the_trainers_setup_and_after_the_run_its_wall_
 
 
 def test_a_scheduled_window_counts_a_skip_in_the_step_that_ended_warm_up() -> None:
-    timer = StepTimer(device_kind="cpu", warmup_steps=3, clock=Steps([1.0] * 10),
-                      schedule=Schedule(max_warmup=3, max_measure=4))  # fmt: skip
+    timer = StepTimer(
+        device_kind="cpu",
+        warmup_steps=3,
+        clock=Steps([1.0] * 10),
+        schedule=Schedule(max_warmup=3, max_measure=4),
+    )
     run(timer, 7, skipped={3})  # a real skip (after good steps) in a timed step
     assert timer.warmup_steps == 1 and timer.skipped_in_window == 1
 
@@ -118,10 +125,20 @@ def test_only_single_process_cpu_probes_of_a_search_get_a_schedule() -> None:
     from autotune.core.trial import Candidate, ModelSpec, TrialConfig
     from autotune.probe._train import schedule_of
 
-    config = TrialConfig(number=0, trial_dir="t", model=ModelSpec("m", "local", "causal-lm", {}),
-                         candidate=Candidate(8, 1, "fp32", False, "adamw_torch"), device="cpu",
-                         seq_len=8, target_len=8, memory_limit_bytes=None, warmup_steps=3,
-                         measure_steps=5, adaptive=True, incumbent_s=2.0)  # fmt: skip
+    config = TrialConfig(
+        number=0,
+        trial_dir="t",
+        model=ModelSpec("m", "local", "causal-lm", {}),
+        candidate=Candidate(8, 1, "fp32", False, "adamw_torch"),
+        device="cpu",
+        seq_len=8,
+        target_len=8,
+        memory_limit_bytes=None,
+        warmup_steps=3,
+        measure_steps=5,
+        adaptive=True,
+        incumbent_s=2.0,
+    )
     schedule = schedule_of(config)
     assert schedule is not None and schedule.incumbent_s == 2.0
     assert (schedule.max_warmup, schedule.max_measure) == (3, 5)

@@ -23,15 +23,22 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 def own_server() -> Iterator[tuple[str, Path]]:
     """A server of this test's own, so restarting it disturbs no other test."""
     folder = Path(tempfile.mkdtemp(prefix="autotune-pg-outage-"))
-    started = subprocess.run(["bash", str(ROOT / ".ci" / "postgres"), str(folder)],
-                             capture_output=True, text=True, check=False)  # fmt: skip
+    started = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "postgres"), str(folder)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if started.returncode != 0:
         pytest.skip(f"no PostgreSQL server could be started: {started.stderr.strip()[:200]}")
     try:
         yield started.stdout.strip(), folder
     finally:
-        subprocess.run(["bash", str(ROOT / ".ci" / "postgres"), "--stop", str(folder)],
-                       capture_output=True, check=False)  # fmt: skip
+        subprocess.run(
+            ["bash", str(ROOT / ".ci" / "postgres"), "--stop", str(folder)],
+            capture_output=True,
+            check=False,
+        )
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -43,9 +50,13 @@ def test_a_search_rides_out_a_database_restart(
     argv = [*worker_search_args(4), "--study", "outage", "--storage", url, "--confirm-top", "0"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "AUTOTUNE_HEARTBEAT_S": "2"}
     search = subprocess.Popen(
-        [sys.executable, "-m", "autotune", *argv], cwd=tmp_path, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "autotune", *argv],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and search.poll() is None:
@@ -56,8 +67,11 @@ def test_a_search_rides_out_a_database_restart(
                 continue
             if any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False)):
                 break
-        restarted = subprocess.run(["bash", str(ROOT / ".ci" / "postgres"), "--restart",
-                                    str(folder)], capture_output=True, text=True)  # fmt: skip
+        restarted = subprocess.run(
+            ["bash", str(ROOT / ".ci" / "postgres"), "--restart", str(folder)],
+            capture_output=True,
+            text=True,
+        )
         assert restarted.returncode == 0, restarted.stderr
         output, _ = search.communicate(timeout=600)
     finally:

@@ -22,10 +22,13 @@ from autotune.tuning.selection import verdict
 
 def measured(peak_gib: float, outcome: Outcome = Outcome.OK, **versions: str) -> TrialResult:
     return TrialResult(
-        outcome, samples_per_s=10.0 if outcome == Outcome.OK else None,
-        peak_memory_bytes=int(peak_gib * GIB), step_time_median_s=0.1, step_times_s=(0.1,) * 5,
+        outcome,
+        samples_per_s=10.0 if outcome == Outcome.OK else None,
+        peak_memory_bytes=int(peak_gib * GIB),
+        step_time_median_s=0.1,
+        step_times_s=(0.1,) * 5,
         versions={**measuring_environment(), "device": "test cpu", **versions},
-    )  # fmt: skip
+    )
 
 
 def study(url: str, name: str, spec: SearchSpec, results: dict[int, TrialResult]) -> StudyStore:
@@ -42,8 +45,7 @@ def test_another_study_of_the_same_measurements_is_reused_with_a_new_budget(
     tmp_path: Path,
 ) -> None:
     url = f"sqlite:///{tmp_path / 'studies.db'}"  # SPEC: an 8 GiB budget
-    study(url, "first", SPEC, {8: measured(1.0), 16: measured(6.0),
-                               32: measured(7.0, Outcome.OOM)})  # fmt: skip
+    study(url, "first", SPEC, {8: measured(1.0), 16: measured(6.0), 32: measured(7.0, Outcome.OOM)})
     smaller = dataclasses.replace(SPEC, memory_budget_bytes=4 * GIB)
     reuse = Reuse.gather(study(url, "smaller", smaller, {}))
     found = reuse.found.get(cand(8))
@@ -68,11 +70,12 @@ def test_nothing_is_reused_from_another_model_device_length_or_version(
     model = dataclasses.replace(SPEC.model, config={"model_type": "gpt2", "n_layer": 3})
     others = {
         "model": dataclasses.replace(SPEC, model=model),
-        "device": dataclasses.replace(SPEC, device=dataclasses.replace(SPEC.device,
-                                                                       name="other cpu")),
+        "device": dataclasses.replace(
+            SPEC, device=dataclasses.replace(SPEC.device, name="other cpu")
+        ),
         "length": dataclasses.replace(SPEC, seq_len=256),
         "recipe": dataclasses.replace(SPEC, base_arguments={"max_grad_norm": 0.5}),
-    }  # fmt: skip
+    }
     for name, spec in others.items():
         study(url, name, spec, {8: measured(1.0)})
     study(url, "old-torch", SPEC, {8: measured(1.0, torch="1.13.0")})
@@ -161,8 +164,7 @@ def test_a_new_study_takes_over_every_reusable_config_before_its_sampler_propose
     tmp_path: Path,
 ) -> None:
     url = f"sqlite:///{tmp_path / 'studies.db'}"
-    study(url, "first", SPEC, {8: measured(1.0), 16: measured(2.0),
-                               32: measured(7.0, Outcome.OOM)})  # fmt: skip
+    study(url, "first", SPEC, {8: measured(1.0), 16: measured(2.0), 32: measured(7.0, Outcome.OOM)})
     new = study(url, "new", SPEC, {16: measured(2.5)})  # its own measurement of 16 stays
     reuse = Reuse.gather(new)
     judge = functools.partial(verdict, spec=SPEC, implied=False)
@@ -243,9 +245,14 @@ def test_parity_runs_are_reused_only_when_made_alike_with_the_same_versions(
 ) -> None:
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     curve = Curve(((0, 5.0), (10, 4.0)), steps=10)
-    ran = ParityState(cand(8), steps=10, learning_rate=1e-4, seed=0,
-                      curves={"reference": curve, "bf16|adamw_torch": curve},
-                      verdicts={"bf16|adamw_torch": Parity(Status.OK)})  # fmt: skip
+    ran = ParityState(
+        cand(8),
+        steps=10,
+        learning_rate=1e-4,
+        seed=0,
+        curves={"reference": curve, "bf16|adamw_torch": curve},
+        verdicts={"bf16|adamw_torch": Parity(Status.OK)},
+    )
     study(url, "first", SPEC, {8: measured(1.0)}).save_parity(ran)
     study(url, "old", SPEC, {8: measured(1.0, torch="1.13.0")}).save_parity(ran)
     reuse = Reuse.gather(study(url, "new", SPEC, {}))

@@ -112,10 +112,23 @@ def test_a_trial_whose_worker_on_another_machine_went_silent_is_probed_again(
         url = str(request.getfixturevalue("postgres_url"))
     name = f"silent-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "AUTOTUNE_HEARTBEAT_S": "1"}
-    argv = [sys.executable, "-m", "autotune", *worker_search_args(1), "--storage", url,
-            "--study", name, "--parity", "off", "--confirm-top", "0"]  # fmt: skip
-    first = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=600, check=False)  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "autotune",
+        *worker_search_args(1),
+        "--storage",
+        url,
+        "--study",
+        name,
+        "--parity",
+        "off",
+        "--confirm-top",
+        "0",
+    ]
+    first = subprocess.run(
+        argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
     assert first.returncode == 0, first.stdout + first.stderr
     os.environ["AUTOTUNE_HEARTBEAT_S"] = "1"
     try:
@@ -124,22 +137,36 @@ def test_a_trial_whose_worker_on_another_machine_went_silent_is_probed_again(
         del os.environ["AUTOTUNE_HEARTBEAT_S"]
     study = optuna.load_study(study_name=name, storage=storage)
     measured = probe_trials(study.get_trials(deepcopy=False))[0]
-    others = {"per_device_train_batch_size": 16} if measured.params[
-        "per_device_train_batch_size"] == 8 else {"per_device_train_batch_size": 8}  # fmt: skip
+    others = (
+        {"per_device_train_batch_size": 16}
+        if measured.params["per_device_train_batch_size"] == 8
+        else {"per_device_train_batch_size": 8}
+    )
     params = {**measured.params, **others}
     study.enqueue_trial(params)
     silent = study.ask()
     batch = params["per_device_train_batch_size"]
-    config = Candidate(batch, 16 // batch, params["precision"],
-                       params["activation_checkpointing"], params["optim"])  # fmt: skip
-    for key, value in {"worker": "far-away|pid:[1]|4242|abc", "host": "far-away", "pid": 4242,
-                       "claim": claim_key(config)}.items():  # fmt: skip
+    config = Candidate(
+        batch, 16 // batch, params["precision"], params["activation_checkpointing"], params["optim"]
+    )
+    for key, value in {
+        "worker": "far-away|pid:[1]|4242|abc",
+        "host": "far-away",
+        "pid": 4242,
+        "claim": claim_key(config),
+    }.items():
         silent.set_user_attr(key, value)
     compat.record_heartbeat(storage, compat.trial_id(storage, study, silent.number))
     time.sleep(4)  # past the grace period: three 1 s heartbeat intervals
-    rerun = subprocess.run([*argv[:-4], "--max-trials", "2", *argv[-4:]], cwd=tmp_path,
-                           env=env, capture_output=True, text=True, timeout=600,
-                           check=False)  # fmt: skip
+    rerun = subprocess.run(
+        [*argv[:-4], "--max-trials", "2", *argv[-4:]],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
     recovered = trials[silent.number]

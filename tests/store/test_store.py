@@ -84,11 +84,19 @@ def _running(number: int, config: object) -> object:
     import optuna
 
     return optuna.trial.FrozenTrial(
-        number=number, state=TrialState.RUNNING, value=None, values=None,
-        datetime_start=None, datetime_complete=None, params={}, distributions={},
+        number=number,
+        state=TrialState.RUNNING,
+        value=None,
+        values=None,
+        datetime_start=None,
+        datetime_complete=None,
+        params={},
+        distributions={},
         user_attrs={Attr.CLAIM: _coordination.claim_key(config)},  # type: ignore[arg-type]
-        system_attrs={}, intermediate_values={}, trial_id=number,
-    )  # fmt: skip
+        system_attrs={},
+        intermediate_values={},
+        trial_id=number,
+    )
 
 
 def test_a_worker_that_stops_sending_heartbeats_loses_its_trial(
@@ -191,10 +199,15 @@ def test_two_processes_asking_one_sqlite_study_never_share_or_lose_a_trial(
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
     start = str(time.time() + 8)  # both are imported and open by then
     runs = [
-        subprocess.Popen([sys.executable, str(script), url, name, start], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, str(script), url, name, start],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(2)
-    ]  # fmt: skip
+    ]
     outputs = [run.communicate(timeout=300) for run in runs]
     for run, (_, err) in zip(runs, outputs, strict=True):
         assert run.returncode == 0, err

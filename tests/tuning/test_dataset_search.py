@@ -18,11 +18,23 @@ pytestmark = pytest.mark.slow
 
 def test_tune_on_local_text_then_train_with_the_export(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "tune_on_local_text.py"), str(tmp_path),
-         "--lines", "200", "--max-trials", "4", "--train-steps", "3"],
-        capture_output=True, text=True, timeout=900, check=False,
+        [
+            sys.executable,
+            str(ROOT / "examples" / "tune_on_local_text.py"),
+            str(tmp_path),
+            "--lines",
+            "200",
+            "--max-trials",
+            "4",
+            "--train-steps",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "data corpus.txt: 200 samples, tokens: max" in done.stdout
     assert "padding waste" in done.stdout
@@ -58,12 +70,39 @@ def test_a_seq2seq_search_on_text_pairs_times_real_batches(tmp_path: Path) -> No
     (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     write_model(tmp_path / "tiny-t5", TINY_T5)
     done = autotune(
-        tmp_path, "search", "--model", "./tiny-t5", "--device", "cpu", *PLAIN_LEVERS, "--dataset",
-        "pairs.jsonl", "--text-column", "document", "--target-column", "summary",
-        "--tokenizer", "./tok", "--global-batch-size", "8", "--precisions", "fp32",
-        "--optimizers", "adamw_torch", "--checkpointing", "off", "--max-trials", "2",
-        "--warmup-steps", "1", "--measure-steps", "2", "--confirm-top", "0", "--quiet",
-    )  # fmt: skip
+        tmp_path,
+        "search",
+        "--model",
+        "./tiny-t5",
+        "--device",
+        "cpu",
+        *PLAIN_LEVERS,
+        "--dataset",
+        "pairs.jsonl",
+        "--text-column",
+        "document",
+        "--target-column",
+        "summary",
+        "--tokenizer",
+        "./tok",
+        "--global-batch-size",
+        "8",
+        "--precisions",
+        "fp32",
+        "--optimizers",
+        "adamw_torch",
+        "--checkpointing",
+        "off",
+        "--max-trials",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--measure-steps",
+        "2",
+        "--confirm-top",
+        "0",
+        "--quiet",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "targets: 64 samples, tokens: max 3" in done.stdout
     assert "33/3 source/target tokens" in done.stdout  # lengths from the data: 11 words x 3

@@ -50,27 +50,69 @@ def test_the_peak_is_backward_or_the_optimizer_step_whichever_is_larger() -> Non
     assert counted.largest == 250112 * 512  # the shared embedding
     device = dataclasses.replace(SPEC.device, kind="cuda", name="NVIDIA H100 80GB HBM3")
     model = resolve_model("google/mt5-small")
-    spec = dataclasses.replace(SPEC, model=model, device=device, seq_len=64, target_len=16,
-                               memory_budget_bytes=4 * GIB, parameters=counted.total,
-                               embedding_parameters=counted.embedding,
-                               largest_parameter=counted.largest)  # fmt: skip
+    spec = dataclasses.replace(
+        SPEC,
+        model=model,
+        device=device,
+        seq_len=64,
+        target_len=16,
+        memory_budget_bytes=4 * GIB,
+        parameters=counted.total,
+        embedding_parameters=counted.embedding,
+        largest_parameter=counted.largest,
+    )
     one = cand(1)  # 1x16 in that search, here 1x64: both accumulate
-    adamw = breakdown(counted.total, model.config, model.task, one, 64, 16, largest=counted.largest,
-                      device_kind="cuda")  # fmt: skip
+    adamw = breakdown(
+        counted.total,
+        model.config,
+        model.task,
+        one,
+        64,
+        16,
+        largest=counted.largest,
+        device_kind="cuda",
+    )
     assert adamw.step == 4 * counted.total > adamw.activations  # foreach: a copy of all
     # backward's end: the shared embedding's two gradients, their sum, all three alive
     # above the accumulated gradient (an H100: 1.43 GiB at 8x2 to 1x16, checkpointed)
     assert adamw.embedding_grads == 3 * 4 * counted.largest > adamw.step
     assert adamw.total == adamw.static + adamw.embedding_grads
-    whole = breakdown(counted.total, model.config, model.task, cand(64), 64, 16,
-                      largest=counted.largest, device_kind="cuda")  # fmt: skip
+    whole = breakdown(
+        counted.total,
+        model.config,
+        model.task,
+        cand(64),
+        64,
+        16,
+        largest=counted.largest,
+        device_kind="cuda",
+    )
     assert whole.embedding_grads == 2 * 4 * counted.largest  # the sum is the gradient (0.91)
-    on_cpu = breakdown(counted.total, model.config, model.task, one, 64, 16,
-                       largest=counted.largest, device_kind="cpu")  # fmt: skip
+    on_cpu = breakdown(
+        counted.total,
+        model.config,
+        model.task,
+        one,
+        64,
+        16,
+        largest=counted.largest,
+        device_kind="cpu",
+    )
     assert on_cpu.step == 2 * 4 * counted.largest  # a tensor at a time
     fused = dataclasses.replace(one, optim="adamw_torch_fused")
-    assert breakdown(counted.total, model.config, model.task, fused, 64, 16,
-                     largest=counted.largest, device_kind="cuda").step == 0  # fmt: skip
+    assert (
+        breakdown(
+            counted.total,
+            model.config,
+            model.task,
+            fused,
+            64,
+            16,
+            largest=counted.largest,
+            device_kind="cuda",
+        ).step
+        == 0
+    )
     predict = far_over_budget(spec, []).predict  # before any probe: no activation term
     adafactor = dataclasses.replace(cand(8), optim="adafactor")
     assert 0.9 * 3.72 * GIB < predict(adafactor) <= spec.fit_limit_bytes  # it took 3.72
@@ -100,8 +142,12 @@ def test_backward_ends_with_the_gradients_of_an_embedding_used_twice() -> None:
     assert embedding_grad_bytes(bart, "classification", 10, 2) == 3 * 40
     assert embedding_grad_bytes({}, "classification", 10, 2) == 40
     zero = dataclasses.replace(cand(8), zero_stage=2)
-    assert breakdown(10**8, GPT2, "causal-lm", zero, 512, 0, nproc_per_node=2,
-                     largest=10**7).embedding_grads == 0  # fmt: skip
+    assert (
+        breakdown(
+            10**8, GPT2, "causal-lm", zero, 512, 0, nproc_per_node=2, largest=10**7
+        ).embedding_grads
+        == 0
+    )
     assert breakdown(10**8, GPT2, "causal-lm", cand(8), 512, 0, largest=10**7).embedding_grads
 
 
@@ -122,8 +168,15 @@ def test_zero_splits_the_static_bytes_per_process_and_the_budget_check_knows_it(
     ddp = breakdown(10**8, GPT2, "causal-lm", cand(8), 512, 0, nproc_per_node=2)
     split = breakdown(10**8, GPT2, "causal-lm", zero3, 512, 0, nproc_per_node=2)
     assert split.static * 2 == ddp.static and split.activations == ddp.activations
-    zero1 = breakdown(10**8, GPT2, "causal-lm", dataclasses.replace(cand(8), zero_stage=1),
-                      512, 0, nproc_per_node=2)  # fmt: skip
+    zero1 = breakdown(
+        10**8,
+        GPT2,
+        "causal-lm",
+        dataclasses.replace(cand(8), zero_stage=1),
+        512,
+        0,
+        nproc_per_node=2,
+    )
     assert (zero1.weights, zero1.gradients) == (ddp.weights, ddp.gradients)
     assert zero1.optimizer_state * 2 == ddp.optimizer_state
     params = 100_000_000  # fp32 AdamW: 1.6 GB in one process, 0.8 GB in each of two

@@ -33,9 +33,11 @@ class OutOfMemory:
     def run(self, config: TrialConfig, timeout_s: float) -> TrialResult:
         self.ran.append(config.candidate)
         return TrialResult(
-            Outcome.OOM, reason="out of memory", error="RuntimeError: DefaultCPUAllocator: can't "
-            "allocate memory", peak_memory_bytes=config.memory_limit_bytes,
-        )  # fmt: skip
+            Outcome.OOM,
+            reason="out of memory",
+            error="RuntimeError: DefaultCPUAllocator: can't allocate memory",
+            peak_memory_bytes=config.memory_limit_bytes,
+        )
 
 
 class Seen:
@@ -58,8 +60,13 @@ def search(
     url = f"sqlite:///{tmp_path / 'autotune.db'}"
     store = prepare_store(spec=spec, study_name="first-guess", storage=url, sampler="model")
     limits = SearchLimits(max_trials=2, propose=True, confirm_top=0)
-    run = SearchRun(store=store, study_dir=tmp_path, limits=limits, observer=observer or Seen(),
-                    launcher=launcher)  # type: ignore[arg-type]  # fmt: skip
+    run = SearchRun(
+        store=store,
+        study_dir=tmp_path,
+        limits=limits,
+        observer=observer or Seen(),
+        launcher=launcher,
+    )  # type: ignore[arg-type]
     run.explore(Deadline.after(None), wait_for_others=False)
     return store
 
@@ -70,14 +77,21 @@ def test_a_queued_first_guess_the_recipes_oom_rules_out_waits_instead_of_running
     """Where memory binds: the recipe (8 fp32) runs out of memory, so the estimate's
     activation term is bounded, and the queued fast guess (32 fp32 fused, four times the
     activations) is deferred, not launched into a certain OOM, and stays open."""
-    space = SearchSpace(global_batch_size=64, micro_batches=(8, 16, 32, 64),
-                        fallback_batches=(1, 2, 4), precisions=("fp32", "bf16"),
-                        checkpointing=(False, True),
-                        optimizers=("adamw_torch", "adamw_torch_fused"))  # fmt: skip
-    spec = dataclasses.replace(SPEC, space=space, parameters=10_000_000,
-                               memory_budget_bytes=2 * GIB)  # fmt: skip
-    recipe, fast = (space.candidate(8, "fp32", False, "adamw_torch"),
-                    space.candidate(32, "fp32", False, "adamw_torch_fused"))  # fmt: skip
+    space = SearchSpace(
+        global_batch_size=64,
+        micro_batches=(8, 16, 32, 64),
+        fallback_batches=(1, 2, 4),
+        precisions=("fp32", "bf16"),
+        checkpointing=(False, True),
+        optimizers=("adamw_torch", "adamw_torch_fused"),
+    )
+    spec = dataclasses.replace(
+        SPEC, space=space, parameters=10_000_000, memory_budget_bytes=2 * GIB
+    )
+    recipe, fast = (
+        space.candidate(8, "fp32", False, "adamw_torch"),
+        space.candidate(32, "fp32", False, "adamw_torch_fused"),
+    )
     launcher, seen = OutOfMemory(), Seen()
     store = search(tmp_path, spec, launcher, seen)
 
@@ -96,18 +110,30 @@ def test_a_queued_first_guess_the_recipes_oom_rules_out_waits_instead_of_running
 
 def test_a_first_guess_runs_where_nothing_has_ruled_it_out(tmp_path: Path) -> None:
     """Without a budget that binds, both first guesses are probed, in their order."""
-    space = SearchSpace(global_batch_size=64, micro_batches=(8, 16, 32, 64),
-                        fallback_batches=(1, 2, 4), precisions=("fp32",), checkpointing=(False,),
-                        optimizers=("adamw_torch", "adamw_torch_fused"))  # fmt: skip
+    space = SearchSpace(
+        global_batch_size=64,
+        micro_batches=(8, 16, 32, 64),
+        fallback_batches=(1, 2, 4),
+        precisions=("fp32",),
+        checkpointing=(False,),
+        optimizers=("adamw_torch", "adamw_torch_fused"),
+    )
     spec = dataclasses.replace(SPEC, space=space, parameters=10_000)
 
     class Fits(OutOfMemory):
         def run(self, config: TrialConfig, timeout_s: float) -> TrialResult:
             self.ran.append(config.candidate)
-            return TrialResult(Outcome.OK, samples_per_s=10.0, step_time_median_s=6.4,
-                               peak_memory_bytes=GIB // 2, step_times_s=(6.4,) * 3)  # fmt: skip
+            return TrialResult(
+                Outcome.OK,
+                samples_per_s=10.0,
+                step_time_median_s=6.4,
+                peak_memory_bytes=GIB // 2,
+                step_times_s=(6.4,) * 3,
+            )
 
     launcher = Fits()
     search(tmp_path, spec, launcher)
-    assert launcher.ran == [space.candidate(8, "fp32", False, "adamw_torch"),
-                            space.candidate(32, "fp32", False, "adamw_torch_fused")]  # fmt: skip
+    assert launcher.ran == [
+        space.candidate(8, "fp32", False, "adamw_torch"),
+        space.candidate(32, "fp32", False, "adamw_torch_fused"),
+    ]

@@ -19,12 +19,37 @@ pytestmark = pytest.mark.slow
 def test_a_search_over_the_attention_kernels_ranks_by_time_to_finish(tmp_path: Path) -> None:
     write_model(tmp_path / "tiny", TINY_GPT2)
     done = autotune(
-        tmp_path, "search", "--model", "./tiny", "--device", "cpu", "--study", "levers",
-        "--global-batch-size", "8",
-        "--seq-len", "64", "--precisions", "fp32", "--optimizers", "adamw_torch",
-        "--checkpointing", "off", "--lever", "torch_compile=false", "--train-steps", "300",
-        "--max-trials", "2", "--warmup-steps", "2", "--measure-steps", "3", "--confirm-top", "0",
-    )  # fmt: skip
+        tmp_path,
+        "search",
+        "--model",
+        "./tiny",
+        "--device",
+        "cpu",
+        "--study",
+        "levers",
+        "--global-batch-size",
+        "8",
+        "--seq-len",
+        "64",
+        "--precisions",
+        "fp32",
+        "--optimizers",
+        "adamw_torch",
+        "--checkpointing",
+        "off",
+        "--lever",
+        "torch_compile=false",
+        "--train-steps",
+        "300",
+        "--max-trials",
+        "2",
+        "--warmup-steps",
+        "2",
+        "--measure-steps",
+        "3",
+        "--confirm-top",
+        "0",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "time to finish 300 steps:" in done.stdout
     assert 'in your script: load the model with attn_implementation="' in done.stdout
@@ -38,8 +63,9 @@ def test_a_search_over_the_attention_kernels_ranks_by_time_to_finish(tmp_path: P
     assert best["finish_s"] <= quickest["finish_s"] * 1.10
     assert best == quickest or best["peak_memory_gib"] <= quickest["peak_memory_gib"]
     for t in ok:  # one-time cost + 300 optimizer steps of 8 samples at the measured speed
-        assert t["finish_s"] == pytest.approx(t["one_time_s"] + 300 * 8 / t["samples_per_s"],
-                                              rel=0.02, abs=0.2)  # fmt: skip
+        assert t["finish_s"] == pytest.approx(
+            t["one_time_s"] + 300 * 8 / t["samples_per_s"], rel=0.02, abs=0.2
+        )
     assert shown["levers"]["attn_implementation"] == ["sdpa", "eager"]
     assert shown["levers_not_offered"]["torch_compile"] == "fixed by --lever"
     table = autotune(tmp_path, "show", "--study", "levers").stdout
@@ -55,12 +81,31 @@ def test_a_search_over_the_attention_kernels_ranks_by_time_to_finish(tmp_path: P
     flags = autotune(tmp_path, "export", "--study", "levers", "--format", "cli")
     assert f'attn_implementation="{attention}"' in flags.stderr and "--" in flags.stdout
     trained = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "train_with_args.py"),
-         str(tmp_path / "studies" / "levers.best.json"), "--model_name_or_path", "./tiny",
-         "--attn_implementation", attention, "--max_steps", "2", "--output_dir", "run",
-         "--num_examples", "32", "--max_seq_length", "64", "--report_to", "none"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+        [
+            sys.executable,
+            str(ROOT / "examples" / "train_with_args.py"),
+            str(tmp_path / "studies" / "levers.best.json"),
+            "--model_name_or_path",
+            "./tiny",
+            "--attn_implementation",
+            attention,
+            "--max_steps",
+            "2",
+            "--output_dir",
+            "run",
+            "--num_examples",
+            "32",
+            "--max_seq_length",
+            "64",
+            "--report_to",
+            "none",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )  # fmt: skip
+    )
     assert trained.returncode == 0, trained.stderr[-2000:]
     assert "train_loss" in trained.stdout

@@ -28,10 +28,15 @@ def test_activation_scale_is_the_most_optimistic_fit() -> None:
     assert activation_scale([], process_bytes=0) is None
     # a peak the optimizer step may have set (1 GiB of its temporaries, 1 GiB above the
     # static terms) says nothing of the activations: left out, not read as a scale of 1
-    stepped = Breakdown(weights=GIB, gradients=GIB, optimizer_state=0, activations=GIB // 8,
-                        step=GIB)  # fmt: skip
-    assert activation_scale([(stepped, TrialResult(Outcome.OK, peak_memory_bytes=3 * GIB))],
-                            process_bytes=0) is None  # fmt: skip
+    stepped = Breakdown(
+        weights=GIB, gradients=GIB, optimizer_state=0, activations=GIB // 8, step=GIB
+    )
+    assert (
+        activation_scale(
+            [(stepped, TrialResult(Outcome.OK, peak_memory_bytes=3 * GIB))], process_bytes=0
+        )
+        is None
+    )
 
 
 def test_the_process_term_is_what_the_probes_measured_before_training() -> None:
@@ -42,9 +47,12 @@ def test_the_process_term_is_what_the_probes_measured_before_training() -> None:
         return dataclasses.replace(record, result=record.result.replace(baseline=baseline))
 
     mib = 2**20
-    cuda = [with_baseline(0, {"context_bytes": 676 * mib}), with_baseline(1, {}),
-            with_baseline(2, {"context_bytes": 680 * mib}),
-            with_baseline(3, {"context_bytes": 670 * mib})]  # fmt: skip
+    cuda = [
+        with_baseline(0, {"context_bytes": 676 * mib}),
+        with_baseline(1, {}),
+        with_baseline(2, {"context_bytes": 680 * mib}),
+        with_baseline(3, {"context_bytes": 670 * mib}),
+    ]
     assert process_bytes("cuda", cuda) == 676 * mib
     assert process_bytes("cuda", []) == PROCESS_BYTES["cuda"]
     cpu = [with_baseline(0, {"rss_bytes": 420 * mib, "vmdata_bytes": 1300 * mib})]
@@ -71,10 +79,10 @@ def test_before_a_clean_run_an_oom_bounds_the_activations_from_below() -> None:
     clean = (b, TrialResult(Outcome.OK, peak_memory_bytes=int(2.5 * GIB)))
     assert activation_scale([oom, clean], process_bytes=0, limit_bytes=limit) == 0.5
     # an OOM its static terms and the optimizer step already explain bounds nothing
-    stepped = Breakdown(weights=GIB, gradients=GIB, optimizer_state=0, activations=GIB,
-                        step=3 * GIB)  # fmt: skip
-    assert activation_scale([(stepped, oom[1])], process_bytes=0,
-                            limit_bytes=limit) is None  # fmt: skip
+    stepped = Breakdown(
+        weights=GIB, gradients=GIB, optimizer_state=0, activations=GIB, step=3 * GIB
+    )
+    assert activation_scale([(stepped, oom[1])], process_bytes=0, limit_bytes=limit) is None
 
 
 def test_after_the_first_guess_runs_out_of_memory_a_bigger_one_is_judged_not_to_fit() -> None:

@@ -15,11 +15,34 @@ from autotune.core.enums import Outcome, Precision
 from autotune.tuning.parity import reference_candidate, twin_of
 
 ARGS = [
-    "search", "--model", "./tiny", "--device", "cpu", *PLAIN_LEVERS, "--global-batch-size", "16",
-    "--seq-len", "64", "--precisions", "fp32", "--optimizers", "adamw_torch,sgd",
-    "--checkpointing", "off", "--max-trials", "4", "--warmup-steps", "1",
-    "--measure-steps", "2", "--confirm-top", "4", "--confirm-steps", "2", "--quiet",
-]  # fmt: skip
+    "search",
+    "--model",
+    "./tiny",
+    "--device",
+    "cpu",
+    *PLAIN_LEVERS,
+    "--global-batch-size",
+    "16",
+    "--seq-len",
+    "64",
+    "--precisions",
+    "fp32",
+    "--optimizers",
+    "adamw_torch,sgd",
+    "--checkpointing",
+    "off",
+    "--max-trials",
+    "4",
+    "--warmup-steps",
+    "1",
+    "--measure-steps",
+    "2",
+    "--confirm-top",
+    "4",
+    "--confirm-steps",
+    "2",
+    "--quiet",
+]
 
 
 @pytest.mark.slow
@@ -73,23 +96,41 @@ def test_a_short_check_never_calls_adafactor_the_same_training(tmp_path: Path) -
 
 
 def test_the_reference_is_the_users_recipe_else_the_plain_default_at_the_largest_fit() -> None:
-    records = [rec(0, cand(8), sps=10.0), rec(1, cand(32), sps=12.0),
-               rec(2, cand(64), sps=0.0, peak_gib=999.0)]  # fmt: skip
+    records = [
+        rec(0, cand(8), sps=10.0),
+        rec(1, cand(32), sps=12.0),
+        rec(2, cand(64), sps=0.0, peak_gib=999.0),
+    ]
     plain = reference_candidate(SPEC, records)
     assert (plain.precision, plain.optim, plain.per_device_train_batch_size) == (
-        Precision.FP32, "adamw_torch", 32)  # fmt: skip
-    users = SPEC.__class__(**{**SPEC.__dict__, "recipe_settings": {
-        "bf16": True, "optim": "adafactor", "per_device_train_batch_size": 4}})  # fmt: skip
+        Precision.FP32,
+        "adamw_torch",
+        32,
+    )
+    users = SPEC.__class__(
+        **{
+            **SPEC.__dict__,
+            "recipe_settings": {
+                "bf16": True,
+                "optim": "adafactor",
+                "per_device_train_batch_size": 4,
+            },
+        }
+    )
     recipe = reference_candidate(users, records)
     assert (recipe.precision, recipe.optim, recipe.per_device_train_batch_size) == (
-        Precision.BF16, "adafactor", 4)  # fmt: skip
+        Precision.BF16,
+        "adafactor",
+        4,
+    )
     assert recipe.gradient_accumulation_steps == SPEC.global_batch_size // 4
     twin = twin_of(SPEC, plain)
     assert twin is not None and twin.per_device_train_batch_size == 16
     # Their micro-batch measured out of memory: the largest of their arithmetic that fits.
     too_big = [*records, rec(3, cand(16), Outcome.OOM)]
-    theirs = SPEC.__class__(**{**SPEC.__dict__, "recipe_settings": {
-        "per_device_train_batch_size": 16}})  # fmt: skip
+    theirs = SPEC.__class__(
+        **{**SPEC.__dict__, "recipe_settings": {"per_device_train_batch_size": 16}}
+    )
     assert reference_candidate(theirs, too_big).per_device_train_batch_size == 32
     assert reference_candidate(theirs, records).per_device_train_batch_size == 16
 
@@ -103,12 +144,16 @@ def test_a_parity_run_trains_the_quickest_measured_config_of_the_finalists_arith
     from autotune.core.trial import Candidate, TrialRecord
     from autotune.tuning.parity import quickest_alike
 
-    def timed(number: int, candidate: Candidate, step_s: float, one_time_s: float,
-              peak_gib: float = 1.0) -> TrialRecord:  # fmt: skip
+    def timed(
+        number: int, candidate: Candidate, step_s: float, one_time_s: float, peak_gib: float = 1.0
+    ) -> TrialRecord:
         r = rec(number, candidate, peak_gib=peak_gib)
-        return dataclasses.replace(r, result=r.result.replace(
-            step_time_median_s=step_s, step_times_s=(step_s,) * 5,
-            one_time_s=one_time_s))  # fmt: skip
+        return dataclasses.replace(
+            r,
+            result=r.result.replace(
+                step_time_median_s=step_s, step_times_s=(step_s,) * 5, one_time_s=one_time_s
+            ),
+        )
 
     compiled = dataclasses.replace(cand(16, "bf16"), torch_compile=True)
     plain = cand(8, "bf16")
@@ -141,11 +186,15 @@ def test_the_reference_run_trains_the_quickest_measured_config_of_the_recipes_ar
 
     fused = dataclasses.replace(cand(16), optim="adamw_torch_fused")
     records = [
-        dataclasses.replace(r, result=r.result.replace(step_time_median_s=64 / sps,
-                                                       step_times_s=(64 / sps,) * 5))
-        for r, sps in ((rec(0, cand(8), sps=1.51), 1.51), (rec(1, fused, sps=1.89), 1.89),
-                       (rec(2, cand(8, "bf16"), sps=3.0), 3.0))
-    ]  # fmt: skip
+        dataclasses.replace(
+            r, result=r.result.replace(step_time_median_s=64 / sps, step_times_s=(64 / sps,) * 5)
+        )
+        for r, sps in (
+            (rec(0, cand(8), sps=1.51), 1.51),
+            (rec(1, fused, sps=1.89), 1.89),
+            (rec(2, cand(8, "bf16"), sps=3.0), 3.0),
+        )
+    ]
     store = SimpleNamespace(records=lambda: records)
     observer = SimpleNamespace(on_parity=lambda candidate, verdict: None)
     run = SimpleNamespace(store=store, spec=SPEC, observer=observer)

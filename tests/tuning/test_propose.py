@@ -16,22 +16,38 @@ from autotune.core.trial import Candidate, Outcome, TrialRecord, TrialResult
 from autotune.tuning._propose import CostModel, memory_free, next_config, propose
 
 SPACE = SearchSpace(
-    global_batch_size=16, micro_batches=(8, 16), fallback_batches=(1, 2, 4),
-    precisions=("fp32", "fp16", "bf16"), checkpointing=(False, True),
-    optimizers=("adamw_torch", "adamw_torch_fused", "adafactor", "adamw_bnb_8bit",
-                "paged_adamw_8bit"),
+    global_batch_size=16,
+    micro_batches=(8, 16),
+    fallback_batches=(1, 2, 4),
+    precisions=("fp32", "fp16", "bf16"),
+    checkpointing=(False, True),
+    optimizers=(
+        "adamw_torch",
+        "adamw_torch_fused",
+        "adafactor",
+        "adamw_bnb_8bit",
+        "paged_adamw_8bit",
+    ),
     levers=(("torch_compile", (False, True)), ("attn_implementation", ("sdpa", "eager"))),
-)  # fmt: skip
+)
 EFFECTS = {
-    ("batch", 8): 0.0, ("batch", 16): -0.15,
-    ("precision", "fp32"): 0.0, ("precision", "fp16"): 0.35, ("precision", "bf16"): -0.5,
-    ("checkpointing", False): 0.0, ("checkpointing", True): 0.25,
-    ("optim", "adamw_torch"): 0.0, ("optim", "adamw_torch_fused"): -0.12,
-    ("optim", "adafactor"): -0.05, ("optim", "adamw_bnb_8bit"): 0.1,
+    ("batch", 8): 0.0,
+    ("batch", 16): -0.15,
+    ("precision", "fp32"): 0.0,
+    ("precision", "fp16"): 0.35,
+    ("precision", "bf16"): -0.5,
+    ("checkpointing", False): 0.0,
+    ("checkpointing", True): 0.25,
+    ("optim", "adamw_torch"): 0.0,
+    ("optim", "adamw_torch_fused"): -0.12,
+    ("optim", "adafactor"): -0.05,
+    ("optim", "adamw_bnb_8bit"): 0.1,
     ("optim", "paged_adamw_8bit"): 0.12,
-    ("torch_compile", False): 0.0, ("torch_compile", True): 0.04,
-    ("attn_implementation", "sdpa"): 0.0, ("attn_implementation", "eager"): -0.06,
-}  # fmt: skip
+    ("torch_compile", False): 0.0,
+    ("torch_compile", True): 0.04,
+    ("attn_implementation", "sdpa"): 0.0,
+    ("attn_implementation", "eager"): -0.06,
+}
 
 
 def true_step_s(candidate: Candidate, interaction: float = 0.0) -> float:
@@ -49,8 +65,9 @@ def dims(candidate: Candidate) -> list[tuple[str, object]]:
 
 
 def record(number: int, candidate: Candidate, step_s: float) -> TrialRecord:
-    result = TrialResult(Outcome.OK, samples_per_s=16 / step_s, step_time_median_s=step_s,
-                         peak_memory_bytes=2**30)  # fmt: skip
+    result = TrialResult(
+        Outcome.OK, samples_per_s=16 / step_s, step_time_median_s=step_s, peak_memory_bytes=2**30
+    )
     return TrialRecord(number, candidate, result)
 
 
@@ -70,8 +87,12 @@ def search(seed: int, *, noise: float, interaction: float, budget: int) -> tuple
         else:
             tried = {r.candidate for r in records}
             best = min(r.result.step_time_median_s or 0.0 for r in records)
-            proposal = propose(records, [c for c in grid if c not in tried],
-                               lambda r: r.result.step_time_median_s, incumbent_s=best)  # fmt: skip
+            proposal = propose(
+                records,
+                [c for c in grid if c not in tried],
+                lambda r: r.result.step_time_median_s,
+                incumbent_s=best,
+            )
             if proposal.candidate is None:
                 why = proposal.why_stop
                 break
@@ -95,8 +116,11 @@ def test_the_model_learns_additive_effects_from_a_few_probes() -> None:
 def test_an_untried_value_is_proposed_before_the_model_is_trusted() -> None:
     plain = SPACE.candidate(8, "fp32", False, "adamw_torch")
     records = [record(0, plain, 2.0)]
-    proposal = propose(records, [c for c in SPACE.candidates(include_fallback=False)
-                                 if c != plain], lambda r: r.result.step_time_median_s)  # fmt: skip
+    proposal = propose(
+        records,
+        [c for c in SPACE.candidates(include_fallback=False) if c != plain],
+        lambda r: r.result.step_time_median_s,
+    )
     assert proposal.candidate is not None
     # each of the six varied dimensions moved off the only value seen: the most untried
     # values in one probe
@@ -107,10 +131,13 @@ def test_a_config_the_estimate_says_will_not_fit_comes_last() -> None:
     plain = SPACE.candidate(8, "fp32", False, "adamw_torch")
     fast = SPACE.candidate(16, "bf16", False, "adamw_torch")
     slow = SPACE.candidate(8, "fp32", True, "adamw_torch")
-    records = [record(0, plain, 2.0), record(1, SPACE.candidate(16, "bf16", True,
-                                                                "adamw_torch"), 1.0)]  # fmt: skip
-    proposal = propose(records, [fast, slow], lambda r: r.result.step_time_median_s,
-                       fits=lambda c: c != fast)  # fmt: skip
+    records = [
+        record(0, plain, 2.0),
+        record(1, SPACE.candidate(16, "bf16", True, "adamw_torch"), 1.0),
+    ]
+    proposal = propose(
+        records, [fast, slow], lambda r: r.result.step_time_median_s, fits=lambda c: c != fast
+    )
     assert proposal.candidate == slow
 
 
@@ -142,27 +169,37 @@ def test_one_step_caught_by_another_process_does_not_rule_out_its_precision() ->
     from autotune.tuning._propose import SLOWEST, _bounded
 
     small = SearchSpace(
-        global_batch_size=16, micro_batches=(8, 16), fallback_batches=(),
-        precisions=("fp32", "bf16"), checkpointing=(False, True),
+        global_batch_size=16,
+        micro_batches=(8, 16),
+        fallback_batches=(),
+        precisions=("fp32", "bf16"),
+        checkpointing=(False, True),
         optimizers=("adamw_torch", "adamw_torch_fused", "adafactor"),
-    )  # fmt: skip
+    )
 
     def truth(c: Candidate) -> float:  # bf16 0.6x, checkpointing 1.4x, the rest within 5%
         factors = {"bf16": 0.6, "adamw_torch_fused": 0.95, "adafactor": 0.97}
-        return (0.11 * factors.get(str(c.precision), 1.0) * factors.get(c.optim, 1.0)
-                * (1.4 if c.activation_checkpointing else 1.0)
-                * (0.95 if c.per_device_train_batch_size == 16 else 1.0))  # fmt: skip
+        return (
+            0.11
+            * factors.get(str(c.precision), 1.0)
+            * factors.get(c.optim, 1.0)
+            * (1.4 if c.activation_checkpointing else 1.0)
+            * (0.95 if c.per_device_train_batch_size == 16 else 1.0)
+        )
 
     def probed_after(caught: TrialRecord) -> list[Candidate]:
-        records = [record(0, small.candidate(8, "fp32", False, "adamw_torch"), 0.11),
-                   record(1, small.candidate(16, "fp32", False, "adamw_torch_fused"), 0.10),
-                   caught]  # fmt: skip
+        records = [
+            record(0, small.candidate(8, "fp32", False, "adamw_torch"), 0.11),
+            record(1, small.candidate(16, "fp32", False, "adamw_torch_fused"), 0.10),
+            caught,
+        ]
         for number in range(3, 9):  # the rest of a 9-probe budget
             done = {r.candidate for r in records}
             open_configs = [c for c in small.candidates(include_fallback=False) if c not in done]
             best = min(r.result.step_time_median_s or 1.0 for r in records)
-            proposal = propose(records, open_configs, lambda r: r.result.step_time_median_s,
-                               incumbent_s=best)  # fmt: skip
+            proposal = propose(
+                records, open_configs, lambda r: r.result.step_time_median_s, incumbent_s=best
+            )
             if proposal.candidate is None:  # the model stops the search
                 break
             records.append(record(number, proposal.candidate, truth(proposal.candidate)))
@@ -186,12 +223,16 @@ def test_where_memory_binds_nowhere_checkpointing_is_left_out() -> None:
     assert memory_free(HSPEC, [], lambda c: True)
     # Measured checkpointed configs even look faster than their twins (a noisy host):
     # the model alone would propose more of them; memory binding nowhere, none comes.
-    fast = [rec(i, c, sps=(50.0 if c.activation_checkpointing else 10.0) + i)
-            for i, c in enumerate(grid) if c.per_device_train_batch_size < 32]  # fmt: skip
+    fast = [
+        rec(i, c, sps=(50.0 if c.activation_checkpointing else 10.0) + i)
+        for i, c in enumerate(grid)
+        if c.per_device_train_batch_size < 32
+    ]
     left = [c for c in grid if c not in {r.candidate for r in fast}]
     for _ in range(3):
-        proposal = next_config(HSPEC, fast, left, fits=lambda c: True, concurrent=0,
-                               objective=Objective.THROUGHPUT)  # fmt: skip
+        proposal = next_config(
+            HSPEC, fast, left, fits=lambda c: True, concurrent=0, objective=Objective.THROUGHPUT
+        )
         assert proposal.candidate is not None
         assert not proposal.candidate.activation_checkpointing
         left.remove(proposal.candidate)
@@ -215,14 +256,17 @@ def test_a_space_without_both_checkpointing_values_is_not_narrowed() -> None:
 
 def test_when_only_checkpointed_configs_are_left_the_search_says_why_it_stops() -> None:
     grid = list(HSPACE.candidates(include_fallback=False))
-    records = [rec(i, c, sps=10.0 + i) for i, c in enumerate(grid)
-               if not c.activation_checkpointing]  # fmt: skip
+    records = [
+        rec(i, c, sps=10.0 + i) for i, c in enumerate(grid) if not c.activation_checkpointing
+    ]
     left = [c for c in grid if c.activation_checkpointing]
-    proposal = next_config(HSPEC, records, left, fits=lambda c: True, concurrent=0,
-                           objective=Objective.THROUGHPUT)  # fmt: skip
+    proposal = next_config(
+        HSPEC, records, left, fits=lambda c: True, concurrent=0, objective=Objective.THROUGHPUT
+    )
     assert proposal.candidate is None
     assert "only adds it" in proposal.why_stop
     # Ranked per GiB, checkpointing's saving may win: it is proposed.
-    efficiency = next_config(HSPEC, records, left, fits=lambda c: True, concurrent=0,
-                             objective=Objective.EFFICIENCY)  # fmt: skip
+    efficiency = next_config(
+        HSPEC, records, left, fits=lambda c: True, concurrent=0, objective=Objective.EFFICIENCY
+    )
     assert efficiency.candidate in left

@@ -47,8 +47,11 @@ def test_oom_trials_are_recorded_and_the_search_goes_on(
             folder = Path(t.user_attrs["trial_dir"])
             assert folder.parent == Path("studies") / "tiny" / "trials"
             assert (work / folder / "result.json").is_file()
-    folders = [t.user_attrs["trial_dir"] for t in trials(work) if "result" in t.user_attrs
-               and t.user_attrs.get("outcome") != "skipped"]  # fmt: skip
+    folders = [
+        t.user_attrs["trial_dir"]
+        for t in trials(work)
+        if "result" in t.user_attrs and t.user_attrs.get("outcome") != "skipped"
+    ]
     assert len(folders) == len(set(folders))
 
 
@@ -199,11 +202,29 @@ def test_a_budget_below_what_the_imports_hold_says_so(
     torch and transformers alone exceed: the error says what a probe holds before training."""
     write_model(tmp_path / "tiny", TINY_GPT2)
     done = autotune(
-        tmp_path, "search", "--model", "./tiny", "--device", "cpu", *PLAIN_LEVERS,
-        "--memory-budget", f"{tiny_budgets.below_imports}B", "--global-batch-size", "8",
-        "--seq-len", "256", "--precisions", "fp32", "--optimizers", "adamw_torch",
-        "--checkpointing", "off", "--max-trials", "1", "--quiet",
-    )  # fmt: skip
+        tmp_path,
+        "search",
+        "--model",
+        "./tiny",
+        "--device",
+        "cpu",
+        *PLAIN_LEVERS,
+        "--memory-budget",
+        f"{tiny_budgets.below_imports}B",
+        "--global-batch-size",
+        "8",
+        "--seq-len",
+        "256",
+        "--precisions",
+        "fp32",
+        "--optimizers",
+        "adamw_torch",
+        "--checkpointing",
+        "off",
+        "--max-trials",
+        "1",
+        "--quiet",
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error: no config fits ") and "after importing torch" in last
@@ -268,12 +289,34 @@ def test_search_as_json_puts_the_result_on_stdout_and_the_progress_on_stderr(
 ) -> None:
     write_model(tmp_path / "tiny", TINY_GPT2)
     done = autotune(
-        tmp_path, "search", "--model", "./tiny", "--device", "cpu", *PLAIN_LEVERS,
-        "--global-batch-size", "8",
-        "--seq-len", "32", "--precisions", "fp32", "--optimizers", "adamw_torch",
-        "--checkpointing", "off", "--max-trials", "1", "--warmup-steps", "1",
-        "--measure-steps", "2", "--confirm-top", "0", "--format", "json",
-    )  # fmt: skip
+        tmp_path,
+        "search",
+        "--model",
+        "./tiny",
+        "--device",
+        "cpu",
+        *PLAIN_LEVERS,
+        "--global-batch-size",
+        "8",
+        "--seq-len",
+        "32",
+        "--precisions",
+        "fp32",
+        "--optimizers",
+        "adamw_torch",
+        "--checkpointing",
+        "off",
+        "--max-trials",
+        "1",
+        "--warmup-steps",
+        "1",
+        "--measure-steps",
+        "2",
+        "--confirm-top",
+        "0",
+        "--format",
+        "json",
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["best"]["per_device_train_batch_size"] == 8 and result["study"] == "tiny"
@@ -285,14 +328,47 @@ def test_search_as_json_puts_the_result_on_stdout_and_the_progress_on_stderr(
 def test_the_search_options_reach_the_probes_and_the_export(tmp_path: Path) -> None:
     write_model(tmp_path / "tiny", TINY_GPT2)
     done = autotune(
-        tmp_path, "search", "--model", "./tiny", "--device", "cpu", *PLAIN_LEVERS,
-        "--task", "causal-lm",
-        "--global-batch-size", "8", "--seq-len", "32", "--precisions", "fp32",
-        "--optimizers", "adamw_torch,adafactor", "--checkpointing", "off", "--max-trials", "2",
-        "--warmup-steps", "1", "--measure-steps", "2", "--fixed-steps", "--confirm-top", "1",
-        "--confirm-steps", "3", "--no-fork-server", "--objective", "efficiency",
-        "--sampler", "random", "--seed", "3", "--headroom", "0.2", "--quiet",
-    )  # fmt: skip
+        tmp_path,
+        "search",
+        "--model",
+        "./tiny",
+        "--device",
+        "cpu",
+        *PLAIN_LEVERS,
+        "--task",
+        "causal-lm",
+        "--global-batch-size",
+        "8",
+        "--seq-len",
+        "32",
+        "--precisions",
+        "fp32",
+        "--optimizers",
+        "adamw_torch,adafactor",
+        "--checkpointing",
+        "off",
+        "--max-trials",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--measure-steps",
+        "2",
+        "--fixed-steps",
+        "--confirm-top",
+        "1",
+        "--confirm-steps",
+        "3",
+        "--no-fork-server",
+        "--objective",
+        "efficiency",
+        "--sampler",
+        "random",
+        "--seed",
+        "3",
+        "--headroom",
+        "0.2",
+        "--quiet",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads((tmp_path / "studies" / "tiny.best.summary.json").read_text())
     assert summary["objective"] == "efficiency" and summary["task"] == "causal-lm"
@@ -306,12 +382,34 @@ def test_the_search_options_reach_the_probes_and_the_export(tmp_path: Path) -> N
 def test_a_probe_past_the_trial_timeout_is_killed_and_the_search_goes_on(tmp_path: Path) -> None:
     write_model(tmp_path / "tiny", TINY_GPT2)
     done = autotune(
-        tmp_path, "search", "--model", "./tiny", "--device", "cpu", *PLAIN_LEVERS,
-        "--global-batch-size", "8",
-        "--seq-len", "32", "--precisions", "fp32", "--optimizers", "adamw_torch,adafactor",
-        "--checkpointing", "off", "--max-trials", "2", "--trial-timeout", "1s",
-        "--measure-steps", "100000", "--fixed-steps", "--confirm-top", "0", "--quiet",
-    )  # fmt: skip
+        tmp_path,
+        "search",
+        "--model",
+        "./tiny",
+        "--device",
+        "cpu",
+        *PLAIN_LEVERS,
+        "--global-batch-size",
+        "8",
+        "--seq-len",
+        "32",
+        "--precisions",
+        "fp32",
+        "--optimizers",
+        "adamw_torch,adafactor",
+        "--checkpointing",
+        "off",
+        "--max-trials",
+        "2",
+        "--trial-timeout",
+        "1s",
+        "--measure-steps",
+        "100000",
+        "--fixed-steps",
+        "--confirm-top",
+        "0",
+        "--quiet",
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.count("timeout") >= 2  # both probes, each killed after 1 s
     assert "no config fits" in done.stderr and "2 timeout" in done.stderr
@@ -334,8 +432,11 @@ def test_a_new_budget_is_a_new_study_that_reuses_what_fits(
     assert "reused: study tiny trial 0 measured it" in again.stdout
     if "parity  reference" in first_run:  # its parity runs too: none trained again
         assert "parity  reused: study tiny's runs (reference" in again.stdout
-        started = [line for line in again.stdout.splitlines() if " batch " in line
-                   and line.startswith("parity  ") and line.endswith(")")]  # fmt: skip
+        started = [
+            line
+            for line in again.stdout.splitlines()
+            if " batch " in line and line.startswith("parity  ") and line.endswith(")")
+        ]
         assert not started, started  # no parity run started (a run's line names its role)
 
     def rows(study: str) -> list[dict[str, Any]]:
@@ -345,8 +446,9 @@ def test_a_new_budget_is_a_new_study_that_reuses_what_fits(
     source = {r["config"]: r for r in rows("tiny") if r["outcome"] in ("ok", "oom")}
     taken = {r["config"]: r for r in rows("tiny-again") if r["reused_from"]}
     assert set(taken) == set(source)  # every measurement, not only what was proposed
-    assert all(r["reused_from"] == f"study tiny trial {source[c]['trial']}"
-               for c, r in taken.items())  # fmt: skip
+    assert all(
+        r["reused_from"] == f"study tiny trial {source[c]['trial']}" for c, r in taken.items()
+    )
     probed = [r for r in rows("tiny-again") if r["outcome"] != "skipped" and not r["reused_from"]]
     assert not any(r["config"] in source for r in probed)
     if not probed:  # the same figures: the same export

@@ -70,16 +70,24 @@ def test_a_config_fits_within_the_budget_less_the_headroom_not_the_budget() -> N
     assert inside.constraint_gib is not None and inside.constraint_gib <= 0
     assert over.constraint_gib is not None and over.constraint_gib > 0
     between = rec(0, cand(16), sps=20.0, peak_gib=7.8)
-    assert select_best([between, rec(1, cand(8), sps=5.0, peak_gib=7.5)],
-                       fit_limit_bytes=SPEC.fit_limit_bytes).number == 1  # fmt: skip
+    assert (
+        select_best(
+            [between, rec(1, cand(8), sps=5.0, peak_gib=7.5)], fit_limit_bytes=SPEC.fit_limit_bytes
+        ).number
+        == 1
+    )
 
 
 def finishing(number: int, one_time_s: float, step_s: float, **changes: object) -> TrialRecord:
     """A record whose run paid `one_time_s` once, then `step_s` per optimizer step."""
     base = rec(number, cand(8 * (number + 1)))
-    result = base.result.replace(step_time_median_s=step_s, samples_per_s=64 / step_s,
-                                 step_times_s=(step_s,) * 5, one_time_s=one_time_s,
-                                 **changes)  # fmt: skip
+    result = base.result.replace(
+        step_time_median_s=step_s,
+        samples_per_s=64 / step_s,
+        step_times_s=(step_s,) * 5,
+        one_time_s=one_time_s,
+        **changes,
+    )
     return TrialRecord(number, base.candidate, result)
 
 

@@ -32,8 +32,13 @@ class Clock:
 
 def run(limits: SearchLimits) -> SearchRun:
     store: Any = type("FakeStore", (), {"spec": SPEC})()
-    return SearchRun(store=store, study_dir=Path("unused"), limits=limits, observer=None,  # type: ignore[arg-type]
-                     launcher=None)  # type: ignore[arg-type]  # fmt: skip
+    return SearchRun(
+        store=store,
+        study_dir=Path("unused"),
+        limits=limits,
+        observer=None,  # type: ignore[arg-type]
+        launcher=None,
+    )  # type: ignore[arg-type]
 
 
 never_over = NO_ESTIMATE
@@ -83,8 +88,13 @@ def test_a_trial_taken_over_between_ask_and_claim_is_dropped_unprobed(tmp_path: 
 
     store.ask = ask_then_lose  # type: ignore[method-assign]
     launcher: Any = type("NoLaunch", (), {"run": lambda *a, **k: pytest.fail("probed")})()
-    search = SearchRun(store=store, study_dir=tmp_path, limits=SearchLimits(), observer=None,  # type: ignore[arg-type]
-                       launcher=launcher)  # fmt: skip
+    search = SearchRun(
+        store=store,
+        study_dir=tmp_path,
+        limits=SearchLimits(),
+        observer=None,  # type: ignore[arg-type]
+        launcher=launcher,
+    )
     search._step([], {}, never_over)
     assert search.probes == 0
     waiting = store.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
@@ -95,16 +105,25 @@ def timed(
     number: int, candidate: Candidate, step_s: float, one_time_s: float, start_s: float = 0.0
 ) -> TrialRecord:
     r = rec(number, candidate, sps=64 / step_s)
-    return dataclasses.replace(r, result=r.result.replace(
-        step_time_median_s=step_s, step_times_s=(step_s,) * 5, one_time_s=one_time_s,
-        phases_s={"total": start_s + 10.0, "train": 10.0}))  # fmt: skip
+    return dataclasses.replace(
+        r,
+        result=r.result.replace(
+            step_time_median_s=step_s,
+            step_times_s=(step_s,) * 5,
+            one_time_s=one_time_s,
+            phases_s={"total": start_s + 10.0, "train": 10.0},
+        ),
+    )
 
 
 # The recipe, fp32 AdamW, at 2 s a step at 64x1 and 3 s at 32x2 (its twin); bf16 at 1 s,
 # its child 4 s to start; 4 parity steps, 5 held-out evaluations (steps 0 to 4) of 16
 # samples in fp32, each a third of the reference's 64-sample step
-RECORDS = [timed(0, cand(64), 2.0, 3.0), timed(1, cand(64, "bf16"), 1.0, 2.0, start_s=4.0),
-           timed(2, cand(32), 3.0, 1.0)]  # fmt: skip
+RECORDS = [
+    timed(0, cand(64), 2.0, 3.0),
+    timed(1, cand(64, "bf16"), 1.0, 2.0, start_s=4.0),
+    timed(2, cand(32), 3.0, 1.0),
+]
 EVALUATIONS = 5 * (16 / 64) / 3 * 2.0
 REFERENCE, TWIN, BF16 = 3.0 + 4 * 2.0, 1.0 + 4 * 3.0, 4.0 + 2.0 + 4 * 1.0
 ADAFACTOR = dataclasses.replace(cand(64, "bf16"), optim="adafactor")
@@ -158,8 +177,13 @@ def test_exploring_stops_early_enough_for_the_parity_runs_within_the_time_budget
     limits = SearchLimits(max_trials=50, confirm_top=3, parity_steps=4)
 
     def search(limits: SearchLimits) -> SearchRun:
-        return SearchRun(store=store, study_dir=Path("unused"), limits=limits, observer=None,  # type: ignore[arg-type]
-                         launcher=None)  # type: ignore[arg-type]  # fmt: skip
+        return SearchRun(
+            store=store,
+            study_dir=Path("unused"),
+            limits=limits,
+            observer=None,  # type: ignore[arg-type]
+            launcher=None,
+        )  # type: ignore[arg-type]
 
     reserve = reserved_s(SPEC, records, None, 4, 3, Objective.THROUGHPUT)
     assert reserve > reserved_s(SPEC, records, None, 4, 1, Objective.THROUGHPUT)
@@ -188,15 +212,19 @@ def test_a_confirmation_expected_to_end_past_the_time_budget_does_not_start() ->
     from autotune.core.trial import TrialResult
 
     ran: list[Candidate] = []
-    store = SimpleNamespace(spec=SPEC, records=lambda: RECORDS,
-                            add_confirmation=lambda *a: None)  # fmt: skip
+    store = SimpleNamespace(spec=SPEC, records=lambda: RECORDS, add_confirmation=lambda *a: None)
     launcher = SimpleNamespace(
         run=lambda config, timeout_s: ran.append(config.candidate) or TrialResult(Outcome.OK)
     )
     observer = SimpleNamespace(on_confirm=lambda *a: None)
     limits = SearchLimits(confirm_top=1, confirm_steps=4)
-    search = SearchRun(store=store, study_dir=Path("unused"), limits=limits,  # type: ignore[arg-type]
-                       observer=observer, launcher=launcher)  # type: ignore[arg-type]  # fmt: skip
+    search = SearchRun(
+        store=store,
+        study_dir=Path("unused"),
+        limits=limits,  # type: ignore[arg-type]
+        observer=observer,
+        launcher=launcher,
+    )  # type: ignore[arg-type]
     expected = 4.0 + 2.0 + (SPEC.warmup_steps + 4) * 1.0
     clock = Clock()
     assert search.confirm(Deadline(clock.now + expected - 1, clock)) == 0 and not ran
@@ -219,17 +247,22 @@ def test_the_plain_default_is_confirmed_after_the_finalists() -> None:
         records[record.number] = dataclasses.replace(record, runs=record.runs + 1)
 
     ran: list[Candidate] = []
-    store = SimpleNamespace(spec=SPEC, records=lambda: list(records.values()),
-                            add_confirmation=confirmed)  # fmt: skip
+    store = SimpleNamespace(
+        spec=SPEC, records=lambda: list(records.values()), add_confirmation=confirmed
+    )
     launcher = SimpleNamespace(
         run=lambda config, timeout_s: ran.append(config.candidate) or TrialResult(Outcome.OK)
     )
     observer = SimpleNamespace(on_confirm=lambda *a: None)
 
     def search(top: int) -> SearchRun:
-        return SearchRun(store=store, study_dir=Path("unused"),  # type: ignore[arg-type]
-                         limits=SearchLimits(confirm_top=top, confirm_steps=4),
-                         observer=observer, launcher=launcher)  # type: ignore[arg-type]  # fmt: skip
+        return SearchRun(
+            store=store,
+            study_dir=Path("unused"),  # type: ignore[arg-type]
+            limits=SearchLimits(confirm_top=top, confirm_steps=4),
+            observer=observer,
+            launcher=launcher,
+        )  # type: ignore[arg-type]
 
     assert search(0).confirm(Deadline(None)) == 0 and not ran
     assert search(1).confirm(Deadline(None)) == 2

@@ -98,8 +98,15 @@ def test_parity_runs_of_20_steps_where_they_fit_half_the_time_left_else_quick_ch
     records = [timed(0, cand(64), 2.0), timed(1, cand(64, "bf16"), 1.0)]
     assert parity_plan([], 1000.0) is None  # nothing measured: nothing to time them by
     assert parity_plan(records[:1], 1000.0) is None  # until both first guesses are in
-    final = plan_parity(SPEC, records[:1], top=3, explore_left_s=1000.0, elapsed_s=0.0,
-                        explore_share=0.8, final=True)  # fmt: skip
+    final = plan_parity(
+        SPEC,
+        records[:1],
+        top=3,
+        explore_left_s=1000.0,
+        elapsed_s=0.0,
+        explore_share=0.8,
+        final=True,
+    )
     assert final is not None  # unless exploring is over
 
     def need(steps: int, evaluations: int) -> float:
@@ -141,8 +148,13 @@ def test_the_parity_plan_is_kept_by_the_study_for_workers_and_reruns(tmp_path: P
 
     def search() -> SearchRun:
         limits = SearchLimits(parity_steps=CALIBRATED_STEPS, parity_auto=True)
-        return SearchRun(store=store, study_dir=tmp_path, limits=limits,  # type: ignore[arg-type]
-                         observer=observer, launcher=None)  # type: ignore[arg-type]  # fmt: skip
+        return SearchRun(
+            store=store,
+            study_dir=tmp_path,
+            limits=limits,  # type: ignore[arg-type]
+            observer=observer,
+            launcher=None,
+        )  # type: ignore[arg-type]
 
     first = search()
     first.plan_parity(Deadline.after(30.0), [])

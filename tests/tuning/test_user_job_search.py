@@ -16,9 +16,18 @@ from job_script import BASE_ARGS, write_job
 pytestmark = pytest.mark.slow
 
 SMALL = [
-    "--device", "cpu", "--memory-budget", "4GiB", "--lever", "torch_compile=false",
-    "--warmup-steps", "1", "--measure-steps", "2", "--quiet",
-]  # fmt: skip
+    "--device",
+    "cpu",
+    "--memory-budget",
+    "4GiB",
+    "--lever",
+    "torch_compile=false",
+    "--warmup-steps",
+    "1",
+    "--measure-steps",
+    "2",
+    "--quiet",
+]
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +50,26 @@ def test_a_lora_sft_job_is_searched_through_its_factory_and_exported_as_sftconfi
 
     before = len(_calls(job))
     done = autotune(
-        job.parent, "search", "--trainer", "job.py:make_trainer", "--base-args", "base.json",
-        *SMALL, "--precisions", "fp32,bf16", "--optimizers", "adamw_torch,adafactor",
-        "--checkpointing", "on", "--max-trials", "2", "--confirm-top", "1",
-        "--parity", "quick",
-    )  # fmt: skip
+        job.parent,
+        "search",
+        "--trainer",
+        "job.py:make_trainer",
+        "--base-args",
+        "base.json",
+        *SMALL,
+        "--precisions",
+        "fp32,bf16",
+        "--optimizers",
+        "adamw_torch,adafactor",
+        "--checkpointing",
+        "on",
+        "--max-trials",
+        "2",
+        "--confirm-top",
+        "1",
+        "--parity",
+        "quick",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     calls = _calls(job)[before:]
     # the survey, two probes, a confirmation and the parity runs: each its own process
@@ -89,9 +113,16 @@ def test_a_bad_factory_gets_one_line_and_nothing_is_written(
     job: Path, reference: str, message: str
 ) -> None:
     done = autotune(
-        job.parent, "search", "--trainer", reference, "--base-args", "base.json", *SMALL,
-        "--study", "bad",
-    )  # fmt: skip
+        job.parent,
+        "search",
+        "--trainer",
+        reference,
+        "--base-args",
+        "base.json",
+        *SMALL,
+        "--study",
+        "bad",
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert message in lines[-1] and lines[-1].startswith("error: ")
@@ -104,11 +135,29 @@ def test_a_factory_that_fails_for_one_config_makes_that_trial_an_error(
 ) -> None:
     monkeypatch.setenv("JOB_REFUSES", "adafactor")
     done = autotune(
-        job.parent, "search", "--trainer", "job.py:make_trainer", "--base-args", "base.json",
-        *SMALL, "--precisions", "fp32", "--optimizers", "adamw_torch,adafactor",
-        "--checkpointing", "off", "--max-trials", "2", "--confirm-top", "0", "--parity", "off",
-        "--study", "refuses", "--no-reuse",
-    )  # fmt: skip
+        job.parent,
+        "search",
+        "--trainer",
+        "job.py:make_trainer",
+        "--base-args",
+        "base.json",
+        *SMALL,
+        "--precisions",
+        "fp32",
+        "--optimizers",
+        "adamw_torch,adafactor",
+        "--checkpointing",
+        "off",
+        "--max-trials",
+        "2",
+        "--confirm-top",
+        "0",
+        "--parity",
+        "off",
+        "--study",
+        "refuses",
+        "--no-reuse",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     shown = autotune(job.parent, "show", "--study", "refuses", "--format", "json")
     trials = {t["training_arguments"]["optim"]: t for t in json.loads(shown.stdout)["trials"]}
@@ -124,11 +173,30 @@ def test_a_lora_stand_in_probes_the_adapter_and_exports_plain_arguments(tmp_path
 
     write_model(tmp_path / "tiny", TINY_GPT2)
     done = autotune(
-        tmp_path, "search", "--model", "./tiny", "--lora", "r=4,alpha=8,targets=c_attn",
-        *SMALL, "--global-batch-size", "8", "--seq-len", "32", "--precisions", "fp32",
-        "--optimizers", "adamw_torch", "--checkpointing", "on", "--max-trials", "1",
-        "--confirm-top", "0", "--parity", "off",
-    )  # fmt: skip
+        tmp_path,
+        "search",
+        "--model",
+        "./tiny",
+        "--lora",
+        "r=4,alpha=8,targets=c_attn",
+        *SMALL,
+        "--global-batch-size",
+        "8",
+        "--seq-len",
+        "32",
+        "--precisions",
+        "fp32",
+        "--optimizers",
+        "adamw_torch",
+        "--checkpointing",
+        "on",
+        "--max-trials",
+        "1",
+        "--confirm-top",
+        "0",
+        "--parity",
+        "off",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     trial = json.loads(next((tmp_path / "studies/tiny/trials").glob("*/config.json")).read_text())
     assert trial["model"]["adapter"] == {

@@ -79,9 +79,13 @@ def test_a_worker_killed_mid_search_fails_the_search_loudly_and_a_rerun_finishes
     write_model(tmp_path / "tiny", TINY_GPT2)
     argv = [*worker_search_args(4), "--parallel", "2", "--parity", "off"]
     search = subprocess.Popen(
-        [sys.executable, "-m", "autotune", *argv], cwd=tmp_path, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )  # fmt: skip
+        [sys.executable, "-m", "autotune", *argv],
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     worker = None
     deadline = time.monotonic() + 120
     while worker is None and time.monotonic() < deadline and search.poll() is None:

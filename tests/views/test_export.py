@@ -53,9 +53,15 @@ def test_export_refuses_a_config_trainingarguments_refuses_on_this_machine(
         SPEC, device=DeviceInfo(DeviceKind.CUDA, 0, "A100", 80 * 2**30, (8, 0))
     )
     with pytest.raises(ExportError, match="refuses"):
-        export_best(record=rec(1, cand(8, "bf16"), sps=1.0, peak_gib=1.0), spec=cuda_spec,
-                    study_name="s", output=tmp_path / "b.json", runners_up=[],
-                    objective=Objective.THROUGHPUT, validate=True)  # fmt: skip
+        export_best(
+            record=rec(1, cand(8, "bf16"), sps=1.0, peak_gib=1.0),
+            spec=cuda_spec,
+            study_name="s",
+            output=tmp_path / "b.json",
+            runners_up=[],
+            objective=Objective.THROUGHPUT,
+            validate=True,
+        )
     assert not (tmp_path / "b.json").exists()  # nothing half-written
 
 
@@ -73,8 +79,14 @@ def test_the_tuned_fields_are_derived_from_the_one_mapping() -> None:
             )
     assert "train_sampling_strategy" in TUNED
     tuned = tuned_arguments(grouped, device_kind=DeviceKind.CPU)
-    merged = merge({"train_sampling_strategy": "sequential", "gradient_checkpointing": False,
-                    "learning_rate": 1e-4}, tuned)  # fmt: skip
+    merged = merge(
+        {
+            "train_sampling_strategy": "sequential",
+            "gradient_checkpointing": False,
+            "learning_rate": 1e-4,
+        },
+        tuned,
+    )
     assert merged["train_sampling_strategy"] == "group_by_length"
     assert "gradient_checkpointing" not in merged and merged["learning_rate"] == 1e-4
 
@@ -90,12 +102,23 @@ def test_a_levered_config_exports_what_the_script_needs_and_parses(tmp_path: Pat
         Candidate(8, 8, "fp32", False, "adamw_torch"), device_kind=DeviceKind.CPU
     )
     assert "torch_compile" not in plain and "dataloader_num_workers" not in plain
-    levered = dataclasses.replace(cand(16, "bf16"), torch_compile=True, attn_implementation="eager",
-                                  padding_free=True, dataloader_num_workers=1)  # fmt: skip
+    levered = dataclasses.replace(
+        cand(16, "bf16"),
+        torch_compile=True,
+        attn_implementation="eager",
+        padding_free=True,
+        dataloader_num_workers=1,
+    )
     assert {"torch_compile", "use_liger_kernel", "dataloader_num_workers"} <= TUNED
-    out = export_best(record=rec(2, levered, sps=20.0), spec=SPEC, study_name="s",
-                      output=tmp_path / "best.json", runners_up=[],
-                      objective=Objective.THROUGHPUT, validate=True)  # fmt: skip
+    out = export_best(
+        record=rec(2, levered, sps=20.0),
+        spec=SPEC,
+        study_name="s",
+        output=tmp_path / "best.json",
+        runners_up=[],
+        objective=Objective.THROUGHPUT,
+        validate=True,
+    )
     (args,) = HfArgumentParser(TrainingArguments).parse_json_file(str(out))
     assert args.torch_compile and args.dataloader_num_workers == 1
     summary = json.loads(sidecar_path(out).read_text())

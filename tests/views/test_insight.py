@@ -35,8 +35,13 @@ def test_the_probing_cost_counts_what_this_study_ran_not_what_it_reused() -> Non
     ran = rec(0, cand(8), sps=10.0)
     ran = dataclasses.replace(ran, result=ran.result.replace(phases_s={"wall": 30.0}))
     taken = rec(1, cand(16), sps=12.0)
-    taken = dataclasses.replace(taken, runs=2, result=taken.result.replace(
-        phases_s={"wall": 40.0}, reused_from="study a trial 3", pooled_runs=2))  # fmt: skip
+    taken = dataclasses.replace(
+        taken,
+        runs=2,
+        result=taken.result.replace(
+            phases_s={"wall": 40.0}, reused_from="study a trial 3", pooled_runs=2
+        ),
+    )
     found = insight([ran, taken], SPEC)
     assert (found.probes, found.probe_seconds) == (1, 30.0)
 
@@ -52,9 +57,15 @@ def test_ties_and_how_much_slower_are_judged_as_selection_ranks() -> None:
     def timed(number: int, batch: int, times: list[float], peak_gib: float) -> TrialRecord:
         stats = StepStats.of(times)
         r = rec(number, cand(batch, "bf16"), sps=64 / stats.median_s, peak_gib=peak_gib)
-        return dataclasses.replace(r, result=r.result.replace(
-            step_time_median_s=stats.median_s, step_time_quiet_s=stats.quiet_s,
-            step_times_s=tuple(times), step_time_spread=stats.spread))  # fmt: skip
+        return dataclasses.replace(
+            r,
+            result=r.result.replace(
+                step_time_median_s=stats.median_s,
+                step_time_quiet_s=stats.quiet_s,
+                step_times_s=tuple(times),
+                step_time_spread=stats.spread,
+            ),
+        )
 
     calm = timed(1, 16, [1.0] * 8, peak_gib=2.0)
     caught = timed(2, 8, [1.0, 1.0, 1.0, 1.5, 1.5, 1.5, 1.5, 1.5], peak_gib=1.0)

@@ -28,8 +28,9 @@ def test_each_probe_line_says_which_probe_of_how_many_and_warns_when_long() -> N
     progress = Progress(Console(file=out, width=200), live=False, deadline=Deadline.after(None))
     progress.on_search_start(SPEC, "s", SearchLimits(max_trials=80, confirm_top=3), done=2)
     progress.on_trial_start(7, cand(16))
-    slow = TrialResult(Outcome.OK, samples_per_s=1.0, peak_memory_bytes=2**30,
-                       phases_s={"wall": 60.0})  # fmt: skip
+    slow = TrialResult(
+        Outcome.OK, samples_per_s=1.0, peak_memory_bytes=2**30, phases_s={"wall": 60.0}
+    )
     progress.on_trial_end(7, cand(16), slow)
     progress.on_trial_start(8, cand(32))
     text = out.getvalue()

@@ -21,17 +21,35 @@ CHECK = """<script>window.addEventListener("load", () => {
 def test_the_report_renders_with_the_winner_and_no_broken_image(tmp_path: Path) -> None:
     db = tmp_path / "demo.db"
     db.write_bytes((ROOT / "examples" / "demo" / "autotune.db").read_bytes())
-    done = autotune(tmp_path, "report", "--study", "mt5-small", "--storage", f"sqlite:///{db}",
-                    "--output-dir", "out")  # fmt: skip
+    done = autotune(
+        tmp_path,
+        "report",
+        "--study",
+        "mt5-small",
+        "--storage",
+        f"sqlite:///{db}",
+        "--output-dir",
+        "out",
+    )
     assert done.returncode == 0, done.stderr
     page = tmp_path / "out" / "mt5-small.report.html"
     checked = tmp_path / "checked.html"
     checked.write_text(page.read_text().replace("</body>", CHECK + "</body>"))
     dom = subprocess.run(
-        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
-         "--virtual-time-budget=5000", checked.as_uri()],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--dump-dom",
+            "--virtual-time-budget=5000",
+            checked.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert "<title>images 3</title>" in dom.stdout, dom.stdout[:300] + dom.stderr[-500:]
     assert "Selected: trial 7" in dom.stdout and "the plain default" in dom.stdout
     assert "--merge-into your_args.json" in dom.stdout

@@ -130,9 +130,19 @@ def test_show_prints_a_reason_with_brackets_as_it_reads(capsys: pytest.CaptureFi
     from autotune.views.show import TrialRow, print_table
 
     why = "OSError: [Errno 2] no file [/tmp/data/x.json]"
-    row = TrialRow(trial=3, best=False, config="batch 16x1 fp32", training_arguments={},
-                   outcome="error", samples_per_s=None, tokens_per_s=None,
-                   peak_memory_gib=None, budget_used_pct=None, step_time_spread_pct=None,
-                   mfu_pct=None, why=why)  # fmt: skip
+    row = TrialRow(
+        trial=3,
+        best=False,
+        config="batch 16x1 fp32",
+        training_arguments={},
+        outcome="error",
+        samples_per_s=None,
+        tokens_per_s=None,
+        peak_memory_gib=None,
+        budget_used_pct=None,
+        step_time_spread_pct=None,
+        mfu_pct=None,
+        why=why,
+    )
     print_table([row], SPEC, "s")
     assert why in capsys.readouterr().out

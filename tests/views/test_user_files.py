@@ -17,9 +17,16 @@ from autotune.views.export import export_best, previous_export, sidecar_path
 
 
 def export(output: Path, *, force: bool = False) -> Path:
-    return export_best(record=rec(1, cand(16), sps=2.0, peak_gib=1.0), spec=SPEC, study_name="s",
-                       output=output, runners_up=[], objective=Objective.THROUGHPUT,
-                       validate=False, force=force)  # fmt: skip
+    return export_best(
+        record=rec(1, cand(16), sps=2.0, peak_gib=1.0),
+        spec=SPEC,
+        study_name="s",
+        output=output,
+        runners_up=[],
+        objective=Objective.THROUGHPUT,
+        validate=False,
+        force=force,
+    )
 
 
 def test_an_export_never_replaces_a_file_autotune_did_not_write(tmp_path: Path) -> None:
@@ -75,9 +82,14 @@ def test_fields_an_earlier_export_wrote_do_not_leak_into_the_next(tmp_path: Path
     assert json.loads(out.read_text())["use_cpu"] is True
     gpu = dataclasses.replace(SPEC, device=DeviceInfo(DeviceKind.CUDA, 0, "A100", 2**36, (8, 0)))
     export_best(
-        record=rec(1, cand(16), sps=2.0, peak_gib=1.0), spec=gpu, study_name="s", output=out,
-        runners_up=[], objective=Objective.THROUGHPUT, validate=False,
-    )  # fmt: skip
+        record=rec(1, cand(16), sps=2.0, peak_gib=1.0),
+        spec=gpu,
+        study_name="s",
+        output=out,
+        runners_up=[],
+        objective=Objective.THROUGHPUT,
+        validate=False,
+    )
     again = json.loads(out.read_text())
     assert "use_cpu" not in again and again["tf32"] is False
 
@@ -89,6 +101,7 @@ def test_checking_an_export_prints_nothing_of_this_machine(
     here" on the user's terminal: the check of a compiled config's arguments, not news."""
     from autotune.hf.training_args import validate
 
-    validate({"torch_compile": True, "per_device_train_batch_size": 8}, error=ExportError,
-             where="test")  # fmt: skip
+    validate(
+        {"torch_compile": True, "per_device_train_batch_size": 8}, error=ExportError, where="test"
+    )
     assert capfd.readouterr().err == ""
