@@ -1,20 +1,22 @@
 """Riding out a storage that goes away for a while (a PostgreSQL restart, a network
-blip): transient errors are retried with backoff; after about a minute they are a
-StudyError the CLI reports in one line."""
+blip, a SQLite file another process holds locked): transient errors are retried with
+backoff for a stated time ($AUTOTUNE_STORAGE_PATIENCE_S, a minute by default); past it
+they are a StudyError the CLI reports in one line."""
 
 from __future__ import annotations
 
 import functools
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import ParamSpec, TypeVar
 
 import optuna
 import sqlalchemy.exc
 
 from autotune.core.errors import StudyError
-from autotune.store.storage import first_line
+from autotune.store.storage import PATIENCE_ENV, first_line, patience_s
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -23,7 +25,30 @@ TRANSIENT = (
     sqlalchemy.exc.InterfaceError,
     optuna.exceptions.StorageInternalError,  # Optuna's wrapper of the above
 )
-BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+_NOT_TRANSIENT = ("disk is full", "readonly database", "disk I/O error")  # SQLite's
+LONGEST_WAIT_S = 30.0
+_inside = threading.local()  # a retried call within a retried call: the outer one retries
+
+
+def _lasting(exc: BaseException) -> str:
+    """The cause, when waiting cannot help (a full disk, a read-only file: SQLite's words,
+    often wrapped by Optuna): its first line; else ''."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if any(sign in str(seen) for sign in _NOT_TRANSIENT):
+            return first_line(seen)
+        seen = seen.__cause__ or seen.__context__
+    return ""
+
+
+def _waits(patience: float) -> Iterator[float]:
+    """0.5 s, then twice as long each time (at most 30 s), until `patience` is spent."""
+    spent, wait = 0.0, 0.5
+    while spent < patience:
+        step = min(wait, patience - spent)
+        yield step
+        spent += step
+        wait = min(2 * wait, LONGEST_WAIT_S)
 
 
 def transient_retry(call: Callable[P, R]) -> Callable[P, R]:
@@ -31,21 +56,35 @@ def transient_retry(call: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(call)
     def retried(*args: P.args, **kwargs: P.kwargs) -> R:
-        for wait in BACKOFF_S:
+        if getattr(_inside, "depth", 0):
+            return call(*args, **kwargs)
+        patience = patience_s()
+        _inside.depth = 1
+        try:
+            for wait in _waits(patience):
+                try:
+                    return call(*args, **kwargs)
+                except TRANSIENT as exc:
+                    if lasting := _lasting(exc):
+                        raise StudyError(
+                            f"cannot write the storage ({lasting}): free disk space or fix "
+                            "its permissions, then rerun the same command to resume"
+                        ) from None
+                    print(
+                        f"storage unreachable ({first_line(exc)[:80]}); retrying in "
+                        f"{wait:.1f} s (for up to {patience:.0f} s: {PATIENCE_ENV})",
+                        file=sys.stderr,
+                    )
+                    time.sleep(wait)
             try:
                 return call(*args, **kwargs)
             except TRANSIENT as exc:
-                print(
-                    f"storage unreachable ({first_line(exc)[:80]}); retrying in {wait:.0f} s",
-                    file=sys.stderr,
-                )
-                time.sleep(wait)
-        try:
-            return call(*args, **kwargs)
-        except TRANSIENT as exc:
-            raise StudyError(
-                f"the storage kept failing for {sum(BACKOFF_S):.0f} s ({first_line(exc)}); "
-                "the study is kept: rerun to resume once it answers"
-            ) from None
+                raise StudyError(
+                    f"the storage was unreachable for {patience:.0f} s ({first_line(exc)}); "
+                    f"the study is kept: rerun the same command to resume once it answers "
+                    f"(or set {PATIENCE_ENV} to wait longer)"
+                ) from None
+        finally:
+            _inside.depth = 0
 
     return retried

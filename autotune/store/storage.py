@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
 import re
+import sqlite3
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -15,6 +19,7 @@ from optuna.storages import RDBStorage
 from autotune.core.errors import StudyError, UsageError
 
 HEARTBEAT_ENV = "AUTOTUNE_HEARTBEAT_S"
+PATIENCE_ENV = "AUTOTUNE_STORAGE_PATIENCE_S"
 STORAGE_ENV = "AUTOTUNE_STORAGE"  # a storage URL kept out of `ps` and shell history
 _PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")  # user:PASSWORD@ in a URL
 
@@ -30,6 +35,21 @@ def heartbeat_s() -> int:
             f"{HEARTBEAT_ENV}={text!r} is not a whole number of seconds; unset it or set e.g. 10"
         ) from None
     return max(1, value)
+
+
+def patience_s() -> float:
+    """How long an unreachable storage is waited for before the search stops (seconds)."""
+    text = os.environ.get(PATIENCE_ENV, "")
+    try:
+        value = float(text or 60)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 10**7:
+        raise UsageError(
+            f"{PATIENCE_ENV}={text!r} is not a number of seconds; unset it (a minute) or "
+            "set e.g. 600 to wait ten minutes for the storage to come back"
+        )
+    return value
 
 
 def quiet_optuna() -> None:
@@ -57,7 +77,10 @@ def open_storage(url: str) -> RDBStorage:
         engine = {"connect_args": {"timeout": 60}}
     elif "://" in url:
         engine = {"pool_pre_ping": True}
+    _refuse_foreign_sqlite(url)
+    given, url = url, _installed_postgres_driver(url)  # messages name the URL given
     beat = heartbeat_s()
+    patience_s()  # a bad value is refused before anything is written, not at an outage
     for attempt in range(3):
         try:
             return RDBStorage(
@@ -67,10 +90,10 @@ def open_storage(url: str) -> RDBStorage:
                 grace_period=3 * beat,
             )
         except ImportError as exc:
-            driver = url.split(":", 1)[0]
+            driver = given.split(":", 1)[0]
             raise StudyError(
-                f"cannot open storage {mask(url)!r}: the driver for {driver} is not installed "
-                f"({first_line(exc)}); for PostgreSQL: pip install psycopg2-binary"
+                f"cannot open storage {mask(given)!r}: the driver for {driver} is not installed "
+                f"({first_line(exc)}); for PostgreSQL: pip install 'autotune[postgres]'"
             ) from None
         except sqlalchemy.exc.SQLAlchemyError as exc:
             # Two workers creating the tables of a new storage at once: one loses the race.
@@ -79,11 +102,53 @@ def open_storage(url: str) -> RDBStorage:
                 for sign in ("already exists", "duplicate key", "UNIQUE constraint failed")
             )
             if not racing or attempt == 2:
-                raise StudyError(f"cannot open storage {mask(url)!r}: {first_line(exc)}") from None
+                raise StudyError(
+                    f"cannot open storage {mask(given)!r}: {first_line(exc)}"
+                ) from None
             time.sleep(0.5 + attempt)
         except Exception as exc:
-            raise StudyError(f"cannot open storage {mask(url)!r}: {first_line(exc)}") from None
+            raise StudyError(f"cannot open storage {mask(given)!r}: {first_line(exc)}") from None
     raise AssertionError("unreachable")
+
+
+def _refuse_foreign_sqlite(url: str) -> None:
+    """A SQLite file that is not a database, or another program's database, is refused
+    before Optuna opens it: Optuna would add its tables to another program's file."""
+    path = Path(url.removeprefix("sqlite:///"))
+    if path == Path(url) or not path.is_file() or path.stat().st_size == 0:
+        return  # not SQLite, in memory, or a file Optuna is to create
+    try:
+        with contextlib.closing(
+            sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        ) as db:
+            tables = {
+                row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
+    except sqlite3.OperationalError:
+        return  # locked or briefly unreadable: opening it retries and says so
+    except sqlite3.DatabaseError as exc:
+        raise StudyError(
+            f"cannot open storage {url!r}: {path} is not a database ({exc}); move it away, "
+            "or pass --storage with another file"
+        ) from None
+    if tables and "version_info" not in tables:
+        shown = ", ".join(sorted(tables)[:5])
+        raise StudyError(
+            f"cannot open storage {url!r}: {path} is another program's database (tables: "
+            f"{shown}), not an Optuna storage; autotune leaves it as it is: pass --storage "
+            "with another file"
+        )
+
+
+def _installed_postgres_driver(url: str) -> str:
+    """`postgresql://` names SQLAlchemy's default driver (psycopg 3 from SQLAlchemy 2.1,
+    psycopg2 before): with only psycopg2 installed (the postgres extra), use it."""
+    if not url.startswith("postgresql://"):
+        return url
+    found = {name for name in ("psycopg", "psycopg2") if importlib.util.find_spec(name)}
+    if found == {"psycopg2"}:
+        return "postgresql+psycopg2://" + url.removeprefix("postgresql://")
+    return url
 
 
 def first_line(exc: BaseException) -> str:
