@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import re
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 from autotune.core.errors import UsageError
@@ -64,3 +68,49 @@ def claim_folder(folder: Path, name: str, url: str, *, write: bool = True) -> No
         raise UsageError(
             f"{folder} holds the files of another study ({found}); pass another --study"
         )
+
+
+_SEARCHING = "SEARCHING"  # SEARCHING.<host>.<pid>: a search of this study is running
+
+
+@contextlib.contextmanager
+def searching(folder: Path) -> Iterator[None]:
+    """Mark the study's folder while this process searches it, for `export` and `show`
+    to say that what they read is the best so far. A marker a killed search left behind
+    is ignored once its process is gone."""
+    marker = folder / f"{_SEARCHING}.{socket.gethostname()}.{os.getpid()}"
+    try:
+        marker.touch()
+    except OSError:
+        pass  # only a courtesy to the other commands: never a reason to stop the search
+    try:
+        yield
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def searches_running(folder: Path) -> list[str]:
+    """The searches running on this study now ("pid N", or "pid N on HOST" elsewhere,
+    which cannot be checked from here)."""
+    here = socket.gethostname()
+    found = []
+    for marker in sorted(folder.glob(f"{_SEARCHING}.*")):
+        host, _, pid = marker.name.removeprefix(f"{_SEARCHING}.").rpartition(".")
+        if not pid.isdigit():
+            continue
+        if host != here:
+            found.append(f"pid {pid} on {host}")
+        elif pid_alive(int(pid)):
+            found.append(f"pid {pid}")
+    return found
+
+
+def pid_alive(pid: int) -> bool:
+    """A process of this pid exists on this machine (ours or another user's)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True

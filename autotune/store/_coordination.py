@@ -17,7 +17,7 @@ import socket
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import optuna
@@ -25,6 +25,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.core.enums import Outcome
+from autotune.core.paths import pid_alive
 from autotune.core.trial import Candidate, TrialRecord
 from autotune.store import compat
 from autotune.store._retry import transient_retry
@@ -120,7 +121,7 @@ def dead_here(trial: FrozenTrial) -> bool:
         )
     if host != HOST or (namespace and namespace != pid_namespace()) or not pid.isdigit():
         return False  # elsewhere, or no pid to look for: heartbeats decide
-    return not _alive(int(pid))
+    return not pid_alive(int(pid))
 
 
 @contextlib.contextmanager
@@ -151,14 +152,21 @@ def heartbeat(storage: RDBStorage, trial_id: int) -> Iterator[None]:
         thread.join()
 
 
-def recover_stale(study: optuna.Study, storage: RDBStorage) -> list[int]:
+def recover_stale(
+    study: optuna.Study,
+    storage: RDBStorage,
+    kept: Callable[[FrozenTrial], Callable[[], object] | None] | None = None,
+) -> list[int]:
     """Fail running trials whose worker is gone and put their configs back in the queue;
     returns their numbers.
 
     Gone: a worker on this host (and pid namespace) that no longer exists, seen at once,
     or a worker anywhere whose heartbeat is older than the grace period. The reason is
     written before the trial is failed (a finished trial takes no more attributes), so
-    Optuna's `fail_stale_trials`, which fails first, does not serve."""
+    Optuna's `fail_stale_trials`, which fails first, does not serve.
+
+    `kept` gives what records a result the dead search measured but could not record
+    (the storage was away), kept in the trial's folder: recorded, it is not probed again."""
     stale = set(compat.stale_trial_ids(storage, study))
     recovered = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -174,13 +182,19 @@ def recover_stale(study: optuna.Study, storage: RDBStorage) -> list[int]:
             if not orphan
             else "its worker never claimed it"
         )
+        record = kept(trial) if kept is not None else None
+        then = "its result, kept in its folder, recorded" if record else "re-queued"
         try:
             storage.set_trial_user_attr(tid, Attr.OUTCOME, str(Outcome.ERROR))
-            storage.set_trial_user_attr(tid, Attr.REASON, f"{why} during the trial; re-queued")
+            storage.set_trial_user_attr(tid, Attr.REASON, f"{why} during the trial; {then}")
             if not storage.set_trial_state_values(tid, state=TrialState.FAIL):
                 continue
         except optuna.exceptions.UpdateFinishedTrialError:
             continue  # another worker recovered it (or it finished) first
+        if record is not None:
+            record()
+            recovered.append(trial.number)
+            continue
         if trial.params:
             _requeue(study, trial.params)
         recovered.append(trial.number)
@@ -192,18 +206,6 @@ def _requeue(study: optuna.Study, params: dict[str, object]) -> None:
     """Put a failed trial's config back in the queue (retried alone: the trial is failed
     already, so a retry of the whole recovery would not come back to it)."""
     study.enqueue_trial(params, skip_if_exists=False)
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def sqlite_lock_path(url: str) -> Path | None:

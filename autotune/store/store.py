@@ -9,6 +9,7 @@ optuna-dashboard shows the Pareto front.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -22,6 +23,7 @@ from optuna_dashboard import save_note
 
 from autotune.core.enums import Outcome
 from autotune.core.errors import StudyError
+from autotune.core.files import write_atomic
 from autotune.core.parity_state import ParityPlan, ParityState
 from autotune.core.spec import SearchSpec
 from autotune.core.stats import combine, pooled
@@ -33,6 +35,7 @@ from autotune.store.keys import CONSTRAINT_NAME, METRIC_NAMES, Attr, StudyAttr
 from autotune.store.storage import first_line, mask, open_storage, quiet_optuna
 
 GIB = float(2**30)
+UNRECORDED = "unrecorded.json"  # in a trial's folder: measured, but the storage was away
 
 
 class StudyStore:
@@ -268,9 +271,39 @@ class StudyStore:
             yield
 
     @transient_retry
-    def recover_stale(self) -> list[int]:
-        """Fail trials whose worker is gone and re-queue their configs; their numbers."""
-        return _coordination.recover_stale(self.study, self.storage)
+    def recover_stale(self, judge: Callable[[TrialResult], Verdict] | None = None) -> list[int]:
+        """Fail trials whose worker is gone and re-queue their configs; their numbers.
+
+        With `judge`, a trial whose search measured it but could not record it (the
+        storage stayed away, see `keep_unrecorded`) is recorded from its folder instead."""
+        kept = functools.partial(self._kept_recorder, judge) if judge else None
+        return _coordination.recover_stale(self.study, self.storage, kept)
+
+    @staticmethod
+    def keep_unrecorded(folder: str, result: TrialResult) -> Path:
+        """Keep a measured result the storage could not take, for the next run to record."""
+        path = Path(folder) / UNRECORDED
+        write_atomic(path, result.to_json())
+        return path
+
+    def _kept_recorder(
+        self, judge: Callable[[TrialResult], Verdict], trial: optuna.trial.FrozenTrial
+    ) -> Callable[[], object] | None:
+        """What records the result kept in a dead trial's folder as a finished trial of
+        its config; None when none is kept or it cannot be read (the config is re-queued)."""
+        path = Path(str(trial.user_attrs.get(Attr.TRIAL_DIR, ""))) / UNRECORDED
+        try:
+            kept = TrialResult.from_json(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return None
+        kept = kept.replace(reason="; ".join(filter(None, [kept.reason, f"recorded from {path}"])))
+        candidate = candidate_of(self.spec.space, trial.params)
+
+        def record() -> None:
+            self._add_finished(candidate, kept, judge(kept))
+            path.unlink(missing_ok=True)
+
+        return record
 
     # ---- writing results ------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import optuna
 
 from autotune.core.enums import Objective, Outcome
-from autotune.core.errors import AutotuneError
+from autotune.core.errors import AutotuneError, StudyError
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialConfig, TrialRecord, TrialResult
 from autotune.hf.training_args import recipe
@@ -68,6 +68,7 @@ class SearchRun:
         self.launcher = launcher
         self.probes = 0  # launched by this process
         self.started = time.monotonic()
+        self.judge = functools.partial(verdict, spec=self.spec, implied=False)
 
     # ---- exploring ------------------------------------------------------------------
 
@@ -75,8 +76,7 @@ class SearchRun:
         """Record every config another study measured alike and this one has not (lever
         4: a rerun reuses every trial that fits, not only what its sampler proposes)."""
         if self.reuse is not None and len(self.reuse):
-            judge = functools.partial(verdict, spec=self.spec, implied=False)
-            for number, candidate, result in self.store.take_over(self.reuse.found, judge):
+            for number, candidate, result in self.store.take_over(self.reuse.found, self.judge):
                 self.observer.on_trial_end(number, candidate, result)
 
     def explore(self, deadline: Deadline, *, wait_for_others: bool) -> str:
@@ -85,7 +85,7 @@ class SearchRun:
         `wait_for_others`: before stopping, wait for other workers' running trials (the
         finalists are chosen from every result), and go on if one of them died."""
         while True:
-            self.store.recover_stale()  # a dead worker's trial goes back in the queue
+            self.store.recover_stale(self.judge)  # a dead worker's trial goes back in the queue
             recs = self.store.records()
             busy = self.store.in_flight()
             over = far_over_budget(self.spec, recs)
@@ -198,7 +198,7 @@ class SearchRun:
     def _pause(self) -> None:
         """Wait while other workers' trials run; take over those whose worker died."""
         time.sleep(self.limits.poll_s)
-        self.store.recover_stale()
+        self.store.recover_stale(self.judge)
 
     def _step(self, recs: list[TrialRecord], busy: dict[Candidate, int], over: Verdictor) -> None:
         """Ask for one proposal; skip it or probe it."""
@@ -252,7 +252,12 @@ class SearchRun:
             self.store.fail_and_requeue(trial, candidate, why)
             raise
         self.probes += 1
-        if not self.store.tell(trial, result, verdict(result, self.spec, implied=False)):
+        try:
+            told = self.store.tell(trial, result, verdict(result, self.spec, implied=False))
+        except StudyError as exc:  # the storage stayed away: keep the result for the rerun
+            kept = self.store.keep_unrecorded(config.trial_dir, result)
+            raise StudyError(f"{exc}; trial {trial.number}'s result is kept in {kept}") from None
+        if not told:
             lost = "not recorded: another worker took the trial over while the storage was away"
             result = result.replace(reason=f"{result.reason}; {lost}".lstrip("; "))
         self.observer.on_trial_end(trial.number, candidate, result)
@@ -377,7 +382,7 @@ def prepare_store(*, spec: SearchSpec, study_name: str, storage: str, sampler: s
     store = StudyStore.open(
         url=storage, name=study_name, spec=spec, sampler=make_sampler(sampler, spec.seed)
     )
-    store.recover_stale()
+    store.recover_stale(functools.partial(verdict, spec=spec, implied=False))
     if store.is_empty():  # a worker starting at this moment may do it too
         for seed in seed_candidates(spec.space, spec.device, spec.tokens_per_sample):
             store.enqueue(seed, first_guess=True)

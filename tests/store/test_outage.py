@@ -13,7 +13,14 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import ROOT, TINY_GPT2, probe_trials, worker_search_args, write_model
+from conftest import (
+    ROOT,
+    TINY_GPT2,
+    probe_trials,
+    probes_running,
+    worker_search_args,
+    write_model,
+)
 from optuna.trial import TrialState
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -81,3 +88,84 @@ def test_a_search_rides_out_a_database_restart(
     trials = optuna.load_study(study_name="outage", storage=url).get_trials(deepcopy=False)
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     assert len(probe_trials(trials)) == 4, output
+
+
+def test_a_result_the_storage_was_away_for_is_kept_and_recorded_by_the_rerun(
+    own_server: tuple[str, Path], tmp_path: Path
+) -> None:
+    """PostgreSQL stopped while a probe runs, for longer than the search waits: the search
+    stops in one line, keeps the probe's result in its folder, and the rerun records it
+    instead of probing the config again."""
+    url, folder = own_server
+    write_model(tmp_path / "tiny", TINY_GPT2)
+    argv = [*worker_search_args(3), "--study", "away", "--storage", url, "--confirm-top", "0"]
+    argv[argv.index("--measure-steps") + 1] = "30"  # a probe runs long enough to be caught
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "AUTOTUNE_STORAGE_PATIENCE_S": "3"}
+    search = subprocess.Popen(
+        [sys.executable, "-m", "autotune", *argv],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        running = wait_for_running_trial(url, "away", search)
+        postgres("--stop", folder)
+        _, err = search.communicate(timeout=300)
+    finally:
+        if search.poll() is None:
+            search.kill()
+        postgres("--start", folder)
+    last = err.strip().splitlines()[-1]
+    assert search.returncode == 1 and "Traceback" not in err, err
+    assert last.startswith("error: the storage was unreachable for 3 s"), last
+    assert f"trial {running}'s result is kept in" in last and "rerun" in last
+    assert probes_running(tmp_path) == []
+    kept = next((tmp_path / "studies").glob(f"away-*/trials/{running}/unrecorded.json"))
+
+    env.pop("AUTOTUNE_STORAGE_PATIENCE_S")
+    rerun = subprocess.run(
+        [sys.executable, "-m", "autotune", *argv],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert rerun.returncode == 0, rerun.stderr
+    trials = optuna.load_study(study_name="away", storage=url).get_trials(deepcopy=False)
+    dead = trials[running]
+    assert dead.state == TrialState.FAIL and "recorded" in dead.user_attrs["reason"]
+    recorded = [t for t in probe_trials(trials) if t.params == dead.params]
+    assert len(recorded) == 1 and "recorded from" in recorded[0].user_attrs["reason"]
+    assert not kept.exists()
+    configs = [tuple(sorted(t.params.items())) for t in probe_trials(trials)]
+    assert len(configs) == len(set(configs)) == 3  # nothing probed twice
+
+
+def postgres(action: str, folder: Path) -> None:
+    done = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "postgres"), action, str(folder)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def wait_for_running_trial(url: str, name: str, search: subprocess.Popen[str]) -> int:
+    """The number of the first trial a probe runs for (claimed, so its folder is named)."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        assert search.poll() is None, search.communicate()
+        time.sleep(0.3)
+        try:
+            trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+        except KeyError:  # not created yet
+            continue
+        claimed = [t for t in trials if t.state == TrialState.RUNNING and "claim" in t.user_attrs]
+        if claimed:
+            return claimed[0].number
+    raise AssertionError("no probe started")
