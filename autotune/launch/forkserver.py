@@ -46,6 +46,7 @@ PRELOAD = (
     "autotune.hf.models",
 )
 READY_TIMEOUT_S = 300.0
+REPLY_TIMEOUT_S = 15.0  # a fork, or reaping a killed child, takes far less when it is well
 PRELOAD_FACTORY = "AUTOTUNE_PRELOAD_FACTORY"  # the environment variable naming it
 LONGEST_WAIT_S = 10**7  # select() overflows on larger timeouts; this is 115 days
 
@@ -160,6 +161,7 @@ class ForkServer:
         data_limit: int | None = None,
         shared: SharedModel | None = None,
         preload: str = "",
+        ready_s: float = READY_TIMEOUT_S,
     ) -> None:
         """`preload`: the user's factory, whose module (and its imports: peft, trl) the
         server imports once, as it does torch."""
@@ -186,12 +188,12 @@ class ForkServer:
         self._buffer = b""
         self.broken = False  # a child it could not reap: its replies are out of step
         try:
-            ready = self._read(timeout=READY_TIMEOUT_S)
+            ready = self._read(timeout=ready_s)
         except LaunchError:
             ready = None
         if ready is None or not ready.get("ready"):
             self.close()
-            why = ready.get("error") if ready else f"no answer within {READY_TIMEOUT_S:.0f} s"
+            why = ready.get("error") if ready else f"no answer within {ready_s:.0f} s"
             raise ServerStartError(f"the fork server did not start: {why} (see {log})")
         self.shared_model = str(ready.get("shared_model") or "")
         if ready.get("cuda_initialized"):
@@ -211,7 +213,7 @@ class ForkServer:
             raise LaunchError("the fork server has no input pipe")
         request = {"config": str(config), "stdout": str(stdout), "stderr": str(stderr)}
         self.process.stdin.write((json.dumps(request) + "\n").encode())
-        reply = self._read(timeout=60)
+        reply = self._read(timeout=REPLY_TIMEOUT_S)
         if reply is None or "pid" not in reply or "returncode" in reply:
             self.broken = True
             raise LaunchError(f"the fork server did not answer as expected (see {self.log})")
@@ -239,6 +241,8 @@ class ForkServer:
     def close(self) -> None:
         if self.process.stdin is not None:
             self.process.stdin.close()
+        if self.broken:  # it stopped answering: it would not notice its input closing
+            self.process.kill()
         try:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:

@@ -16,11 +16,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from autotune.core.enums import DeviceKind, Outcome
-from autotune.core.errors import TrialFilesError
+from autotune.core.errors import LaunchError, TrialFilesError
 from autotune.core.files import write_atomic
 from autotune.core.outcomes import classify_exit, failure_line
 from autotune.core.trial import TrialConfig, TrialResult
-from autotune.launch.forkserver import ForkServer, ServerStartError
+from autotune.launch.forkserver import (
+    READY_TIMEOUT_S,
+    REPLY_TIMEOUT_S,
+    ForkServer,
+    ServerStartError,
+)
 from autotune.probe.ranks import RESULT_NAME, merge_ranks
 from autotune.probe.shared_model import SharedModel
 from autotune.system.devices import process_data_limit
@@ -65,12 +70,19 @@ class Launcher:
 
     def run(self, config: TrialConfig, *, timeout_s: float) -> TrialResult:
         limit = process_data_limit(self.device_kind, config.memory_limit_bytes)
-        server = self._server(limit, config.model.trainer)
+        server = self._server(limit, config.model.trainer, ready_s=timeout_s)
         if server is None or config.nproc_per_node > 1:
             return run_trial(config, timeout_s=timeout_s)
-        return run_trial(config, timeout_s=timeout_s, server=server)
+        try:
+            return run_trial(config, timeout_s=timeout_s, server=server)
+        except LaunchError as exc:  # it died or stopped answering: this probe starts fresh
+            print(f"note: {exc}; the probe starts afresh", file=sys.stderr)
+            self.close()
+            return run_trial(config, timeout_s=timeout_s)
 
-    def _server(self, limit: int | None, factory: str = "") -> ForkServer | None:
+    def _server(
+        self, limit: int | None, factory: str = "", ready_s: float = READY_TIMEOUT_S
+    ) -> ForkServer | None:
         """A live server under this limit (with the user's factory module imported); None
         where probes must start fresh (no server wanted, CUDA initialised at import, or
         the imports do not fit under the limit: a fresh probe then records that as its
@@ -81,7 +93,11 @@ class Launcher:
             self.close()
             try:
                 self.server = ForkServer(
-                    self.server_log, data_limit=limit, shared=self.shared, preload=factory
+                    self.server_log,
+                    data_limit=limit,
+                    shared=self.shared,
+                    preload=factory,
+                    ready_s=min(ready_s, READY_TIMEOUT_S),  # no longer than a probe may take
                 )
             except ServerStartError:
                 self.no_server.add(limit)
@@ -189,11 +205,13 @@ def _run_forked(
     finally:
         if returncode is None:  # timed out, or interrupted: the whole group goes
             kill_group(pid)
-            killed = server.reap(60)
+            killed = server.reap(REPLY_TIMEOUT_S)
     kill_group(pid)  # a grandchild left behind by a child that exited
     if returncode is not None:
         return returncode, False
-    return (killed if killed is not None else -9), True
+    if killed is None:  # the server itself stopped: it, not the probe, is what hung
+        raise LaunchError(f"the fork server stopped answering (see {server.log})")
+    return killed, True
 
 
 def read_result(path: Path) -> tuple[TrialResult | None, str]:

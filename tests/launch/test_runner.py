@@ -307,3 +307,46 @@ def test_a_forked_probe_reports_the_peak_a_fresh_process_would(
     # within 5%: page by page the two agreed within 0.6% alone; comparing per-library
     # totals instead had let a forked peak fall 10.3% below a fresh one on CI
     assert gap < 0.05, (fresh.peak_memory_bytes, forked.peak_memory_bytes)
+
+
+@pytest.mark.slow
+def test_a_fork_server_that_stops_answering_is_replaced_and_the_probe_starts_afresh(
+    tmp_path: Path, tiny_gpt2: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A stopped (or deadlocked) server: the probe it would have forked runs in a fresh
+    process, the server is killed, and the search's next probe gets a new one."""
+    import os
+
+    from autotune.core.enums import DeviceKind
+    from autotune.hf.models import resolve_model
+    from autotune.launch.runner import Launcher
+
+    ok = TrialConfig(
+        number=0,
+        trial_dir=str(tmp_path / "first"),
+        model=resolve_model(str(tiny_gpt2)),
+        candidate=CANDIDATE,
+        device="cpu",
+        seq_len=32,
+        target_len=8,
+        memory_limit_bytes=2**30,
+        warmup_steps=1,
+        measure_steps=2,
+    )
+    launcher = Launcher(DeviceKind.CPU, tmp_path / "forkserver.log")
+    try:
+        assert launcher.run(ok, timeout_s=120).outcome == Outcome.OK
+        stopped = launcher.server
+        assert stopped is not None
+        os.kill(stopped.process.pid, signal.SIGSTOP)
+        again = TrialConfig(**{**ok.__dict__, "trial_dir": str(tmp_path / "second")})
+        result = launcher.run(again, timeout_s=120)
+        assert result.outcome == Outcome.OK, result.reason
+        assert result.phases_s["import"] > 0.5  # imported afresh, not forked
+        assert "the fork server did not answer" in capfd.readouterr().err
+        assert stopped.process.poll() is not None  # killed, not left stopped
+        third = TrialConfig(**{**ok.__dict__, "trial_dir": str(tmp_path / "third")})
+        assert launcher.run(third, timeout_s=120).phases_s["import"] < 1.0  # a new server
+        assert launcher.server is not stopped
+    finally:
+        launcher.close()
