@@ -239,7 +239,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     config_path = Path(argv[0])
     agent = os.getppid()  # torchrun's agent, for a DDP rank
-    config = TrialConfig.from_json(config_path.read_text(encoding="utf-8"))
+    try:
+        config = TrialConfig.from_json(config_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        # run by hand on a file a crash truncated or something else wrote: say which
+        print(
+            f"error: {config_path} is not a trial's config.json ({type(exc).__name__}: "
+            f"{str(exc)[:120]}); rerun the search, which writes each trial's config afresh",
+            file=sys.stderr,
+        )
+        return 2
     prepare_environment(config)
     ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if ddp:  # torchrun starts ranks in sessions of their own: die with the agent

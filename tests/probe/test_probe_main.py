@@ -61,6 +61,26 @@ def test_probe_can_be_rerun_by_hand(tmp_path: Path, tiny_gpt2: Path) -> None:
     assert rerun["outcome"] == "ok"
 
 
+@pytest.mark.parametrize("content", ["", '{"number": 0, "trial_d', "\x00\x01 garbage", "[1, 2]"])
+def test_a_trial_config_a_crash_truncated_is_named_when_rerun_by_hand(
+    tmp_path: Path, content: str
+) -> None:
+    config_path = tmp_path / "trial" / "config.json"
+    config_path.parent.mkdir()
+    config_path.write_text(content)
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune.probe", str(config_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: {config_path} is not a trial's config.json")
+    assert "rerun the search" in line
+    assert not (config_path.parent / "result.json").exists()
+
+
 def test_real_out_of_memory_under_rlimit_data(tmp_path: Path, tiny_gpt2: Path) -> None:
     config = trial(
         tmp_path,
