@@ -20,7 +20,7 @@ from autotune.cli_types import (
 )
 from autotune.core.enums import DeviceKind, Objective, Precision, Task, values
 from autotune.core.errors import AutotuneError, Terminated, raise_terminated
-from autotune.core.paths import DEFAULT_STUDIES, study_folder
+from autotune.core.paths import DEFAULT_STUDIES, searches_running, study_folder
 from autotune.core.units import format_size
 
 
@@ -189,8 +189,20 @@ def export(
         from autotune.views.export import written_script_changes
 
         notes = [f"in your script: {line}" for line in written_script_changes(path)]
+    notes += _still_searching(study_folder(DEFAULT_STUDIES, study_name, url))
     for note in notes:
         click.echo(f"note: {note}", err=True)
+
+
+def _still_searching(folder: Path) -> list[str]:
+    """A note when a search of the study is running: an export is its best so far."""
+    running = searches_running(folder)
+    if not running:
+        return []
+    return [
+        f"a search of this study is still running ({', '.join(running)}): this is its best "
+        "so far, and it exports again when it ends"
+    ]
 
 
 @cli.command()
@@ -341,5 +353,10 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         where = f" ({exc.filename})" if exc.filename else ""
-        click.echo(f"error: {exc.strerror or exc}{where}", err=True)
+        then = "rerun the same command to resume" if "search" in args else "run it again"
+        click.echo(
+            f"error: {exc.strerror or exc}{where}: free disk space or fix the permissions, "
+            f"then {then}",
+            err=True,
+        )
         sys.exit(1)

@@ -11,12 +11,19 @@ from rich.console import Console
 from autotune.commands import resolve_storage
 from autotune.core.errors import StudyError, UsageError
 from autotune.core.parity_state import ParityState
-from autotune.core.paths import check_study_name, claim_folder, default_study_name, study_folder
+from autotune.core.paths import (
+    check_study_name,
+    claim_folder,
+    default_study_name,
+    searching,
+    study_folder,
+)
 from autotune.core.spec import SearchSpec
 from autotune.core.stats import speed_ratio
 from autotune.core.trial import TrialRecord
 from autotune.hf.factory import resolve_reference
 from autotune.hf.levers import parse_lever_options
+from autotune.store.storage import heartbeat_s, patience_s
 from autotune.store.store import StudyStore
 from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import SearchLimits
@@ -40,6 +47,7 @@ def search_command(
     (the CLI's --format json keeps stdout for the result)."""
 
     o = _what_to_tune(options)
+    heartbeat_s(), patience_s()  # settings from the environment, checked before any write
     deadline = Deadline.after(o.budget_s)  # the whole command's, surveying and planning too
     name = check_study_name(o.study_name or default_study_name(_job_name(o)))
     url = resolve_storage(o.storage, studies_dir)
@@ -62,20 +70,21 @@ def search_command(
     store = prepare_store(spec=spec, study_name=name, storage=url, sampler=o.sampler)
     claim_folder(folder, name, url)
     limits = o.limits(spec.measure_steps)
-    if slots:
-        run_workers(
-            spec=spec,
-            slots=slots,
-            study_name=name,
-            storage=url,
-            study_dir=folder,
-            sampler=o.sampler,
-            limits=limits,
-            deadline=deadline,
-        )
-    live = not o.quiet and not slots
-    search = _Search(store, folder, limits, deadline, explore=not slots, live=live)
-    return search.run(output, force=o.force, log_to_stderr=log_to_stderr, notes=notes)
+    with searching(folder):  # export and show say what they read is the best so far
+        if slots:
+            run_workers(
+                spec=spec,
+                slots=slots,
+                study_name=name,
+                storage=url,
+                study_dir=folder,
+                sampler=o.sampler,
+                limits=limits,
+                deadline=deadline,
+            )
+        live = not o.quiet and not slots
+        search = _Search(store, folder, limits, deadline, explore=not slots, live=live)
+        return search.run(output, force=o.force, log_to_stderr=log_to_stderr, notes=notes)
 
 
 def _what_to_tune(o: SearchOptions) -> SearchOptions:

@@ -21,8 +21,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 MAX_TRIALS = 6
 
 
-def search(work: Path, url: str, study: str) -> subprocess.Popen[str]:
-    argv = [sys.executable, "-m", "autotune", *worker_search_args(MAX_TRIALS)]
+def search(
+    work: Path, url: str, study: str, extra: tuple[str, ...] | list[str] = ()
+) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "autotune", *worker_search_args(MAX_TRIALS), *extra]
     # Optuna's random sampler: the model sampler may rightly stop before MAX_TRIALS
     # (nothing untried can win), and this test counts probes
     argv += ["--storage", url, "--study", study, "--sampler", "random"]
@@ -174,3 +176,45 @@ def test_a_trial_whose_worker_on_another_machine_went_silent_is_probed_again(
     assert "stopped sending heartbeats" in recovered.user_attrs["reason"]
     again = [t for t in probe_trials(trials) if t.params == params]
     assert again and again[0].user_attrs["outcome"] == "ok"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_two_searches_started_at_once_both_finish_and_export_meanwhile_says_so(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """The same command in two shells at the same moment: both finish, no config is
+    probed twice, and an export taken while they run writes the best so far and says
+    that a search is still running."""
+    from conftest import autotune, probes_running
+
+    write_model(tmp_path / "tiny", TINY_GPT2)
+    name = f"twice-{uuid.uuid4().hex[:8]}"
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
+    else:
+        url = str(request.getfixturevalue("postgres_url"))
+    quick = ["--parity", "off", "--confirm-top", "0"]  # two searches' exploring is the point
+    first, second = search(tmp_path, url, name, quick), search(tmp_path, url, name, quick)
+    deadline = time.monotonic() + 240
+    while True:  # until one probe is recorded, while both still search
+        assert time.monotonic() < deadline and first.poll() is None and second.poll() is None
+        time.sleep(0.3)
+        try:
+            trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+        except Exception:  # not created yet (on SQLite, the file may not exist yet)
+            continue
+        if any(t.user_attrs.get("outcome") == "ok" for t in probe_trials(trials)):
+            break
+    meanwhile = autotune(tmp_path, "export", "--study", name, "--storage", url)
+    assert meanwhile.returncode == 0, meanwhile.stderr
+    assert "a search of this study is still running" in meanwhile.stderr
+    for process in (first, second):
+        output, _ = process.communicate(timeout=600)
+        assert process.returncode == 0, output
+    trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+    configs = [tuple(sorted(t.params.items())) for t in probe_trials(trials)]
+    assert len(configs) == len(set(configs)) == MAX_TRIALS
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    assert probes_running(tmp_path) == []
+    after = autotune(tmp_path, "export", "--study", name, "--storage", url)
+    assert after.returncode == 0 and "still running" not in after.stderr
