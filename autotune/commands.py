@@ -119,7 +119,10 @@ def merge_command(
     try:
         write_atomic(merge_into, json.dumps(merged, indent=2) + "\n")
     except OSError as exc:
-        raise ExportError(f"cannot write {merge_into}: {exc.strerror or exc}") from None
+        raise ExportError(
+            f"cannot write {merge_into}: {exc.strerror or exc}; free disk space or fix the "
+            "permissions, then run it again (the file is as it was)"
+        ) from None
     changed = {k: (user.get(k), v) for k, v in tuned.items() if user.get(k) != v}
     return changed, notes
 

@@ -199,6 +199,30 @@ def probe_trials(trials: list[Any]) -> list[Any]:
     ]
 
 
+def probes_running(work: Path, *, trials_only: bool = False) -> list[int]:
+    """PIDs of probe children (or fork servers) working in this test's directory.
+
+    A trial's child leads its own session; with `trials_only` the server is left out.
+    """
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            cwd = os.readlink(proc / "cwd")
+        except (OSError, IndexError):
+            continue
+        state, session = stat[0], int(stat[3])
+        ours = "autotune.probe" in cmdline or "autotune.launch.forkserver" in cmdline
+        if trials_only and session != int(proc.name):
+            continue
+        if ours and cwd == str(work) and state not in "ZX":
+            found.append(int(proc.name))
+    return found
+
+
 def autotune(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The real CLI, in a child process, offline."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

@@ -12,26 +12,46 @@ def write_atomic(path: Path, text: str) -> None:
     A symlink keeps pointing where it did (its target is what gets rewritten), and an
     existing file keeps its mode and owner: a 0600 arguments file holding a token stays
     0600. A new file gets the default mode (umask applies)."""
-    target = Path(os.path.realpath(path))
+    write_all_atomic({path: text})
+
+
+def write_all_atomic(texts: dict[Path, str]) -> None:
+    """Write several files that belong together (an export and its sidecar): each is
+    written in full beside its target first, and only then are they renamed over their
+    targets, so a full disk leaves every old file as it was, not one new beside one old."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, text in texts.items():
+            target = Path(os.path.realpath(path))
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            staged.append((tmp, target))
+            _stage(tmp, target, text)
+        for tmp, target in staged:
+            os.replace(tmp, target)
+    except OSError as exc:  # a full disk: name the file, which a bare write does not
+        where = exc.filename or (staged[-1][1] if staged else next(iter(texts), ""))
+        raise OSError(exc.errno, exc.strerror, str(where)) from None
+    finally:
+        for tmp, _ in staged:
+            if tmp.exists():
+                tmp.unlink()
+
+
+def _stage(tmp: Path, target: Path, text: str) -> None:
+    """`text` written and synced to `tmp`, with `target`'s mode and owner if it exists."""
     try:
         before: os.stat_result | None = target.stat()
     except FileNotFoundError:
         before = None
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if before else 0o666)
-        with open(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if before is not None:
-            os.chmod(tmp, before.st_mode & 0o7777)
-            if (before.st_uid, before.st_gid) != (os.getuid(), os.getgid()):
-                try:
-                    os.chown(tmp, before.st_uid, before.st_gid)
-                except PermissionError:
-                    pass  # only root may give a file away; the mode is kept all the same
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if before else 0o666)
+    with open(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    if before is not None:
+        os.chmod(tmp, before.st_mode & 0o7777)
+        if (before.st_uid, before.st_gid) != (os.getuid(), os.getgid()):
+            try:
+                os.chown(tmp, before.st_uid, before.st_gid)
+            except PermissionError:
+                pass  # only root may give a file away; the mode is kept all the same

@@ -80,7 +80,7 @@ def classify_exit(
 ) -> TrialResult:
     """Combine the exit status with the child's result into the trial's final result."""
     if timed_out:
-        reason = f"no result after {timeout_s:.0f}s; process group killed"
+        reason = f"timeout after {timeout_s:.0f} s with no result: its process group was killed"
         return (result or TrialResult(Outcome.TIMEOUT)).replace(
             outcome=Outcome.TIMEOUT, reason=reason
         )

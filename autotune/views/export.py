@@ -14,7 +14,7 @@ from typing import Any
 
 from autotune.core.enums import Objective, Task
 from autotune.core.errors import ExportError
-from autotune.core.files import write_atomic
+from autotune.core.files import write_all_atomic
 from autotune.core.parity import changes
 from autotune.core.parity_state import ParityState
 from autotune.core.spec import SearchSpec
@@ -83,7 +83,7 @@ def export_best(
     HfArgumentParser first (the search does, with transformers loaded); `autotune export`
     writes what the probe already ran, without importing transformers."""
     arguments = recipe(spec, record.candidate)
-    kept = previous_export(output, force=force)  # the user's own added fields stay
+    kept = previous_export(output, force=force)
     # the user's own run (output_dir, max_steps, ...) and what they added to an earlier
     # export stay
     exported = merge({**spec.kept_arguments, **kept}, arguments)
@@ -110,13 +110,16 @@ def export_best(
     }
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
+        note = json.dumps(summary, indent=2, sort_keys=True) + "\n"
+        # Together: an arguments file is never left without the note that says autotune
+        # wrote it (and which fields it wrote), nor beside another export's note.
         text = json.dumps(exported, indent=2, sort_keys=True) + "\n"
-        # The sidecar first: an arguments file is never left without the note that says
-        # autotune wrote it (and which fields it wrote).
-        write_atomic(sidecar_path(output), json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        write_atomic(output, text)
+        write_all_atomic({sidecar_path(output): note, output: text})
     except OSError as exc:
-        raise ExportError(f"cannot write {output}: {exc.strerror or exc}") from None
+        raise ExportError(
+            f"cannot write {output}: {exc.strerror or exc}; free disk space or fix the "
+            "permissions, then run `autotune export` (the study is kept)"
+        ) from None
     return output
 
 
