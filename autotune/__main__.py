@@ -1,5 +1,5 @@
 from __future__ import annotations
 
-from autotune.cli import main
+from autotune.cli import run
 
-main()
+run()

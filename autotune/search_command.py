@@ -23,6 +23,7 @@ from autotune.core.stats import speed_ratio
 from autotune.core.trial import TrialRecord
 from autotune.hf.factory import resolve_reference
 from autotune.hf.levers import parse_lever_options
+from autotune.launch.forkserver import EarlyServer
 from autotune.store.storage import heartbeat_s, patience_s
 from autotune.store.store import StudyStore
 from autotune.tuning.deadline import Deadline
@@ -55,6 +56,27 @@ def search_command(
     output = o.output or studies_dir / f"{folder.name}.best.json"
     previous_export(output, force=o.force)  # refuse now, not after the search
     claim_folder(folder, name, url, write=False)  # before the data is tokenized into it
+    # its imports (seconds) overlap the model's resolution, the study's opening, the plan
+    alone = o.parallel == 1 and not o.devices and o.nproc_per_node == 1  # workers have theirs
+    early = EarlyServer() if o.fork_server and alone else None
+    try:
+        return _prepare_and_search(o, deadline, name, url, folder, output, log_to_stderr, early)
+    finally:
+        if early is not None:  # the search's launcher took it, or it is not needed
+            early.discard()
+
+
+def _prepare_and_search(
+    o: SearchOptions,
+    deadline: Deadline,
+    name: str,
+    url: str,
+    folder: Path,
+    output: Path,
+    log_to_stderr: bool,
+    early: EarlyServer | None,
+) -> SearchOutcome:
+    """The spec and plan, the study, then the search (its workers', or its own)."""
     spec, slots = build_spec(o, dataset=_data(o, folder), layout=Layout.of(o))
     spec, plan = plan_for_budget(
         spec,
@@ -83,7 +105,7 @@ def search_command(
                 deadline=deadline,
             )
         live = not o.quiet and not slots
-        search = _Search(store, folder, limits, deadline, explore=not slots, live=live)
+        search = _Search(store, folder, limits, deadline, not slots, live, early)
         return search.run(output, force=o.force, log_to_stderr=log_to_stderr, notes=notes)
 
 
@@ -132,6 +154,7 @@ class _Search:
     deadline: Deadline
     explore: bool
     live: bool
+    early: EarlyServer | None  # a fork server started ahead, for the search's probes
 
     def run(
         self, output: Path, *, force: bool, log_to_stderr: bool, notes: list[str]
@@ -147,6 +170,7 @@ class _Search:
                 deadline=self.deadline,
                 observer=progress,
                 explore=self.explore,
+                early=self.early,
             )
             parity = self.store.parity() if self.limits.parity_steps else None
             records = list(report.records)

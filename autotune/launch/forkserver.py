@@ -1,10 +1,12 @@
 """A pre-imported fork server for probe children: each trial still gets its own process,
 without paying for the torch + transformers import every time.
 
-The server is started once per search (`python -m autotune.launch.forkserver`), imports
-the heavy libraries, checks that none of them initialised CUDA (a forked child could not
-use it), and then, for each request on stdin (one JSON line: the probe's config path and
-log paths), forks a child that starts its own session, dies with the server, redirects
+The server is started once per search (`python -m autotune.launch.forkserver`), as early
+as the search can (`EarlyServer`: its imports overlap the search's own), imports the
+heavy libraries, then reads its setup (log, memory limit, the user's factory, the model
+to share), checks that no import initialised CUDA (a forked child could not use it),
+and then, for each request on stdin (one JSON line: the probe's config path and log
+paths), forks a child that starts its own session, dies with the server, redirects
 its output, and runs the probe. The server answers with the child's pid, and later with
 its exit status.
 
@@ -15,12 +17,15 @@ imports, and every forked probe that would build the same model inherits it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -47,13 +52,12 @@ PRELOAD = (
 )
 READY_TIMEOUT_S = 300.0
 REPLY_TIMEOUT_S = 15.0  # a fork, or reaping a killed child, takes far less when it is well
-PRELOAD_FACTORY = "AUTOTUNE_PRELOAD_FACTORY"  # the environment variable naming it
 LONGEST_WAIT_S = 10**7  # select() overflows on larger timeouts; this is 115 days
 
 
-def serve(
-    requests: IO[str], replies: IO[str], data_limit: int | None, shared: str | None = None
-) -> None:
+def serve(requests: IO[str], replies: IO[str]) -> None:
+    """Import the heavy libraries, then take the setup line (its log, limit, shared model
+    and the user's factory), then fork a child for each request line."""
     import importlib
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
@@ -63,17 +67,26 @@ def serve(
     from autotune.probe import device, fork_pages
     from autotune.system.devices import capability_from_nvml, cuda_initialized
 
-    try:
-        importlib.import_module(PRELOAD[0])  # torch
+    try:  # before the setup comes: a server started early imports while the search plans
         with capability_from_nvml():
-            for name in PRELOAD[1:]:
+            for name in PRELOAD:
                 importlib.import_module(name)
-            if os.environ.get(PRELOAD_FACTORY):  # the user's module, after transformers
-                from autotune.hf.factory import load_factory
+    except Exception as exc:
+        _reply(replies, {"ready": False, "error": f"{type(exc).__name__}: {exc}"[:300]})
+        return
+    line = requests.readline()
+    if not line:  # the search ended (or chose another server) before using this one
+        return
+    setup = json.loads(line)
+    _log_to(setup["log"])
+    try:
+        if setup.get("preload"):  # the user's module, after transformers
+            from autotune.hf.factory import load_factory
 
-                load_factory(os.environ[PRELOAD_FACTORY])
-        if data_limit is not None:  # as a fresh probe sets it; the children inherit it
-            device.limit_data_segment(data_limit)
+            with capability_from_nvml():
+                load_factory(setup["preload"])
+        if setup.get("data_limit") is not None:  # as a fresh probe sets it; children inherit
+            device.limit_data_segment(int(setup["data_limit"]))
     except MemoryError:  # the imports hold more than the limit: say so, and stop
         _reply(replies, {"ready": False, "error": "out of memory while importing"})
         return
@@ -82,6 +95,7 @@ def serve(
         return
 
     fork_pages.remember()  # so that the children report peaks as a fresh process would
+    shared = setup.get("shared")
     built = _build_shared(shared) if shared else None
     _reply(replies, {"ready": True, "cuda_initialized": cuda_initialized(), "shared_model": built})
     for line in requests:
@@ -93,6 +107,18 @@ def serve(
         _reply(replies, {"pid": pid})
         _, status = os.waitpid(pid, 0)
         _reply(replies, {"pid": pid, "returncode": _returncode(status)})
+
+
+def _log_to(path: str) -> None:
+    """stderr to the search's log from now on, after what the imports wrote before (to
+    the temporary file the server was started with, read back through /proc)."""
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stderr.flush()
+    if stat.S_ISREG(os.fstat(2).st_mode):
+        with contextlib.suppress(OSError), open("/proc/self/fd/2", "rb") as early:
+            os.write(log, early.read())
+    os.dup2(log, 2)
+    os.close(log)
 
 
 def _build_shared(path: str) -> str:
@@ -162,34 +188,29 @@ class ForkServer:
         shared: SharedModel | None = None,
         preload: str = "",
         ready_s: float = READY_TIMEOUT_S,
+        early: EarlyServer | None = None,
     ) -> None:
         """`preload`: the user's factory, whose module (and its imports: peft, trl) the
-        server imports once, as it does torch."""
+        server imports once, as it does torch. `early`: a server started ahead, whose
+        imports may be done by now; else one is started here."""
         self.data_limit = data_limit
         self.shared = shared
         self.log = log
         self.fresh_only = False  # True: CUDA was initialised at import; fork is unsafe
         log.parent.mkdir(parents=True, exist_ok=True)
-        args = ["-" if data_limit is None else str(data_limit)]
-        if shared is not None:  # in a file: a model's config can outgrow an argument
-            model_file = log.with_name(f"{log.stem}-model.json")
-            write_atomic(model_file, shared.to_json())
-            args.append(str(model_file))
-        with open(log, "ab") as err:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "autotune.launch.forkserver", *args],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                bufsize=0,
-                env=child_env({PRELOAD_FACTORY: preload} if preload else None),
-                preexec_fn=dies_with(os.getpid()),
-            )
+        process = early.take() if early is not None else None
+        self.process = process or EarlyServer().take()
         self._buffer = b""
         self.broken = False  # a child it could not reap: its replies are out of step
+        setup: dict[str, Any] = {"log": str(log), "data_limit": data_limit, "preload": preload}
+        if shared is not None:  # in a file: a model's config can outgrow a line
+            model_file = log.with_name(f"{log.stem}-model.json")
+            write_atomic(model_file, shared.to_json())
+            setup["shared"] = str(model_file)
         try:
+            self._send(setup)
             ready = self._read(timeout=ready_s)
-        except LaunchError:
+        except (LaunchError, OSError):
             ready = None
         if ready is None or not ready.get("ready"):
             self.close()
@@ -211,8 +232,7 @@ class ForkServer:
         """Fork a probe child for this config; returns its pid (also its process group)."""
         if self.process.stdin is None:
             raise LaunchError("the fork server has no input pipe")
-        request = {"config": str(config), "stdout": str(stdout), "stderr": str(stderr)}
-        self.process.stdin.write((json.dumps(request) + "\n").encode())
+        self._send({"config": str(config), "stdout": str(stdout), "stderr": str(stderr)})
         reply = self._read(timeout=REPLY_TIMEOUT_S)
         if reply is None or "pid" not in reply or "returncode" in reply:
             self.broken = True
@@ -239,15 +259,14 @@ class ForkServer:
         return code
 
     def close(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        if self.broken:  # it stopped answering: it would not notice its input closing
-            self.process.kill()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        """Stop the server: no child of it runs between trials, and its interpreter's own
+        shutdown (seconds, with torch loaded) is nothing anyone waits for."""
+        _stop(self.process)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self.process.stdin is None:
+            raise LaunchError("the fork server has no input pipe")
+        self.process.stdin.write((json.dumps(message) + "\n").encode())
 
     def _read(self, timeout: float | None) -> dict[str, Any] | None:
         """One JSON line from the server, or None if none came within the timeout."""
@@ -275,14 +294,47 @@ class ForkServer:
             raise LaunchError(f"the fork server sent {line[:80]!r} (see {self.log})") from None
 
 
-if __name__ == "__main__":  # LIMIT ("-": none) [SHARED_MODEL_JSON_FILE]
-    limit = sys.argv[1] if len(sys.argv) > 1 else "-"
-    serve(
-        sys.stdin,
-        sys.stdout,
-        None if limit == "-" else int(limit),
-        sys.argv[2] if len(sys.argv) > 2 else None,
-    )
+if __name__ == "__main__":
+    serve(sys.stdin, sys.stdout)
+
+
+class EarlyServer:
+    """A fork server started ahead of its first use, so that its imports (torch,
+    transformers: seconds) run while the search reads its options, opens the study and
+    plans. `ForkServer(..., early=)` takes it; `discard` stops one never taken. Until
+    then it writes to an unlinked temporary file (nothing is left behind), copied into
+    the real log when it is set up."""
+
+    def __init__(self) -> None:
+        with tempfile.TemporaryFile(prefix="autotune-forkserver-") as err:
+            self.process: subprocess.Popen[bytes] | None = subprocess.Popen(
+                [sys.executable, "-m", "autotune.launch.forkserver"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                bufsize=0,
+                env=child_env(),
+                preexec_fn=dies_with(os.getpid()),
+            )
+
+    def take(self) -> subprocess.Popen[bytes]:
+        """The process, once (a second take, or one of a server that died: a new one)."""
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return EarlyServer().take()
+        return process
+
+    def discard(self) -> None:
+        if self.process is not None:
+            _stop(self.process)
+            self.process = None
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.stdin is not None:
+        process.stdin.close()
+    process.kill()
+    process.wait()
 
 
 def model_to_share(spec: SearchSpec, concurrent: int = 1) -> SharedModel | None:

@@ -23,6 +23,7 @@ from autotune.core.trial import TrialConfig, TrialResult
 from autotune.launch.forkserver import (
     READY_TIMEOUT_S,
     REPLY_TIMEOUT_S,
+    EarlyServer,
     ForkServer,
     ServerStartError,
 )
@@ -60,11 +61,19 @@ class Launcher:
     fresh interpreter."""
 
     def __init__(
-        self, device_kind: DeviceKind, server_log: Path | None, shared: SharedModel | None = None
+        self,
+        device_kind: DeviceKind,
+        server_log: Path | None,
+        shared: SharedModel | None = None,
+        early: EarlyServer | None = None,
     ) -> None:
+        """`early`: a server the search started ahead (importing meanwhile), for the first."""
         self.device_kind = device_kind
         self.server_log = server_log
         self.shared = shared  # the model the server builds once
+        self.early = early if server_log is not None else None
+        if early is not None and self.early is None:
+            early.discard()
         self.server: ForkServer | None = None
         self.no_server: set[int | None] = set()  # limits under which a server cannot start
 
@@ -90,7 +99,7 @@ class Launcher:
         if self.server_log is None or limit in self.no_server:
             return None
         if self.server is None or not self.server.alive() or self.server.data_limit != limit:
-            self.close()
+            self._close_server()
             try:
                 self.server = ForkServer(
                     self.server_log,
@@ -98,6 +107,7 @@ class Launcher:
                     shared=self.shared,
                     preload=factory,
                     ready_s=min(ready_s, READY_TIMEOUT_S),  # no longer than a probe may take
+                    early=self.early,
                 )
             except ServerStartError:
                 self.no_server.add(limit)
@@ -105,6 +115,12 @@ class Launcher:
         return None if self.server.fresh_only else self.server
 
     def close(self) -> None:
+        self._close_server()
+        if self.early is not None:  # taken by the first server, or never used
+            self.early.discard()
+            self.early = None
+
+    def _close_server(self) -> None:
         if self.server is not None:
             self.server.close()
             self.server = None

@@ -22,7 +22,7 @@ from autotune.core.errors import AutotuneError, StudyError
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialConfig, TrialRecord, TrialResult
 from autotune.hf.training_args import recipe
-from autotune.launch.forkserver import model_to_share
+from autotune.launch.forkserver import EarlyServer, model_to_share
 from autotune.launch.runner import Launcher
 from autotune.store.keys import Attr
 from autotune.store.reuse import Reuse
@@ -255,7 +255,10 @@ class SearchRun:
         try:
             told = self.store.tell(trial, result, verdict(result, self.spec, implied=False))
         except StudyError as exc:  # the storage stayed away: keep the result for the rerun
-            kept = self.store.keep_unrecorded(config.trial_dir, result)
+            try:
+                kept = self.store.keep_unrecorded(config.trial_dir, result)
+            except OSError:  # the same full disk: the rerun probes the config again
+                raise exc from None
             raise StudyError(f"{exc}; trial {trial.number}'s result is kept in {kept}") from None
         if not told:
             lost = "not recorded: another worker took the trial over while the storage was away"
@@ -398,6 +401,7 @@ def run_search(
     observer: Observer,
     explore: bool = True,
     confirm: bool = True,
+    early: EarlyServer | None = None,
 ) -> SearchReport:
     """Explore (until --max-trials, the time budget's search share less the parity runs'
     expected time, or an exhausted space), run the parity runs and confirm the finalists
@@ -409,6 +413,7 @@ def run_search(
         store.spec.device.kind,
         study_dir / "forkserver.log" if limits.fork_server else None,
         shared=model_to_share(store.spec, limits.concurrent),
+        early=early,
     )
     run = SearchRun(
         store=store,
