@@ -127,6 +127,9 @@ def test_sigkill_of_the_search_kills_the_probe_and_the_rerun_recovers(tmp_path: 
         for t in trials[1:]
         if t.number != stale.number
     )
+    measured = [t.params for t in trials if t.user_attrs.get("outcome") == "ok"]
+    assert len(measured) == len({tuple(sorted(p.items())) for p in measured})  # none twice
+    assert (tmp_path / "studies/tiny.best.json").is_file()  # and it exports
 
 
 def test_unwritable_trial_directory_stops_cleanly_and_resumes(tmp_path: Path) -> None:
