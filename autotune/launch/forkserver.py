@@ -207,10 +207,11 @@ class ForkServer:
             model_file = log.with_name(f"{log.stem}-model.json")
             write_atomic(model_file, shared.to_json())
             setup["shared"] = str(model_file)
-        try:
+        with contextlib.suppress(OSError):  # it ended already: its reply says why
             self._send(setup)
+        try:
             ready = self._read(timeout=ready_s)
-        except (LaunchError, OSError):
+        except LaunchError:
             ready = None
         if ready is None or not ready.get("ready"):
             self.close()
