@@ -48,7 +48,8 @@ def search_command(
     (the CLI's --format json keeps stdout for the result)."""
 
     o = _what_to_tune(options)
-    heartbeat_s(), patience_s()  # settings from the environment, checked before any write
+    heartbeat_s()  # settings from the environment, checked before anything is written
+    patience_s()
     deadline = Deadline.after(o.budget_s)  # the whole command's, surveying and planning too
     name = check_study_name(o.study_name or default_study_name(_job_name(o)))
     url = resolve_storage(o.storage, studies_dir)

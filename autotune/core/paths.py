@@ -75,8 +75,8 @@ _SEARCHING = "SEARCHING"  # SEARCHING.<host>.<pid>: a search of this study is ru
 
 @contextlib.contextmanager
 def searching(folder: Path) -> Iterator[None]:
-    """Mark the study's folder while this process searches it, for `export` and `show`
-    to say that what they read is the best so far. A marker a killed search left behind
+    """Mark the study's folder while this process searches it, for `export` to say that
+    what it wrote is the best so far. A marker a killed search left behind
     is ignored once its process is gone."""
     marker = folder / f"{_SEARCHING}.{socket.gethostname()}.{os.getpid()}"
     try:

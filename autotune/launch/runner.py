@@ -71,9 +71,10 @@ class Launcher:
         self.device_kind = device_kind
         self.server_log = server_log
         self.shared = shared  # the model the server builds once
-        self.early = early if server_log is not None else None
-        if early is not None and self.early is None:
+        if server_log is None and early is not None:  # every probe starts fresh: unused
             early.discard()
+            early = None
+        self.early = early
         self.server: ForkServer | None = None
         self.no_server: set[int | None] = set()  # limits under which a server cannot start
 

@@ -253,7 +253,7 @@ class SearchRun:
             raise
         self.probes += 1
         try:
-            told = self.store.tell(trial, result, verdict(result, self.spec, implied=False))
+            told = self.store.tell(trial, result, self.judge(result))
         except StudyError as exc:  # the storage stayed away: keep the result for the rerun
             try:
                 kept = self.store.keep_unrecorded(config.trial_dir, result)
