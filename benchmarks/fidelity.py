@@ -42,8 +42,10 @@ def settings(quick: bool) -> dict[str, Any]:
             "budget_mib": 1000,
             "long_steps": 8,
             "max_trials": 4,
-            # the smoke run checks the script end to end; parity, which fidelity does not
-            # measure, has its own tests (tests/tuning/test_parity_search.py)
+            # the smoke run checks the script end to end: one finalist measured again, and
+            # no parity, which fidelity does not measure and which has its own tests
+            # (tests/tuning/test_parity_search.py)
+            "confirm_top": 1,
             "parity": "off",
         }
     return {
@@ -53,6 +55,7 @@ def settings(quick: bool) -> dict[str, Any]:
         "long_steps": 60,
         "parity": "on",
         "max_trials": 12,
+        "confirm_top": 3,  # the search's default
     }
 
 
@@ -102,6 +105,8 @@ def main() -> None:
             str(s["seq_len"]),
             "--max-trials",
             str(s["max_trials"]),
+            "--confirm-top",
+            str(s["confirm_top"]),
             "--parity",
             s["parity"],
             "--quiet",

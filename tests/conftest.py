@@ -15,6 +15,28 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+
+def _share_the_cores_between_workers() -> None:
+    """Under pytest-xdist the workers' probes train at the same time: each process gets
+    its share of the cores as OpenMP threads (set before torch is imported; the probes
+    inherit it). Two threads a process with two processes on two cores left each op's
+    threads waiting for a sibling that was not scheduled: steps ran ten times slower."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        share = max(1, len(os.sched_getaffinity(0)) // workers)
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(name, str(share))
+
+
+_share_the_cores_between_workers()
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: a worker for each core this process may run on (xdist's own count is
+    psutil's, the host's cores, more than a container or a taskset allows)."""
+    return len(os.sched_getaffinity(0))
+
+
 TINY_GPT2 = {
     "model_type": "gpt2",
     "architectures": ["GPT2LMHeadModel"],
@@ -58,10 +80,29 @@ def tiny_t5(tmp_path: Path) -> Path:
     return write_model(tmp_path / "tiny-t5", TINY_T5)
 
 
+# Session fixtures built once and then read (and, by the resume tests, searched again) by
+# many tests: under pytest-xdist (`-n auto`) their tests run on one worker, in order, so
+# the study is built once and no two tests touch it at the same time.
+ONE_WORKER_FIXTURES = ("tiny_budgets", "searched_study")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `cuda` skip cleanly, and say why, on a machine without a GPU."""
+    """Tests marked `cuda` skip cleanly, and say why, on a machine without a GPU.
+
+    The tests of the shared study form one xdist group (`--dist loadgroup`); the longest
+    work is handed out first (that group, then the slow tests) and the quick tests fill
+    in at the end, so no worker is left with a long test while the others idle."""
     import torch
 
+    shared, slow, quick = [], [], []
+    for item in items:
+        if any(name in getattr(item, "fixturenames", ()) for name in ONE_WORKER_FIXTURES):
+            item.add_marker(pytest.mark.xdist_group("tiny_study"))
+            shared.append(item)
+        else:
+            (slow if "slow" in item.keywords else quick).append(item)
+    items[:] = shared + slow + quick
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -73,6 +114,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
 HEADROOM = 0.05  # the search's default
+
+
+def built_on_one_worker(factory: pytest.TempPathFactory, name: str) -> None:
+    """Under pytest-xdist, fail where a second worker builds this session fixture: the
+    group that keeps its tests on one worker is not in force, and two workers would run
+    their tests on the same study at once."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return
+    marker = factory.getbasetemp().parent / f"{name}.built"  # shared by the workers
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        pytest.fail(
+            f"{name} built on {marker.read_text()} and again on {worker}: xdist's --dist "
+            "loadgroup did not keep its tests on one worker (see pytest's bound in "
+            "pyproject.toml)"
+        )
+    os.write(fd, worker.encode())
+    os.close(fd)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +178,7 @@ def tiny_budgets(tmp_path_factory: pytest.TempPathFactory) -> TinyBudgets:
     from autotune.hf.models import resolve_model
     from autotune.launch.runner import run_trial
 
+    built_on_one_worker(tmp_path_factory, "tiny_budgets")
     work = tmp_path_factory.mktemp("peaks")
     model = resolve_model(str(write_model(work / "tiny", TINY_GPT2)))
     peaks, after_imports = {}, {}
@@ -125,7 +187,9 @@ def tiny_budgets(tmp_path_factory: pytest.TempPathFactory) -> TinyBudgets:
             number=batch,
             trial_dir=str(work / f"{batch}-{precision}"),
             model=model,
-            candidate=Candidate(batch, 64 // batch, precision, False, "adamw_torch"),
+            # a global batch of 16: the peak is one micro-batch's; more accumulation
+            # steps would only take longer
+            candidate=Candidate(batch, 16 // batch, precision, False, "adamw_torch"),
             device="cpu",
             seq_len=256,
             target_len=8,
@@ -248,6 +312,7 @@ def searched_study(
     once the memory estimate, fitted to batch 8's peak, says no untried config both fits
     and can win, so batch 16 (midway over the budget) may never run, where these tests
     need its real out-of-memory records."""
+    built_on_one_worker(tmp_path_factory, "searched_study")
     work = tmp_path_factory.mktemp("search")
     write_model(work / "tiny", TINY_GPT2)
     argv = [
@@ -260,7 +325,7 @@ def searched_study(
         "--memory-budget",
         f"{tiny_budgets.eight_fits_sixteen_does_not}B",
         "--global-batch-size",
-        "64",
+        "32",
         "--seq-len",
         "256",
         "--precisions",

@@ -140,7 +140,7 @@ def test_the_cpu_budget_means_resident_memory_within_a_few_percent(
     counted against the limit and both ran out of memory."""
     peak = tiny_budgets.peaks[(8, "fp32")]  # type: ignore[attr-defined]
     base = dict(seq_len=256, warmup_steps=2, measure_steps=3)
-    candidate = Candidate(8, 8, "fp32", False, "adamw_torch")
+    candidate = Candidate(8, 2, "fp32", False, "adamw_torch")
     above = trial(
         tmp_path / "above", tiny_gpt2, candidate, memory_limit_bytes=int(1.08 * peak), **base
     )

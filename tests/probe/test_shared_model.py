@@ -44,7 +44,7 @@ def probe_config(model_dir: Path, trial_dir: Path, attention: str = "sdpa") -> T
         target_len=8,
         memory_limit_bytes=None,
         warmup_steps=2,
-        measure_steps=8,
+        measure_steps=5,
     )
 
 

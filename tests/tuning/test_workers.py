@@ -64,6 +64,16 @@ def test_parallel_search_probes_distinct_configs_and_confirms_alone(tmp_path: Pa
     assert not list((tmp_path / "studies" / "tiny" / "workers").glob("*.json"))
 
 
+def probing(storage: str, pid: int) -> bool:
+    """The worker of this pid has claimed a running trial (its probe is under way)."""
+    try:
+        study = optuna.load_study(study_name="tiny", storage=storage)
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    except (KeyError, OSError, optuna.exceptions.StorageInternalError):
+        return False  # not created yet, or busy: ask again
+    return any(t.user_attrs.get("pid") == pid and "claim" in t.user_attrs for t in running)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_a_worker_killed_mid_search_fails_the_search_loudly_and_a_rerun_finishes(
@@ -92,13 +102,19 @@ def test_a_worker_killed_mid_search_fails_the_search_loudly_and_a_rerun_finishes
         for entry in Path("/proc").iterdir():
             try:
                 cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+                cwd = os.readlink(entry / "cwd")
             except OSError:
                 continue
-            if b"autotune.worker" in cmdline and cmdline[-2].endswith(b"1.json"):
+            # this test's worker 1: another test's search may be running beside it
+            ours = cwd == str(tmp_path)
+            if ours and b"autotune.worker" in cmdline and cmdline[-2].endswith(b"1.json"):
                 worker = int(entry.name)
         time.sleep(0.05)
     assert worker is not None, "worker 1 never started"
-    time.sleep(3)  # it has opened the study and is probing
+    storage = f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
+    while not probing(storage, worker):  # killed mid-probe: its trial claimed, running
+        assert search.poll() is None and time.monotonic() < deadline, search.communicate()
+        time.sleep(0.2)
     os.kill(worker, signal.SIGKILL)
     out, err = search.communicate(timeout=600)
     assert search.returncode == 1, out + err
@@ -106,7 +122,6 @@ def test_a_worker_killed_mid_search_fails_the_search_loudly_and_a_rerun_finishes
     assert not (tmp_path / "studies" / "tiny.best.json").exists()
     done = autotune(tmp_path, *argv)
     assert done.returncode == 0, done.stdout + done.stderr
-    storage = f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
     trials = optuna.load_study(study_name="tiny", storage=storage).get_trials(deepcopy=False)
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     assert (tmp_path / "studies" / "tiny.best.json").exists()

@@ -22,7 +22,7 @@ USER_ARGS = {
     "learning_rate": 3e-4,
     "lr_scheduler_type": "cosine",
     "warmup_steps": 17,
-    "per_device_train_batch_size": 64,
+    "per_device_train_batch_size": 32,
     "gradient_accumulation_steps": 1,
     "optim": "sgd",
     "num_train_epochs": 3,
@@ -47,7 +47,7 @@ def test_merge_into_replaces_only_the_tuned_fields(searched_study: Study, tmp_pa
     mine.write_text(json.dumps(USER_ARGS, indent=2))
     done = autotune(work, "export", "--study", "tiny", "--merge-into", str(mine))
     assert done.returncode == 0, done.stderr
-    assert "per_device_train_batch_size 64 -> 8" in done.stdout
+    assert "per_device_train_batch_size 32 -> 8" in done.stdout
     merged = json.loads(mine.read_text())
     tuned = json.loads((work / "studies" / "tiny.best.json").read_text())
     for key, value in USER_ARGS.items():
@@ -55,7 +55,7 @@ def test_merge_into_replaces_only_the_tuned_fields(searched_study: Study, tmp_pa
             assert merged[key] == value and type(merged[key]) is type(value)
     for key, value in tuned.items():
         assert merged[key] == value
-    assert merged["per_device_train_batch_size"] * merged["gradient_accumulation_steps"] == 64
+    assert merged["per_device_train_batch_size"] * merged["gradient_accumulation_steps"] == 32
     training = {k: v for k, v in merged.items() if k != "model_name_or_path"}
     (args,) = HfArgumentParser(TrainingArguments).parse_dict(training)
     assert args.learning_rate == 3e-4 and args.lr_scheduler_type == "cosine"

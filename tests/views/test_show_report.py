@@ -29,7 +29,7 @@ def test_show_lists_every_trial_best_first_with_reasons(searched_study: Study) -
     summary = json.loads((work / "studies" / "tiny.best.summary.json").read_text())
     limit = format_size(summary["fit_limit_bytes"])
     assert any("OOM at" in ln and f"of {limit}" in ln for ln in body)
-    # 8x8 fp32 and bf16 measured, 16x4 fp32 and bf16 out of memory; the 32x2 first guess
+    # 8x4 fp32 and bf16 measured, 16x2 fp32 and bf16 out of memory; the 32x1 first guess
     # is a fifth row where it was probed (an OOM), none where the estimate deferred it
     assert len(body) == len([ln for ln in body if ln.split("│")[3].strip()]) >= 4
 
