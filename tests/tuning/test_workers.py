@@ -9,7 +9,9 @@ from pathlib import Path
 import optuna
 import pytest
 from conftest import TINY_GPT2, autotune, probe_trials, worker_search_args, write_model
+from optuna.exceptions import StorageInternalError
 from optuna.trial import TrialState
+from sqlalchemy.exc import OperationalError
 
 from autotune.core.errors import UsageError
 from autotune.tuning.workers import Slot, plan_slots
@@ -69,7 +71,7 @@ def probing(storage: str, pid: int) -> bool:
     try:
         study = optuna.load_study(study_name="tiny", storage=storage)
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    except (KeyError, OSError, optuna.exceptions.StorageInternalError):
+    except (KeyError, OSError, StorageInternalError, OperationalError):
         return False  # not created yet, or busy: ask again
     return any(t.user_attrs.get("pid") == pid and "claim" in t.user_attrs for t in running)
 
