@@ -263,6 +263,16 @@ def probe_trials(trials: list[Any]) -> list[Any]:
     ]
 
 
+def running_trial_of(study: Any, pid: int) -> Any:
+    """The running trial the worker of this pid has claimed (its probe is under way)."""
+    from optuna.trial import TrialState
+
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if trial.user_attrs.get("pid") == pid and "claim" in trial.user_attrs:
+            return trial
+    return None
+
+
 def probes_running(work: Path, *, trials_only: bool = False) -> list[int]:
     """PIDs of probe children (or fork servers) working in this test's directory.
 

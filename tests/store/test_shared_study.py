@@ -11,7 +11,13 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import TINY_GPT2, probe_trials, worker_search_args, write_model
+from conftest import (
+    TINY_GPT2,
+    probe_trials,
+    running_trial_of,
+    worker_search_args,
+    write_model,
+)
 from optuna.trial import TrialState
 
 from autotune.core.paths import study_folder
@@ -36,13 +42,6 @@ def search(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
-
-
-def running_trial_of(study: optuna.Study, pid: int) -> optuna.trial.FrozenTrial | None:
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if trial.user_attrs.get("pid") == pid and "claim" in trial.user_attrs:
-            return trial
-    return None
 
 
 def test_two_workers_share_one_study_and_recover_a_killed_ones_trial(

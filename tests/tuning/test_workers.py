@@ -8,7 +8,14 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import TINY_GPT2, autotune, probe_trials, worker_search_args, write_model
+from conftest import (
+    TINY_GPT2,
+    autotune,
+    probe_trials,
+    running_trial_of,
+    worker_search_args,
+    write_model,
+)
 from optuna.exceptions import StorageInternalError
 from optuna.trial import TrialState
 from sqlalchemy.exc import OperationalError
@@ -70,10 +77,9 @@ def probing(storage: str, pid: int) -> bool:
     """The worker of this pid has claimed a running trial (its probe is under way)."""
     try:
         study = optuna.load_study(study_name="tiny", storage=storage)
-        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        return running_trial_of(study, pid) is not None
     except (KeyError, OSError, StorageInternalError, OperationalError):
         return False  # not created yet, or busy: ask again
-    return any(t.user_attrs.get("pid") == pid and "claim" in t.user_attrs for t in running)
 
 
 @pytest.mark.slow
