@@ -38,10 +38,10 @@ def settings(quick: bool) -> dict[str, Any]:
     if quick:
         return {
             "global_batch": 16,
-            "seq_len": 128,
+            "seq_len": 64,
             "budget_mib": 1000,
-            "long_steps": 8,
-            "max_trials": 4,
+            "long_steps": 5,  # the first two are not timed: three steady steps
+            "max_trials": 3,
             # the smoke run checks the script end to end: one finalist measured again, and
             # no parity, which fidelity does not measure and which has its own tests
             # (tests/tuning/test_parity_search.py)

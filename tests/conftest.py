@@ -221,7 +221,8 @@ PLAIN_LEVERS = (
 def worker_search_args(max_trials: int) -> list[str]:
     """A small search on ./tiny (8 configs) for the tests that run several workers. These
     test coordination, and some share one PostgreSQL server: --no-reuse keeps one test's
-    study from taking over what another's measured."""
+    study from taking over what another's measured. No parity runs (the recipe and the
+    winner trained again, side by side): tests/tuning/test_parity_search.py tests them."""
     return [
         "search",
         "--model",
@@ -248,6 +249,8 @@ def worker_search_args(max_trials: int) -> list[str]:
         "2",
         "--confirm-top",
         "1",
+        "--parity",
+        "off",
         "--quiet",
     ]
 
@@ -352,6 +355,10 @@ def searched_study(
         "2",
         "--measure-steps",
         "3",
+        # the recipe and a finalist trained side by side, for their reuse and the report:
+        # a quick check's 4 steps (parity's 20-step verdicts have their own tests)
+        "--parity",
+        "quick",
         "--quiet",
     ]
     done = autotune(work, *argv)

@@ -122,8 +122,6 @@ def test_a_trial_whose_worker_on_another_machine_went_silent_is_probed_again(
         url,
         "--study",
         name,
-        "--parity",
-        "off",
         "--confirm-top",
         "0",
     ]
@@ -192,7 +190,7 @@ def test_two_searches_started_at_once_both_finish_and_export_meanwhile_says_so(
         url = f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
     else:
         url = str(request.getfixturevalue("postgres_url"))
-    quick = ["--parity", "off", "--confirm-top", "0"]  # two searches' exploring is the point
+    quick = ["--confirm-top", "0"]  # two searches' exploring is the point
     first, second = search(tmp_path, url, name, quick), search(tmp_path, url, name, quick)
     deadline = time.monotonic() + 240
     while True:  # until one probe is recorded, while both still search

@@ -95,7 +95,7 @@ def test_a_worker_killed_mid_search_fails_the_search_loudly_and_a_rerun_finishes
     import time
 
     write_model(tmp_path / "tiny", TINY_GPT2)
-    argv = [*worker_search_args(4), "--parallel", "2", "--parity", "off"]
+    argv = [*worker_search_args(4), "--parallel", "2"]
     search = subprocess.Popen(
         [sys.executable, "-m", "autotune", *argv],
         cwd=tmp_path,
