@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -109,13 +111,22 @@ def test_a_result_the_storage_was_away_for_is_kept_and_recorded_by_the_rerun(
         stderr=subprocess.PIPE,
         text=True,
     )
+    probe = None
     try:
+        # the probe held still while the server stops (which takes seconds): it ends once
+        # the storage is away, not before, however quickly this host trains it
+        probe = wait_for_probe(tmp_path, search)
+        os.kill(probe, signal.SIGSTOP)
         running = wait_for_running_trial(url, "away", search)
         postgres("--stop", folder)
+        os.kill(probe, signal.SIGCONT)
         _, err = search.communicate(timeout=300)
     finally:
         if search.poll() is None:
             search.kill()
+        if probe is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(probe, signal.SIGCONT)  # never left stopped
         postgres("--start", folder)
     last = err.strip().splitlines()[-1]
     assert search.returncode == 1 and "Traceback" not in err, err
@@ -153,6 +164,15 @@ def postgres(action: str, folder: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+def wait_for_probe(work: Path, search: subprocess.Popen[str]) -> int:
+    """The pid of the search's first probe, once it runs."""
+    deadline = time.monotonic() + 180
+    while not (pids := probes_running(work, trials_only=True)):
+        assert search.poll() is None and time.monotonic() < deadline, search.communicate()
+        time.sleep(0.1)
+    return pids[0]
 
 
 def wait_for_running_trial(url: str, name: str, search: subprocess.Popen[str]) -> int:
