@@ -13,6 +13,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, TINY_GPT2, autotune, write_model
 
+from autotune.core.enums import Outcome
+from autotune.store.store import StudyStore
+from autotune.tuning.selection import finish_s
+
 pytestmark = pytest.mark.slow
 
 
@@ -58,10 +62,18 @@ def test_a_search_over_the_attention_kernels_ranks_by_time_to_finish(tmp_path: P
     ok = [t for t in shown["trials"] if t["outcome"] == "ok"]
     assert {t["config"].split()[-1] for t in ok} == {"sdpa", "eager"}  # both measured
     best = next(t for t in ok if t["best"])
-    # the quickest to finish wins, or one within its noise that needs less memory
-    quickest = min(ok, key=lambda t: t["finish_s"])
-    assert best["finish_s"] <= quickest["finish_s"] * 1.10
-    assert best == quickest or best["peak_memory_gib"] <= quickest["peak_memory_gib"]
+    # the quickest to finish wins, or one within its noise that needs less memory: by the
+    # figure configs are ranked by, the quiet step time (the table's column is at the
+    # median, which a busy host can order the other way)
+    url = f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
+    stored = StudyStore.load(url=url, name="levers").records()
+    records = [r for r in stored if r.result.outcome == Outcome.OK]
+    chosen = next(r for r in records if r.number == best["trial"])
+    quickest = min(records, key=lambda r: finish_s(r, 300))
+    assert finish_s(chosen, 300) <= finish_s(quickest, 300) * 1.10
+    assert chosen is quickest or (
+        (chosen.result.peak_memory_bytes or 0) <= (quickest.result.peak_memory_bytes or 0)
+    )
     for t in ok:  # one-time cost + 300 optimizer steps of 8 samples at the measured speed
         assert t["finish_s"] == pytest.approx(
             t["one_time_s"] + 300 * 8 / t["samples_per_s"], rel=0.02, abs=0.2
