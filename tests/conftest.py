@@ -318,13 +318,16 @@ def autotune(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def searched_study(
     tmp_path_factory: pytest.TempPathFactory, tiny_budgets: TinyBudgets
 ) -> tuple[Path, list[str], str]:
-    """One real search on a tiny model under a budget where batches above 8 run out of
-    memory; shared by the tests that review, export and resume it.
+    """One real search on a tiny model under a budget whose fit limit lies between batch
+    8's peak and batch 16's: batch 8 fits; batch 16 runs out of memory, or finishes with a
+    peak over the limit (RLIMIT_DATA counts the data segment, not the resident set), which
+    selection leaves out; batch 32 runs out of memory. Shared by the tests that review,
+    export and resume it.
 
     Optuna's random sampler proposes every open config: the default model sampler stops
     once the memory estimate, fitted to batch 8's peak, says no untried config both fits
-    and can win, so batch 16 (midway over the budget) may never run, where these tests
-    need its real out-of-memory records."""
+    and can win, so the batches over the budget may never run, where these tests need
+    their real out-of-memory records."""
     built_on_one_worker(tmp_path_factory, "searched_study")
     work = tmp_path_factory.mktemp("search")
     write_model(work / "tiny", TINY_GPT2)
