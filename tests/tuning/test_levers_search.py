@@ -71,9 +71,8 @@ def test_a_search_over_the_attention_kernels_ranks_by_time_to_finish(tmp_path: P
     chosen = next(r for r in records if r.number == best["trial"])
     quickest = min(records, key=lambda r: finish_s(r, 300))
     assert finish_s(chosen, 300) <= finish_s(quickest, 300) * 1.10
-    assert chosen is quickest or (
-        (chosen.result.peak_memory_bytes or 0) <= (quickest.result.peak_memory_bytes or 0)
-    )
+    peak = {r.number: r.result.peak_memory_bytes for r in records}  # measured: they fit
+    assert chosen is quickest or peak[chosen.number] <= peak[quickest.number]
     for t in ok:  # one-time cost + 300 optimizer steps of 8 samples at the measured speed
         assert t["finish_s"] == pytest.approx(
             t["one_time_s"] + 300 * 8 / t["samples_per_s"], rel=0.02, abs=0.2
