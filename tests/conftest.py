@@ -5,13 +5,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_fork import run_cli
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -301,17 +301,10 @@ def probes_running(work: Path, *, trials_only: bool = False) -> list[int]:
 
 
 def autotune(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """The real CLI, in a child process, offline."""
+    """The real CLI, in a process of its own, offline (forked from an interpreter that has
+    imported what it imports: tests/cli_fork.py)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "autotune", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    return run_cli(list(args), cwd=cwd, env=env, timeout=900)
 
 
 @pytest.fixture(scope="session")
