@@ -155,7 +155,8 @@ def show_command(*, study_name: str, storage: str, objective: Objective) -> Any:
     changed = None
     if best is not None:
         changed = parity_summary(best, reference_for(store.spec, records, state), state)
-    return StudyView(study_name, store.spec, trial_rows(records, store.spec, objective), changed)
+    rows = trial_rows(records, store.spec, objective)
+    return StudyView(study_name, store.spec, rows, changed, objective)
 
 
 def report_command(*, study_name: str, storage: str, output_dir: Path) -> list[Path]:

@@ -186,7 +186,12 @@ def render_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) ->
     return table
 
 
-def print_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) -> None:
+def print_table(
+    rows: Sequence[TrialRow],
+    spec: SearchSpec,
+    study_name: str,
+    objective: Objective = Objective.THROUGHPUT,
+) -> None:
     console = Console(highlight=False, width=200, markup=False)
     for line in data_lines(spec):
         console.print(line)
@@ -197,8 +202,13 @@ def print_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) -> 
     )
     if spec.data is not None:
         console.print(
-            "samples/s and real tokens/s: real batches of your data, padded per micro-batch; "
-            "peak memory: worst-case batches"
+            "samples/s and real tokens/s: real batches of your data, padded per micro-batch, "
+            "at the median step, by which configs are ranked; peak memory: worst-case batches"
+        )
+    elif objective == Objective.THROUGHPUT:
+        console.print(
+            "samples/s, tokens/s: at the median step. The * ranks first by the quiet step (a "
+            "probe's lower quartile: a busy host slows it least), ties going to the smaller peak"
         )
     for line in lever_lines(spec):
         console.print(line)
@@ -213,7 +223,8 @@ def lever_lines(spec: SearchSpec) -> list[str]:
     if spec.train_steps:
         lines.append(
             f"selected by time to finish {spec.train_steps} steps: setup (compilation, "
-            "slow first steps; the 'setup s' column) + steps at the measured median"
+            "slow first steps; the 'setup s' column) + the steps at the ranked step time "
+            f"(the '{spec.train_steps} steps' column: at the median step)"
         )
     lines += [f"not searched: {name}: {why}" for name, why in spec.space.not_offered if why]
     return lines
@@ -242,6 +253,7 @@ class StudyView:
     spec: SearchSpec
     rows: list[TrialRow]
     parity: dict[str, Any] | None = None  # the selected config against the user's recipe
+    objective: Objective = Objective.THROUGHPUT  # what the * was selected by
 
 
 def print_view(view: StudyView, fmt: str) -> None:
@@ -249,7 +261,7 @@ def print_view(view: StudyView, fmt: str) -> None:
         raw = json.loads(rows_json(view.rows, view.spec, view.study_name))
         print(json.dumps({**raw, "parity": view.parity}, indent=2))
         return
-    print_table(view.rows, view.spec, view.study_name)
+    print_table(view.rows, view.spec, view.study_name, view.objective)
     if view.parity is not None:
         from autotune.views.summary import change_lines
 

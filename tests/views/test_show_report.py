@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import subprocess
@@ -146,3 +147,23 @@ def test_show_prints_a_reason_with_brackets_as_it_reads(capsys: pytest.CaptureFi
     )
     print_table([row], SPEC, "s")
     assert why in capsys.readouterr().out
+
+
+def test_the_table_says_which_step_time_ranks_and_which_its_columns_show(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The columns are at the median step, the * chosen by the quiet step: without saying
+    so, a row showing more samples/s than the * reads as a wrong choice."""
+    from helpers import SPEC
+
+    from autotune.core.enums import Objective
+    from autotune.views.show import print_table
+
+    print_table([], dataclasses.replace(SPEC, train_steps=300), "s")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "samples/s, tokens/s: at the median step" in out
+    assert "ranks first by the quiet step" in out
+    assert "selected by time to finish 300 steps" in out
+    assert "at the measured median" not in out  # what selection never used
+    print_table([], SPEC, "s", Objective.EFFICIENCY)
+    assert "quiet step" not in capsys.readouterr().out  # per GiB: another rule
