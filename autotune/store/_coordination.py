@@ -32,7 +32,8 @@ from autotune.store._retry import transient_retry
 from autotune.store.keys import Attr
 
 # This process, as other workers see it. The pid namespace tells containers that share a
-# hostname apart; the random part tells apart two processes that reuse one pid.
+# hostname apart; the random part tells apart two processes that reuse one pid, and the
+# process's start time tells a worker on this host from a later process given its pid.
 HOST = socket.gethostname()
 WORKER_ID = uuid.uuid4().hex[:12]
 
@@ -44,11 +45,22 @@ def pid_namespace() -> str:
         return ""
 
 
+def started_at(pid: int) -> str:
+    """When the process of this pid started, in clock ticks since boot ('' when it is
+    not there, or this system has no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
 def worker_identity() -> dict[str, object]:
     """This worker's attributes, in the order they are written: each is its own commit,
     so the whole identity goes first and a reader never judges a half-written one."""
+    pid = os.getpid()
     return {
-        Attr.WORKER: f"{HOST}|{pid_namespace()}|{os.getpid()}|{WORKER_ID}",
+        Attr.WORKER: f"{HOST}|{pid_namespace()}|{pid}|{WORKER_ID}|{started_at(pid)}",
         Attr.HOST: HOST,
         Attr.PID: os.getpid(),
     }
@@ -110,9 +122,10 @@ def _orphaned(trial: FrozenTrial, grace_s: float) -> bool:
 
 
 def dead_here(trial: FrozenTrial) -> bool:
-    """A running trial whose worker was on this host, in this pid namespace, and is gone."""
+    """A running trial whose worker was on this host, in this pid namespace, and is gone:
+    no process has its pid, or the one that has it started later (the pid was reused)."""
     worker = str(trial.user_attrs.get(Attr.WORKER, ""))
-    host, namespace, pid = [*worker.split("|"), "", "", ""][:3]
+    host, namespace, pid, _, started = [*worker.split("|"), "", "", "", "", ""][:5]
     if not worker:  # recorded before workers had an id: host and pid alone
         host, namespace, pid = (
             str(trial.user_attrs.get(Attr.HOST)),
@@ -121,7 +134,10 @@ def dead_here(trial: FrozenTrial) -> bool:
         )
     if host != HOST or (namespace and namespace != pid_namespace()) or not pid.isdigit():
         return False  # elsewhere, or no pid to look for: heartbeats decide
-    return not pid_alive(int(pid))
+    if not pid_alive(int(pid)):
+        return True
+    now = started_at(int(pid))  # recorded by workers since; '' where /proc cannot say
+    return bool(started and now and now != started)
 
 
 @contextlib.contextmanager

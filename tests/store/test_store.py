@@ -133,6 +133,26 @@ def test_a_dead_search_on_this_host_loses_its_trial_at_once(storage: str) -> Non
     assert "search process died" in reason
 
 
+def test_a_dead_search_whose_pid_another_process_took_loses_its_trial_at_once(
+    storage: str,
+) -> None:
+    """A busy host reuses pids within minutes: a live process with the dead worker's pid
+    but a later start is not that worker, and does not hold its trial until heartbeats
+    lapse. The worker itself, with its own start, keeps its trial."""
+    store = worker(storage, f"reused-{uuid.uuid4().hex[:8]}")
+    store.enqueue(cand(8))
+    trial, config = store.ask()
+    store.claim(trial, config, 10, "trials/x")
+    identity = str(next(iter(_coordination.worker_identity().values())))
+    assert identity.endswith(f"|{_coordination.started_at(os.getpid())}")
+    assert store.recover_stale() == []  # this live worker's own
+    host, ns, pid, _, started = identity.split("|")
+    trial.set_user_attr(Attr.WORKER, f"{host}|{ns}|{pid}|gone|{int(started) - 1}")
+    assert store.recover_stale() == [trial.number]
+    reason = store.study.get_trials(deepcopy=False)[trial.number].user_attrs[Attr.REASON]
+    assert "search process died" in reason
+
+
 def test_a_live_worker_in_another_pid_namespace_keeps_its_trial(storage: str) -> None:
     """Containers can share a hostname without sharing pids: a pid that does not exist
     here says nothing about a worker in another pid namespace."""
