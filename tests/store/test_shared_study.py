@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -175,6 +176,15 @@ def test_a_trial_whose_worker_on_another_machine_went_silent_is_probed_again(
     assert again and again[0].user_attrs["outcome"] == "ok"
 
 
+def recorded_ok(name: str, url: str) -> bool:
+    """Whether the study has a probe measured ok (False before the study exists)."""
+    try:
+        trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+    except Exception:  # not created yet (on SQLite, the file may not exist yet)
+        return False
+    return any(t.user_attrs.get("outcome") == "ok" for t in probe_trials(trials))
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_two_searches_started_at_once_both_finish_and_export_meanwhile_says_so(
     tmp_path: Path, backend: str, request: pytest.FixtureRequest
@@ -193,16 +203,21 @@ def test_two_searches_started_at_once_both_finish_and_export_meanwhile_says_so(
     quick = ["--confirm-top", "0"]  # two searches' exploring is the point
     first, second = search(tmp_path, url, name, quick), search(tmp_path, url, name, quick)
     deadline = time.monotonic() + 240
-    while True:  # until one probe is recorded, while both still search
+    while True:  # until one probe is recorded, both searches held still while it looks
+        for process in (first, second):
+            os.kill(process.pid, signal.SIGSTOP)
         assert time.monotonic() < deadline and first.poll() is None and second.poll() is None
-        time.sleep(0.3)
-        try:
-            trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
-        except Exception:  # not created yet (on SQLite, the file may not exist yet)
-            continue
-        if any(t.user_attrs.get("outcome") == "ok" for t in probe_trials(trials)):
+        if recorded_ok(name, url):
             break
-    meanwhile = autotune(tmp_path, "export", "--study", name, "--storage", url)
+        for process in (first, second):
+            os.kill(process.pid, signal.SIGCONT)
+        time.sleep(0.3)
+    # held until the export has looked: a tiny study's searches can otherwise end first
+    try:
+        meanwhile = autotune(tmp_path, "export", "--study", name, "--storage", url)
+    finally:
+        for process in (first, second):
+            os.kill(process.pid, signal.SIGCONT)
     assert meanwhile.returncode == 0, meanwhile.stderr
     assert "a search of this study is still running" in meanwhile.stderr
     for process in (first, second):
