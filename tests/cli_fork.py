@@ -8,8 +8,10 @@ fifth of the suite's CPU. Forked, each call still runs the real command
 (`autotune.cli.run`: its argument parsing, its one-line errors, its exit status) in its
 own process, with its own working directory, environment and output, and starts its
 probes and fork server as fresh interpreters, as installed. What it does not repeat is
-the interpreter's start and those imports; tests that start the command as a terminal
-would (signals, two at once) still start `python -m autotune` themselves.
+the interpreter's start and those imports (what a library logs while importing is not in
+a call's output: tests/test_cli.py checks that the command keeps it off the terminal);
+tests that start the command as a terminal would (signals, two at once) still start
+`python -m autotune` themselves.
 
 Run as a script, this file is that interpreter: it imports, then for each request line
 on stdin (JSON: the arguments, the working directory, the environment, where the output
