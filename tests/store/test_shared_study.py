@@ -177,12 +177,17 @@ def test_a_trial_whose_worker_on_another_machine_went_silent_is_probed_again(
 
 
 def recorded_ok(name: str, url: str) -> bool:
-    """Whether the study has a probe measured ok (False before the study exists)."""
+    """Whether the study has a probe measured ok and finished, as export reads it (its
+    attributes are written one commit at a time before the trial completes); False
+    before the study exists."""
     try:
         trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
     except Exception:  # not created yet (on SQLite, the file may not exist yet)
         return False
-    return any(t.user_attrs.get("outcome") == "ok" for t in probe_trials(trials))
+    return any(
+        t.state == TrialState.COMPLETE and t.user_attrs.get("outcome") == "ok"
+        for t in probe_trials(trials)
+    )
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
