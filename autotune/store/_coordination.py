@@ -62,7 +62,7 @@ def worker_identity() -> dict[str, object]:
     return {
         Attr.WORKER: f"{HOST}|{pid_namespace()}|{pid}|{WORKER_ID}|{started_at(pid)}",
         Attr.HOST: HOST,
-        Attr.PID: os.getpid(),
+        Attr.PID: pid,
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -208,21 +209,23 @@ def test_two_searches_started_at_once_both_finish_and_export_meanwhile_says_so(
     quick = ["--confirm-top", "0"]  # two searches' exploring is the point
     first, second = search(tmp_path, url, name, quick), search(tmp_path, url, name, quick)
     deadline = time.monotonic() + 240
-    while True:  # until one probe is recorded, both searches held still while it looks
-        for process in (first, second):
-            os.kill(process.pid, signal.SIGSTOP)
-        assert time.monotonic() < deadline and first.poll() is None and second.poll() is None
-        if recorded_ok(name, url):
-            break
-        for process in (first, second):
-            os.kill(process.pid, signal.SIGCONT)
-        time.sleep(0.3)
-    # held until the export has looked: a tiny study's searches can otherwise end first
     try:
+        while True:  # until one probe is recorded, both searches held still while it looks
+            for process in (first, second):
+                os.kill(process.pid, signal.SIGSTOP)
+            assert time.monotonic() < deadline
+            assert first.poll() is None and second.poll() is None
+            if recorded_ok(name, url):
+                break
+            for process in (first, second):
+                os.kill(process.pid, signal.SIGCONT)
+            time.sleep(0.3)
+        # held until the export has looked: a tiny study's searches can otherwise end first
         meanwhile = autotune(tmp_path, "export", "--study", name, "--storage", url)
     finally:
-        for process in (first, second):
-            os.kill(process.pid, signal.SIGCONT)
+        for process in (first, second):  # never left stopped, whatever failed
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGCONT)
     assert meanwhile.returncode == 0, meanwhile.stderr
     assert "a search of this study is still running" in meanwhile.stderr
     for process in (first, second):
