@@ -96,13 +96,15 @@ def test_an_inherited_model_gives_the_peak_and_speed_of_a_fresh_process(
 def test_a_probe_takes_the_inherited_model_only_when_it_would_build_the_same(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    config = probe_config(write_model(tmp_path / "m", MID_GPT2), tmp_path / "t")
+    model_dir = write_model(tmp_path / "m", MID_GPT2)
+    config = probe_config(model_dir, tmp_path / "t")
     model = object()
     built = {"shared": SharedModel.of(config), "model": model, "baseline": {"rss_bytes": 1}}
-    eager = dataclasses.replace(
-        config, candidate=dataclasses.replace(config.candidate, attn_implementation="eager")
+    others = (
+        probe_config(model_dir, tmp_path / "t", seed=1),
+        probe_config(model_dir, tmp_path / "t", "eager"),
     )
-    for other in (dataclasses.replace(config, seed=1), eager):  # other weights, other kernel
+    for other in others:  # other weights, another kernel
         monkeypatch.setattr(shared_model, "_BUILT", dict(built))
         assert shared_model.take(other) is None
         assert "model" not in shared_model._BUILT  # and the copy is let go
