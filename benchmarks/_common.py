@@ -44,7 +44,13 @@ def train(spec: dict[str, Any], work: Path) -> dict[str, Any]:
         text=True,
         check=False,
         cwd=work,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        # RLIMIT_DATA stands in for the machine's memory, but it also counts address
+        # space reserved and never touched, which RAM does not: pyarrow's default pool
+        # reserves some at import (Trainer imports `datasets`). The probe turns that pool
+        # off (autotune/system/process.py); without the same here a run of every way is
+        # charged memory it never used (vs_default --quick: autotune's 8x2 and the
+        # halving's batch 8 ran out of memory at 0.77 GiB resident under 900 MiB).
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "ARROW_DEFAULT_MEMORY_POOL": "system"},
     )
     if not out.exists():
         killed = done.returncode < 0
