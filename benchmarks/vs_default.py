@@ -15,7 +15,7 @@ the steady throughput of that config in a real training run of the same length.
 Ratios are to (a). Appends to benchmarks/RESULTS.md and writes vs_default.json.
 
     python benchmarks/vs_default.py            # a few minutes on 2 cores
-    python benchmarks/vs_default.py --quick    # smaller, for the CI smoke test
+    python benchmarks/vs_default.py --quick    # smaller: a check that it runs (under 3 min)
 """
 
 from __future__ import annotations
