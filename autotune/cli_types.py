@@ -192,8 +192,10 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option(
         "--precisions",
         type=ListType(tuple(values(Precision))),
-        help="Comma-separated, from fp32, tf32, fp16, bf16 [default: all the device supports]. "
-        "Precision changes the training arithmetic: leave out what your recipe must not use.",
+        help="Comma-separated, from fp32, tf32, fp16, bf16 [default: all the device supports]; "
+        "as-loaded instead of fp32 and tf32 where your job holds its weights in 16 bits or "
+        "quantized (no autocast: each layer in its weights' dtype). Precision changes the "
+        "training arithmetic: leave out what your recipe must not use.",
     ),
     click.option("--optimizers", type=ListType(), help="TrainingArguments optim names."),
     click.option(

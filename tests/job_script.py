@@ -18,6 +18,7 @@ from pathlib import Path
 from trl import SFTConfig
 
 HERE = Path(__file__).parent
+BITS = 4  # the QLoRA factory's base: 4-bit NF4, or 16 (the bf16 checkpoint as stored)
 
 
 def _optim(args):
@@ -47,6 +48,35 @@ def make_trainer(args: SFTConfig):
     )
 
 
+def qlora(args: SFTConfig):
+    # QLoRA as its guides write it: a bf16 checkpoint loaded in 4-bit NF4 (bf16
+    # compute), prepared for k-bit training, LoRA on every linear layer
+    import torch
+    from datasets import load_dataset
+    from peft import LoraConfig, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+    from trl import SFTTrainer
+
+    _log(args)
+    if BITS == 4:
+        quantized = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16
+        )
+        model = AutoModelForCausalLM.from_pretrained(
+            HERE / "model-bf16", quantization_config=quantized, device_map="cpu"
+        )
+        model = prepare_model_for_kbit_training(model)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(HERE / "model-bf16")
+    return SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=load_dataset("json", data_files=str(HERE / "train.jsonl"), split="train"),
+        processing_class=AutoTokenizer.from_pretrained(HERE / "tokenizer"),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"),
+    )
+
+
 def untyped(args):  # the arguments class must come from --args-class
     return make_trainer(args)
 
@@ -67,7 +97,9 @@ WORDS = "the model reads text and learns the next token while the adapter trains
 
 
 def write_job(folder: Path) -> Path:
-    """The script, its model, tokenizer and data under `folder`; returns the script."""
+    """The script, its model (fp32, and the same stored in bf16), tokenizer and data
+    under `folder`; returns the script."""
+    import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -80,19 +112,26 @@ def write_job(folder: Path) -> Path:
         tokenizer_object=bpe, eos_token="<eos>", pad_token="<pad>", bos_token="<bos>"
     )
     tokenizer.save_pretrained(str(folder / "tokenizer"))
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    )
-    LlamaForCausalLM(config).save_pretrained(str(folder / "model"))
+
+    def config(width: int) -> LlamaConfig:
+        return LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=width,
+            intermediate_size=2 * width,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+        )
+
+    LlamaForCausalLM(config(32)).save_pretrained(str(folder / "model"))
+    # stored in bf16, as most checkpoints are now; 128 wide: bitsandbytes' CPU kernel for
+    # evaluation packs a 4-bit layer's outputs in blocks of 32 (2 heads of 32 here)
+    bf16 = LlamaForCausalLM(config(128)).to(torch.bfloat16)
+    bf16.save_pretrained(str(folder / "model-bf16"))
     rng = random.Random(0)
     with open(folder / "train.jsonl", "w", encoding="utf-8") as out:
         for _ in range(120):  # lines of 2 to 20 words: the longest set the probes' peak

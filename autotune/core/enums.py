@@ -33,6 +33,10 @@ class Precision(enum.StrEnum):
     TF32 = "tf32"
     FP16 = "fp16"
     BF16 = "bf16"
+    # No autocast, on a job that holds weights in 16 bits or quantized (a bf16 checkpoint,
+    # a 4-bit base, adapters TRL cast to bf16): each layer computes in the dtype its
+    # weights are held in, which is not fp32, so it is not called fp32
+    AS_LOADED = "as-loaded"
 
 
 class Objective(enum.StrEnum):

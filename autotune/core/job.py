@@ -29,6 +29,20 @@ class JobFacts:
     per_device_train_batch_size: int = 8  # from the arguments the factory was given
     gradient_accumulation_steps: int = 1
     max_length: int | None = None  # SFTConfig's max_length (or max_seq_length)
+    # What the parameters are held in once the factory built the job: elements by
+    # "frozen bfloat16", "trainable float32", "frozen 4-bit nf4"...
+    held: dict[str, int] = dataclasses.field(default_factory=dict)
+    frozen_bytes: int = 0  # bytes the frozen parameters take as held (0: all train)
+    # A quantized base's loading: bits, quant_type, compute_dtype, double_quant ({}: none)
+    quantization: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The factory turned activation checkpointing on although the arguments it was given
+    # said off (prepare_model_for_kbit_training does): the Trainer never turns it off
+    forced_checkpointing: bool = False
+    samples: int | None = None  # the train dataset's samples, when it has a length
+    tokens: int | None = None  # their tokens, when it exposes them
+    # The tuned fields of the user's own arguments as their class builds them (its
+    # defaults included: SFTConfig's bf16 and gradient checkpointing): their recipe
+    recipe: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

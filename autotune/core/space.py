@@ -137,17 +137,25 @@ def derive_space(
     installed_optimizers: Sequence[str],
     levers: Sequence[tuple[str, Sequence[Any]]] = (),
     not_offered: Sequence[tuple[str, str]] = (),
+    held_in: str = "",
 ) -> SearchSpace:
     """The space for this device, narrowed by the user's options; refuses an empty one.
 
     `installed_optimizers`: the optim names the installed libraries can run
-    (autotune.hf.training_args.available_optimizers)."""
+    (autotune.hf.training_args.available_optimizers). `held_in`: what a job that holds
+    its weights in 16 bits or quantized holds them in ("bfloat16", "4-bit nf4"); its
+    runs without autocast are `as-loaded`, never fp32 or tf32."""
     regular, fallback = batch_choices(global_batch_size)
-    supported = supported_precisions(device)
+    supported = _precisions_for(device, held_in)
     for name in precisions or ():
         if name not in set(Precision):
             raise SpaceError(
                 f"unknown precision {name!r}; choose from {', '.join(p.value for p in Precision)}"
+            )
+        if held_in and name in (Precision.FP32, Precision.TF32):
+            raise SpaceError(
+                f"--precisions {name}: your job holds its weights in {held_in}, so a run "
+                "without autocast computes in that, not in 32 bits; ask for as-loaded"
             )
     chosen_prec = tuple(p for p in (precisions or supported) if p in supported)
     if not chosen_prec:
@@ -180,6 +188,16 @@ def derive_space(
     )
 
 
+def _precisions_for(device: DeviceInfo, held_in: str) -> tuple[Precision, ...]:
+    """The device's precisions; for a job held in 16 bits or quantized, `as-loaded` (no
+    autocast) in place of fp32 and tf32, which would name arithmetic it does not do."""
+    supported = supported_precisions(device)
+    if not held_in:
+        return supported
+    mixed = tuple(p for p in supported if p not in (Precision.FP32, Precision.TF32))
+    return (Precision.AS_LOADED, *mixed)
+
+
 def seed_candidates(
     space: SearchSpace, device: DeviceInfo, tokens_per_sample: int = 1
 ) -> list[Candidate]:
@@ -193,7 +211,8 @@ def seed_candidates(
     seeds = []
     batches = space.micro_batches
     default_batch = 8 if 8 in batches else batches[0]
-    fp = "fp32" if "fp32" in space.precisions else space.precisions[0]
+    plain = [p for p in (Precision.FP32, Precision.AS_LOADED) if p in space.precisions]
+    fp = plain[0] if plain else space.precisions[0]
     plain_opt = "adamw_torch" if "adamw_torch" in space.optimizers else space.optimizers[0]
     no_ckpt = False if False in space.checkpointing else space.checkpointing[0]
     seeds.append(space.candidate(default_batch, fp, no_ckpt, plain_opt))

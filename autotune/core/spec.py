@@ -35,6 +35,12 @@ class SearchSpec:
     largest_parameter: int = 0  # elements of the biggest single tensor
     # those with gradients and optimizer state: an adapter's (LoRA's ~1%); 0: all
     trainable_parameters: int = 0
+    # bytes the parameters that do not train take as held (a bf16 base 2 a parameter, a
+    # 4-bit one about half); 0: as the precision holds them (a stand-in built in fp32)
+    frozen_bytes: int = 0
+    # What the user's factory built (tuning/_user_job.job_profile): the parameters as
+    # held, the quantization, what trains, the data's lengths; {} for a stand-in
+    job_profile: dict[str, Any] = dataclasses.field(default_factory=dict)
     nproc_per_node: int = 1  # DDP processes per probe (torchrun); the space is per process
     data: DataSpec | None = None  # the user's dataset (--dataset), tokenized once
     # The installed transformers' name for the switch (read once, where it is imported).
@@ -94,10 +100,11 @@ class SearchSpec:
         } | self._job_identity()
 
     def _job_identity(self) -> dict[str, Any]:
-        """A LoRA stand-in's adapter, a user's factory and its arguments class: named only
-        when there is one, so a study of a plain --model still resumes."""
+        """A LoRA stand-in's adapter, a user's factory, its arguments class and what it
+        built: named only when there is one, so a study of a plain --model still resumes."""
         job = {"adapter": self.model.adapter, "trainer": self.model.trainer}
         job["args_class"] = self.model.args_class
+        job["job"] = self.job_profile
         return {k: v for k, v in job.items() if v}
 
     def measurement_identity(self) -> dict[str, Any]:

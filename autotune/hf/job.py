@@ -8,11 +8,12 @@ from typing import Any
 
 from autotune.core.job import JobFacts
 from autotune.hf.factory import class_name
-from autotune.hf.models import detect_task, parameter_count
+from autotune.hf.models import detect_task, parameter_count, parameter_elements
 
 
-def job_facts(trainer: Any) -> JobFacts:
-    """What the factory built, read off the Trainer it returned."""
+def job_facts(trainer: Any, *, checkpointing_asked: bool = False) -> JobFacts:
+    """What the factory built, read off the Trainer it returned (`checkpointing_asked`:
+    whether the arguments it was given turn activation checkpointing on)."""
     model = trainer.model
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = base.config.to_dict()
@@ -38,7 +39,57 @@ def job_facts(trainer: Any) -> JobFacts:
         trainable=counted.trainable or counted.total,
         embedding=counted.embedding,
         largest=counted.largest,
+        held=held_dtypes(model),
+        frozen_bytes=counted.frozen_bytes,
+        quantization=quantization_settings(base),
+        forced_checkpointing=bool(checkpointing(base)) and not checkpointing_asked,
+        samples=_length(trainer.train_dataset),
+        tokens=sum(lengths) if lengths else None,
     )
+
+
+def held_dtypes(model: Any) -> dict[str, int]:
+    """Parameters by what they are held in and whether they train: {"frozen bfloat16":
+    ..., "trainable float32": ...}; a 4-bit tensor is named by its quantization."""
+    held: dict[str, int] = {}
+    for parameter in model.parameters():
+        state = getattr(parameter, "quant_state", None)
+        if state is not None:
+            kind = f"4-bit {getattr(state, 'quant_type', '')}".strip()
+        elif type(parameter).__name__ == "Int8Params":
+            kind = "8-bit"
+        else:
+            kind = str(parameter.dtype).removeprefix("torch.")
+        key = f"{'trainable' if parameter.requires_grad else 'frozen'} {kind}"
+        held[key] = held.get(key, 0) + parameter_elements(parameter)
+    return dict(sorted(held.items()))
+
+
+def quantization_settings(model: Any) -> dict[str, Any]:
+    """A quantized base's loading as its config records it: bits, the 4-bit type, the
+    compute dtype, double quantization ({} for a full-precision base)."""
+    config = getattr(getattr(model, "hf_quantizer", None), "quantization_config", None)
+    if config is None:
+        config = getattr(model.config, "quantization_config", None)
+    if config is None:
+        return {}
+    raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    bits = 4 if raw.get("load_in_4bit") else 8 if raw.get("load_in_8bit") else raw.get("bits")
+    settings = {
+        "method": str(getattr(raw.get("quant_method"), "value", raw.get("quant_method", ""))),
+        "bits": bits,
+        "quant_type": raw.get("bnb_4bit_quant_type") if bits == 4 else None,
+        "compute_dtype": str(raw.get("bnb_4bit_compute_dtype") or "").removeprefix("torch.")
+        if bits == 4
+        else None,
+        "double_quant": raw.get("bnb_4bit_use_double_quant") if bits == 4 else None,
+    }
+    return {k: v for k, v in settings.items() if v not in (None, "")}
+
+
+def checkpointing(model: Any) -> bool:
+    """Whether activation checkpointing is on in the built model."""
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
 
 
 def adapter_config(model: Any) -> dict[str, Any]:
@@ -78,21 +129,32 @@ def _length(dataset: Any) -> int | None:
 
 
 def sample_lengths(dataset: Any) -> list[int] | None:
-    """Tokens in each sample, from a `length` or `input_ids` column (a datasets.Dataset)
-    or item; None when the dataset does not expose them."""
+    """Tokens in each sample, from a `length` or `input_ids` column (a datasets.Dataset,
+    read as Arrow: no sample becomes Python) or item; None when the dataset does not
+    expose them."""
     if dataset is None or _length(dataset) is None:
         return None
     columns = getattr(dataset, "column_names", None)
     if columns is not None:
         if "length" in columns:
-            return [int(n) for n in dataset["length"]]
+            return [int(n) for n in _arrow_column(dataset, "length").to_numpy()]
         if "input_ids" in columns:
-            return [len(ids) for ids in dataset["input_ids"]]
+            import pyarrow.compute as pc
+
+            ids = _arrow_column(dataset, "input_ids")
+            return [int(n) for n in pc.list_value_length(ids).to_numpy(zero_copy_only=False)]
         return None
     try:
         return [len(dataset[i]["input_ids"]) for i in range(len(dataset))]
     except (KeyError, TypeError, IndexError):
         return None
+
+
+def _arrow_column(dataset: Any, name: str) -> Any:
+    """A datasets.Dataset's column as Arrow (its selection and order applied)."""
+    if hasattr(dataset, "with_format"):
+        return dataset.with_format("arrow")[name]
+    return dataset[name]
 
 
 def longest_samples(dataset: Any, count: int, batch: int) -> Any:

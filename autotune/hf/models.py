@@ -131,6 +131,10 @@ class ParameterCount:
     embedding: int
     largest: int = 0  # the biggest single tensor: optimizers that step one at a time copy it
     trainable: int = 0  # those with gradients and optimizer state (a LoRA's ~1%); 0: all
+    # Bytes the parameters that do not train take as they are held: 2 a parameter for a
+    # bf16 checkpoint's frozen base, about half for a 4-bit one (scales included); 0 when
+    # every parameter trains
+    frozen_bytes: int = 0
 
 
 def count_parameters(spec: ModelSpec) -> ParameterCount:
@@ -153,17 +157,37 @@ def parameter_count(model: Any) -> ParameterCount:
         for p in module.parameters()
     }
     parameters = list(model.parameters())
-    sizes = [_elements(p) for p in parameters]
+    sizes = [parameter_elements(p) for p in parameters]
     trainable = sum(n for n, p in zip(sizes, parameters, strict=True) if p.requires_grad)
+    partial = trainable < sum(sizes)
+    frozen = sum(held_bytes(p) for p in parameters if not p.requires_grad)
     return ParameterCount(
         int(sum(sizes)),
         int(sum(embedding.values())),
         int(max(sizes, default=0)),
-        trainable=int(trainable) if trainable < sum(sizes) else 0,
+        trainable=int(trainable) if partial else 0,
+        frozen_bytes=frozen if partial else 0,
     )
 
 
-def _elements(parameter: Any) -> int:
+def held_bytes(parameter: Any) -> int:
+    """The bytes a parameter takes as it is held: its storage (a 4-bit tensor packs two
+    weights a byte) and a quantized tensor's scales (bitsandbytes' absmax, and the
+    second level's when the scales are themselves quantized)."""
+    size = int(parameter.numel()) * int(parameter.element_size())
+    state = getattr(parameter, "quant_state", None)
+    while state is not None:
+        absmax = getattr(state, "absmax", None)
+        if absmax is not None:
+            size += int(absmax.numel()) * int(absmax.element_size())
+        state = getattr(state, "state2", None)
+    scb = getattr(parameter, "SCB", None)  # LLM.int8(): a scale a row
+    if scb is not None:
+        size += int(scb.numel()) * int(scb.element_size())
+    return size
+
+
+def parameter_elements(parameter: Any) -> int:
     """A parameter's weights: a 4-bit bitsandbytes tensor packs two in each byte."""
     quant = getattr(parameter, "quant_state", None)
     if quant is not None and getattr(quant, "shape", None) is not None:

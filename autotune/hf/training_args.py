@@ -164,7 +164,9 @@ TARGET_KEYS = ("max_target_length",)
 class BaseArguments:
     """What a search takes from the user's existing arguments file."""
 
-    global_batch_size: int | None
+    # per_device_train_batch_size x gradient_accumulation_steps: one process's samples
+    # an optimizer step; the global batch is this times the processes (--nproc-per-node)
+    process_batch_size: int | None
     seq_len: int | None
     target_len: int | None
     carried: dict[str, Any]  # their other TrainingArguments fields, run in every probe
@@ -242,7 +244,7 @@ def base_arguments(
         if k in known and k not in TUNED and not k.startswith(PROBE_OWNED_PREFIXES)
     }
     return BaseArguments(
-        global_batch_size=batch * accumulation if batch is not None else None,
+        process_batch_size=batch * accumulation if batch is not None else None,
         seq_len=next((_positive_int(raw, k, where) for k in SEQ_KEYS if k in raw), None),
         target_len=next((_positive_int(raw, k, where) for k in TARGET_KEYS if k in raw), None),
         carried=carried,

@@ -28,16 +28,20 @@ def survey_job(
     trainer: str,
     args_class: str | None,
     fields: dict[str, Any],
+    recipe: dict[str, Any],
     seed: int,
     timeout_s: float,
     use_cpu: bool,
 ) -> JobFacts:
-    """What `trainer` builds from the user's `fields`; FactoryFailed with the one-line
-    reason (the factory's exception, as its traceback's last line) when it cannot."""
+    """What `trainer` builds from the user's `fields` (and the recipe their own arguments,
+    `recipe`, make in their class); FactoryFailed with the one-line reason (the
+    factory's exception, as its traceback's last line) when it cannot."""
+    device = {"use_cpu": True} if use_cpu else {}
     request = {
         "trainer": trainer,
         "args_class": args_class,
-        "fields": fields | ({"use_cpu": True} if use_cpu else {}),
+        "fields": fields | device,
+        "recipe": recipe | device,
         "seed": seed,
         "visible_devices": "" if use_cpu else None,
     }

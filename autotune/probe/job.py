@@ -10,6 +10,7 @@ or the one-line reason it could not.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -41,23 +42,47 @@ def factory_trainer(config: TrialConfig, fields: dict[str, Any], callbacks: list
 
 
 def survey(request: dict[str, Any]) -> dict[str, Any]:
-    """Build the job with the request's arguments and read what was built."""
+    """Build the job with the request's arguments and read what was built, and the
+    recipe the user's own arguments make in their class (its defaults included)."""
     import transformers.trainer  # noqa: F401 - before the user's module, as in a probe
     from transformers import set_seed
 
     from autotune.hf.factory import args_class_of, build_trainer, load_factory
     from autotune.hf.job import job_facts
+    from autotune.hf.training_args import checkpointing_field
 
     factory = load_factory(request["trainer"])
     cls = args_class_of(factory, request.get("args_class"))
     known = {f for f in cls.__dataclass_fields__ if cls.__dataclass_fields__[f].init}
     fields = {k: v for k, v in request["fields"].items() if k in known}
+    ckpt = checkpointing_field()
     with tempfile.TemporaryDirectory(prefix="autotune-survey-") as scratch:
-        args = cls(**{**fields, "output_dir": scratch, "report_to": "none", "max_steps": 1})
+        recipe = _recipe(cls, request.get("recipe", {}), scratch, ckpt)
+        # checkpointing off, as a candidate without it asks: a factory that turns it on
+        # itself (prepare_model_for_kbit_training) is seen doing so
+        own = {"output_dir": scratch, "report_to": "none", "max_steps": 1, ckpt: False}
+        args = cls(**{**fields, **own})
         set_seed(int(request.get("seed", 0)))
         trainer = build_trainer(factory, args)
-        facts = job_facts(trainer)
+        facts = dataclasses.replace(job_facts(trainer, checkpointing_asked=False), recipe=recipe)
     return {"facts": json.loads(facts.to_json())}
+
+
+# The fields of a recipe the search tunes, read from the user's arguments as their class
+# builds them: SFTConfig's own defaults (bf16, gradient checkpointing) included
+RECIPE_FIELDS = ("bf16", "fp16", "tf32", "optim", "train_sampling_strategy")
+
+
+def _recipe(cls: Any, fields: dict[str, Any], scratch: str, ckpt: str) -> dict[str, Any]:
+    """The tuned fields of the user's arguments in their class, or {} where their class
+    refuses them on this machine (bf16 where it has none)."""
+    try:
+        args = cls(**{**fields, "output_dir": scratch, "report_to": "none"})
+    except (ValueError, TypeError):
+        return {}
+    values = {k: getattr(args, k, None) for k in (*RECIPE_FIELDS, ckpt)}
+    values = {k: getattr(v, "value", v) for k, v in values.items() if v is not None}
+    return {k: v for k, v in values.items() if isinstance(v, (bool, int, str))}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from autotune.core.enums import DeviceKind, Outcome
+from autotune.core.enums import DeviceKind, Outcome, Precision
 from autotune.core.files import write_atomic
 from autotune.core.outcomes import is_out_of_memory
 from autotune.core.trial import TrialConfig, TrialResult
@@ -107,7 +107,10 @@ def _train(
     if result.samples_per_s is None:
         return result
     tick = time.perf_counter()
-    peak = measure_peak_flops(config.device_kind, config.candidate.precision)
+    # as-loaded computes in the dtype the job holds its weights in, which the probe does
+    # not know: no peak rather than one of another precision (an MFU that is not true)
+    as_loaded = config.candidate.precision == Precision.AS_LOADED
+    peak = None if as_loaded else measure_peak_flops(config.device_kind, config.candidate.precision)
     phases["peak_flops"] = time.perf_counter() - tick
     achieved = per_sample * result.samples_per_s
     if result.worst_case_samples_per_s is not None:  # real batches: FLOPs of real tokens

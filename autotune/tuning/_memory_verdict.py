@@ -17,7 +17,13 @@ from autotune.core.enums import Outcome
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord, TrialResult
 from autotune.core.units import format_size
-from autotune.tuning.estimate import FAR_OVER, PROCESS_BYTES, Breakdown, breakdown, floor_bytes
+from autotune.tuning.estimate import (
+    FAR_OVER,
+    Breakdown,
+    floor_bytes,
+    process_bytes,
+    spec_breakdown,
+)
 
 # An out-of-memory run's peak was above this share of the limit at least: the CPU's
 # limit counts reserved data pages, a few percent above the resident set the peaks count
@@ -46,6 +52,7 @@ class EstimateVerdicts:
             spec.nproc_per_node,
             spec.embedding_parameters,
             spec.trainable_parameters,
+            spec.frozen_bytes,
         )
         if floor > spec.fit_limit_bytes:
             return (
@@ -92,19 +99,7 @@ def _predictors(spec: SearchSpec, records: Sequence[TrialRecord]) -> tuple[Predi
 
     @functools.cache
     def terms(candidate: Candidate) -> Breakdown:
-        return breakdown(
-            spec.parameters,
-            spec.model.config,
-            spec.model.task,
-            candidate,
-            spec.seq_len,
-            spec.target_len,
-            spec.nproc_per_node,
-            spec.embedding_parameters,
-            spec.largest_parameter,
-            spec.device.kind,
-            spec.trainable_parameters,
-        )
+        return spec_breakdown(spec, candidate)
 
     measured = [(terms(r.candidate), r.result) for r in records]
 
@@ -120,19 +115,6 @@ def _predictors(spec: SearchSpec, records: Sequence[TrialRecord]) -> tuple[Predi
         predictor(activation_scale(measured, process, spec.fit_limit_bytes)),
         predictor(activation_scale(measured, process)),
     )
-
-
-def process_bytes(device_kind: str, records: Sequence[TrialRecord]) -> int:
-    """What a probe process holds before training: the median its probes measured (CUDA:
-    the context, 676 MiB on an H100 where the typical figure says 600; CPU: the
-    resident set after the imports), else the typical figure."""
-    key = "context_bytes" if device_kind == "cuda" else "rss_bytes"
-    seen = sorted(
-        int(value)
-        for r in records
-        if isinstance(value := r.result.baseline.get(key), int | float) and value > 0
-    )
-    return seen[len(seen) // 2] if seen else PROCESS_BYTES.get(device_kind, 0)
 
 
 def activation_scale(

@@ -14,7 +14,8 @@ from typing import Any
 from autotune.core.enums import Task
 from autotune.core.errors import UsageError
 from autotune.core.space import SearchSpace
-from autotune.core.trial import Candidate, ModelSpec
+from autotune.core.spec import SearchSpec
+from autotune.core.trial import Candidate, ModelSpec, TrialRecord
 from autotune.core.units import format_size
 from autotune.hf.models import ParameterCount
 from autotune.hf.sharding import shards
@@ -22,7 +23,9 @@ from autotune.hf.sharding import shards
 # The published rule (Hugging Face's single-GPU training guide): fp32 weights 4 bytes a
 # parameter, mixed precision 6 (fp32 master + 16-bit copy); gradients 4; optimizer state
 # 8 for AdamW, 2 for 8-bit Adam, about 4 for Adafactor (1 here: see below).
-WEIGHT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 6, "bf16": 6}
+# "as-loaded" (no autocast on a job held in 16 bits): the trained weights as held, fp32
+# adapters as PEFT makes them (2 where TRL casts a quantized model's to bf16)
+WEIGHT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 6, "bf16": 6, "as-loaded": 4}
 GRADIENT_BYTES = 4
 OPTIMIZER_STATE_BYTES = {
     "adamw_torch": 8,
@@ -148,6 +151,7 @@ def static_bytes(
     split: tuple[int, int, int] = (1, 1, 1),
     embedding: int = 0,
     trainable: int = 0,
+    frozen_bytes: int = 0,
 ) -> int:
     """Weights + gradients + optimizer state: what any batch size needs, per process when
     ZeRO splits them `split` ways (weights, gradients, optimizer state). Gradients and
@@ -155,10 +159,22 @@ def static_bytes(
     w, g, o = split
     t, e = trained(parameters, trainable, embedding)
     return (
-        parameters * WEIGHT_BYTES[precision] // w
+        weight_bytes(parameters, precision, trainable, frozen_bytes) // w
         + t * GRADIENT_BYTES // g
         + optimizer_state(t, optim, e) // o
     )
+
+
+def weight_bytes(parameters: int, precision: str, trainable: int = 0, frozen_bytes: int = 0) -> int:
+    """The weights as the job holds them: the trained ones at the precision's bytes (fp32,
+    plus a 16-bit copy under mixed precision), the frozen ones as they were loaded
+    (`frozen_bytes`: a bf16 base 2 bytes a parameter, a 4-bit one about half). Without
+    `frozen_bytes` every parameter counts at the precision's bytes, as a model built in
+    fp32 holds them."""
+    t, _ = trained(parameters, trainable, 0)
+    if frozen_bytes and t < parameters:
+        return t * WEIGHT_BYTES[precision] + frozen_bytes
+    return parameters * WEIGHT_BYTES[precision]
 
 
 def trained(parameters: int, trainable: int, embedding: int) -> tuple[int, int]:
@@ -213,6 +229,7 @@ def breakdown(
     largest: int = 0,
     device_kind: str = "cpu",
     trainable: int = 0,
+    frozen_bytes: int = 0,
 ) -> Breakdown:
     w, g, o = shards(candidate.zero_stage, nproc_per_node)  # per process under ZeRO
     t, e = trained(parameters, trainable, embedding)
@@ -223,7 +240,7 @@ def breakdown(
     # (an adapter's base) has no gradient
     frozen = candidate.zero_stage or t < parameters
     return Breakdown(
-        weights=parameters * WEIGHT_BYTES[candidate.precision] // w,
+        weights=weight_bytes(parameters, candidate.precision, trainable, frozen_bytes) // w,
         gradients=t * GRADIENT_BYTES // g,
         optimizer_state=optimizer_state(t, candidate.optim, e) // o,
         activations=activation_bytes(config, task, candidate, seq_len, target_len),
@@ -234,14 +251,58 @@ def breakdown(
     )
 
 
+def spec_breakdown(spec: SearchSpec, candidate: Candidate) -> Breakdown:
+    """The analytic terms of a candidate of this study: its job as held, its lengths."""
+    return breakdown(
+        spec.parameters,
+        spec.model.config,
+        spec.model.task,
+        candidate,
+        spec.seq_len,
+        spec.target_len,
+        spec.nproc_per_node,
+        spec.embedding_parameters,
+        spec.largest_parameter,
+        spec.device.kind,
+        spec.trainable_parameters,
+        spec.frozen_bytes,
+    )
+
+
+def process_bytes(device_kind: str, records: Sequence[TrialRecord]) -> int:
+    """What a probe process holds before training: the median its probes measured (CUDA:
+    the context, 676 MiB on an H100 where the typical figure says 600; CPU: the
+    resident set after the imports), else the typical figure."""
+    key = "context_bytes" if device_kind == "cuda" else "rss_bytes"
+    seen = sorted(
+        int(value)
+        for r in records
+        if isinstance(value := r.result.baseline.get(key), int | float) and value > 0
+    )
+    return seen[len(seen) // 2] if seen else PROCESS_BYTES.get(device_kind, 0)
+
+
+def predicted_peak(spec: SearchSpec, candidate: Candidate, process_bytes: int) -> int | None:
+    """The analytic estimate of a candidate's peak, before any probe refines it: what the
+    process holds, the weights as held, gradients and state for what trains, and the
+    larger of the activations and the step's temporaries. None when the job's parameters
+    are unknown."""
+    if not spec.parameters:
+        return None
+    return process_bytes + spec_breakdown(spec, candidate).total
+
+
 def floor_bytes(
     parameters: int,
     candidate: Candidate,
     nproc_per_node: int = 1,
     embedding: int = 0,
     trainable: int = 0,
+    frozen_bytes: int = 0,
 ) -> int:
-    """Bytes the weights, gradients and optimizer state certainly take per process."""
+    """Bytes the weights, gradients and optimizer state certainly take per process: the
+    frozen weights as held (`frozen_bytes`), the trained ones in 32 bits (16 under
+    DeepSpeed's 16-bit engine)."""
     w, g, o = shards(candidate.zero_stage, nproc_per_node)
     tensor = 2 if candidate.zero_stage and candidate.precision in ("fp16", "bf16") else 4
     optim = candidate.optim
@@ -250,7 +311,8 @@ def floor_bytes(
         state = optimizer_state(t, optim, e)
     else:
         state = t * FLOOR_STATE_BYTES.get(optim, 0)
-    return parameters * tensor // w + t * tensor // g + state // o
+    held = t * tensor + frozen_bytes if frozen_bytes and t < parameters else parameters * tensor
+    return held // w + t * tensor // g + state // o
 
 
 def check_budget(
@@ -262,22 +324,26 @@ def check_budget(
     split: tuple[int, int, int] = (1, 1, 1),
     embedding: int = 0,
     trainable: int = 0,
+    frozen_bytes: int = 0,
 ) -> None:
     """Refuse a budget that no config can meet, saying what would fit instead (`split`:
-    the most ZeRO splits weights, gradients and optimizer state across processes)."""
+    the most ZeRO splits weights, gradients and optimizer state across processes); the
+    frozen weights count as they are held (`frozen_bytes`)."""
+    held = (trainable, frozen_bytes)
     millions = f"{parameters / 1e6:.0f}M parameters"
-    weights = parameters * WEIGHT_BYTES["fp32"] // split[0]
+    weights = weight_bytes(parameters, "fp32", *held) // split[0]
+    what = "weights as your job holds them" if frozen_bytes else "fp32 weights"
     cheapest = min(OPTIMIZER_STATE_BYTES, key=state_bytes)
     if budget_bytes < weights:
-        least = static_bytes(parameters, "fp32", cheapest, split, embedding, trainable)
+        least = static_bytes(parameters, "fp32", cheapest, split, embedding, *held)
         raise UsageError(
             f"--memory-budget {format_size(budget_bytes)} is below the {format_size(weights)} "
-            f"the fp32 weights alone need ({millions}); training needs at least "
+            f"the {what} alone need ({millions}); training needs at least "
             f"{format_size(least)} with {cheapest} "
             "(weights, gradients, optimizer state) plus activations"
         )
     need = min(
-        static_bytes(parameters, p, o, split, embedding, trainable)
+        static_bytes(parameters, p, o, split, embedding, *held)
         for p in precisions
         for o in optimizers
     )
@@ -285,7 +351,7 @@ def check_budget(
         fitting = [
             o
             for o in OPTIMIZER_STATE_BYTES
-            if static_bytes(parameters, "fp32", o, split, embedding, trainable) < budget_bytes
+            if static_bytes(parameters, "fp32", o, split, embedding, *held) < budget_bytes
         ]
         hint = (
             f"--optimizers {','.join(fitting)} would leave room"
@@ -351,6 +417,7 @@ def estimate_rows(
                     largest=counted.largest,
                     device_kind=device_kind,
                     trainable=counted.trainable,
+                    frozen_bytes=counted.frozen_bytes,
                 )
                 rows.append(EstimateRow(candidate, b))
     return Estimate(

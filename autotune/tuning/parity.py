@@ -57,8 +57,12 @@ def reference_candidate(spec: SearchSpec, records: Sequence[TrialRecord]) -> Can
         if settings.get(flag) is True:
             precision = value
             break
+    if precision == Precision.FP32 and Precision.AS_LOADED in spec.space.precisions:
+        precision = Precision.AS_LOADED  # no autocast on their job: its weights' dtype
     optim = str(settings.get("optim", "adamw_torch"))
     ckpt = bool(settings.get(spec.checkpointing_field, False))
+    if ckpt not in spec.space.checkpointing:  # their job turns it on whatever they say
+        ckpt = spec.space.checkpointing[0]
     arithmetic = Arithmetic(precision, optim)
     per_process = spec.space.global_batch_size
     micro = settings.get("per_device_train_batch_size")

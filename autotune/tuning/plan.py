@@ -24,16 +24,24 @@ from autotune.hf.models import ParameterCount, count_parameters, max_positions, 
 from autotune.hf.peft import adapter_settings
 from autotune.hf.sharding import build_cpu_op, shards
 from autotune.hf.training_args import (
-    TUNED,
     BaseArguments,
     available_optimizers,
     base_arguments,
     checkpointing_field,
     read_arguments_file,
-    read_json_object,
 )
-from autotune.launch.survey import survey_job
 from autotune.system.devices import cuda_device_count, detect_device
+from autotune.tuning._user_job import (
+    held_in,
+    job_checkpointing,
+    job_counts,
+    job_model,
+    job_optimizers,
+    job_profile,
+    job_recipe,
+    survey,
+    unmeasured,
+)
 from autotune.tuning.estimate import check_budget
 from autotune.tuning.options import SearchOptions
 from autotune.tuning.time_plan import measure_steps_for
@@ -78,27 +86,17 @@ def build_spec(
     sequence length not given is then the data's longest (--seq-len caps it)."""
     o = options
     device_info = detect_device(o.device)
-    model_spec, job, base, batch = _workload(o, device_info.kind, dataset is not None)
+    model_spec, job, base, batch = _workload(o, device_info.kind, dataset is not None, layout)
     seq_len, target_len = _lengths(o, base, model_spec.config, job)
     slots = _check_layout(layout, batch, device_info.kind)
     budget = _budget(o.memory_budget, device_info.total_memory_bytes, len(slots), device_info.kind)
     if layout.devices and device_info.kind == DeviceKind.CUDA:  # confirm in a worker's slot
         device_info = dataclasses.replace(device_info, index=int(layout.devices[0]))
     per_process = batch // layout.nproc_per_node
-    space = _space(o, base, model_spec, device_info, per_process, layout, dataset is not None)
+    recipe = job_recipe(job, base.recipe)
+    space = _space(o, base, recipe, model_spec, job, device_info, per_process, layout, dataset)
     counted = job_counts(job) if job else _count(model_spec)
-    zero = max((v for n, vs in space.levers if n == "zero_stage" for v in vs), default=0)
-    check_budget(
-        counted.total,
-        space.precisions,
-        space.optimizers,
-        budget,
-        split=shards(zero, layout.nproc_per_node),
-        embedding=counted.embedding,
-        trainable=counted.trainable,
-    )
-    if zero and device_info.kind == DeviceKind.CPU:
-        build_cpu_op()  # once per machine; no probe pays it
+    _check_budget(counted, space, budget, layout.nproc_per_node, device_info.kind)
     data = None
     if dataset is not None:  # the first write: every check above has passed
         data, seq_len, target_len = _tokenize(dataset, o, base, model_spec, space, target_len)
@@ -115,12 +113,14 @@ def build_spec(
         seed=o.seed,
         base_arguments=base.carried,
         kept_arguments=base.kept,
-        unmeasured_lengths=_unmeasured(job),
-        recipe_settings=base.recipe,
+        unmeasured_lengths=unmeasured(job),
+        recipe_settings=recipe,
         parameters=counted.total,
         embedding_parameters=counted.embedding,
         largest_parameter=counted.largest,
         trainable_parameters=counted.trainable,
+        frozen_bytes=counted.frozen_bytes,
+        job_profile=job_profile(job),
         nproc_per_node=layout.nproc_per_node,
         data=data,
         checkpointing_field=checkpointing_field(),
@@ -129,19 +129,39 @@ def build_spec(
     return spec, slots
 
 
+def _check_budget(
+    counted: ParameterCount, space: SearchSpace, budget: int, nproc: int, kind: DeviceKind
+) -> None:
+    """Refuse a budget the job as built cannot fit (each parameter as it is held); build
+    DeepSpeed's CPU optimizer once, before any probe, when ZeRO is searched here."""
+    zero = max((v for n, vs in space.levers if n == "zero_stage" for v in vs), default=0)
+    check_budget(
+        counted.total,
+        space.precisions,
+        space.optimizers,
+        budget,
+        split=shards(zero, nproc),
+        embedding=counted.embedding,
+        trainable=counted.trainable,
+        frozen_bytes=counted.frozen_bytes,
+    )
+    if zero and kind == DeviceKind.CPU:
+        build_cpu_op()  # once per machine; no probe pays it
+
+
 def _workload(
-    o: SearchOptions, kind: DeviceKind, with_dataset: bool
+    o: SearchOptions, kind: DeviceKind, with_dataset: bool, layout: Layout
 ) -> tuple[ModelSpec, JobFacts | None, BaseArguments, int]:
     """What is trained (the user's job, surveyed, or a stand-in from --model, maybe with a
-    LoRA adapter), their arguments, and the global batch kept exactly."""
+    LoRA adapter), their arguments, and the global batch kept exactly: --global-batch-size,
+    else their arguments' per-device batch x accumulation x the processes that run it."""
     job = survey(o, kind, with_dataset) if o.trainer else None
-    base = _base(o.base_args, o.global_batch_size, job.args_class if job else "")
-    batch = _global_batch(
-        o.global_batch_size
-        or base.global_batch_size
-        or (job.per_device_train_batch_size * job.gradient_accumulation_steps if job else 0)
-        or DEFAULT_GLOBAL_BATCH
+    nproc = layout.nproc_per_node
+    base = _base(o.base_args, o.global_batch_size, job.args_class if job else "", nproc)
+    per_process = base.process_batch_size or (
+        job.per_device_train_batch_size * job.gradient_accumulation_steps if job else 0
     )
+    batch = _global_batch(o.global_batch_size or per_process * nproc or DEFAULT_GLOBAL_BATCH)
     model = job_model(o, job) if job else resolve_model(o.model or "", task=o.task)
     if o.lora or o.peft_config:
         model = dataclasses.replace(model, adapter=adapter_settings(o.lora, o.peft_config))
@@ -151,33 +171,41 @@ def _workload(
 def _space(
     o: SearchOptions,
     base: BaseArguments,
+    recipe: dict[str, Any],
     model: ModelSpec,
+    job: JobFacts | None,
     device: DeviceInfo,
     per_process_batch: int,
     layout: Layout,
-    with_data: bool,
+    dataset: DataOptions | None,
 ) -> SearchSpace:
-    """The space this device, the model and the installed packages allow, narrowed by
-    the options: the classic dimensions and the levers offered (and why the others not)."""
+    """The space this device, the model, the user's job and the installed packages allow,
+    narrowed by the options: the classic dimensions and the levers offered (and why the
+    others not)."""
     levers, not_offered = offer(
         model,
         device.kind,
-        dataset=with_data,
-        fixed={k: v for k, v in base.recipe.items() if k in LEVERS},
+        dataset=dataset is not None,
+        fixed={k: v for k, v in recipe.items() if k in LEVERS},
         asked=parse_lever_options(o.levers),
         nproc_per_node=layout.nproc_per_node,
         own_deepspeed=bool(base.carried.get("deepspeed")),
     )
+    asked = tuple(c == "on" for c in o.checkpointing) if o.checkpointing else None
+    checkpointing, fixed_why = job_checkpointing(asked, job)
+    installed = available_optimizers()
+    optimizers = job_optimizers(o.optimizers, installed, recipe, job) if job else o.optimizers
     return derive_space(
         device,
         global_batch_size=per_process_batch,
         precisions=o.precisions,
-        optimizers=o.optimizers,
-        checkpointing=tuple(c == "on" for c in o.checkpointing) if o.checkpointing else None,
-        samplings=SAMPLINGS if with_data else ("random",),
-        installed_optimizers=available_optimizers(),
+        optimizers=optimizers,
+        checkpointing=checkpointing,
+        samplings=SAMPLINGS if dataset else (str(recipe.get("train_sampling_strategy", "random")),),
+        installed_optimizers=installed,
         levers=levers,
-        not_offered=not_offered,
+        not_offered=(*not_offered, *([("checkpointing off", fixed_why)] if fixed_why else [])),
+        held_in=held_in(job),
     )
 
 
@@ -185,16 +213,11 @@ def workload_defaults(options: SearchOptions, spec: SearchSpec) -> list[str]:
     """The workload figures this search took from a default rather than from you, each
     with how to set it: a config that fits 512 tokens says little of a 4k-token run."""
     o = options
-    base = _base(o.base_args, o.global_batch_size, spec.model.args_class)
+    base = _base(o.base_args, o.global_batch_size, spec.model.args_class, spec.nproc_per_node)
     notes = []
     if spec.unmeasured_lengths:
         notes.append(spec.unmeasured_lengths)
-    if spec.model.trainer and spec.parameters == 0:
-        notes.append(
-            "your job's base is quantized: the memory estimate does not model quantized "
-            "weights, so no config is skipped by it; every config is measured"
-        )
-    if not (o.global_batch_size or base.global_batch_size):
+    if not (o.global_batch_size or base.process_batch_size):
         notes.append(
             f"global batch {spec.global_batch_size}: a default; set --global-batch-size, or "
             "per_device_train_batch_size and gradient_accumulation_steps in --base-args"
@@ -316,88 +339,27 @@ def _check_layout(layout: Layout, global_batch_size: int, kind: DeviceKind) -> l
     return []
 
 
-def _base(path: Path | None, global_batch_size: int | None, args_class: str = "") -> BaseArguments:
-    """What --base-args fixes: the global batch, sequence lengths, the other fields (read
-    with the user's arguments class, `args_class`, when their factory takes one)."""
+def _base(
+    path: Path | None, global_batch_size: int | None, args_class: str = "", nproc: int = 1
+) -> BaseArguments:
+    """What --base-args fixes: the global batch (their per-device batch x accumulation x
+    the `nproc` processes, as the Trainer and torchrun count it), sequence lengths, the
+    other fields (read with the user's arguments class, `args_class`, when their factory
+    takes one)."""
     if path is None:
         return BaseArguments(None, None, None, {})
     where = f"--base-args {path}"
     raw = read_arguments_file(path, option="--base-args", args_class=args_class)
     base = base_arguments(raw, where=where, args_class=args_class)
-    if global_batch_size is not None and base.global_batch_size not in (None, global_batch_size):
+    theirs = base.process_batch_size and base.process_batch_size * nproc
+    if global_batch_size is not None and theirs not in (None, global_batch_size):
+        processes = f" x {nproc} processes" if nproc > 1 else ""
         raise UsageError(
             f"--global-batch-size {global_batch_size} contradicts {where} "
-            f"(per_device_train_batch_size x gradient_accumulation_steps = "
-            f"{base.global_batch_size}); drop one of them"
+            f"(per_device_train_batch_size x gradient_accumulation_steps{processes} = "
+            f"{theirs}); drop one of them"
         )
     return base
-
-
-def survey(o: SearchOptions, device_kind: DeviceKind, with_dataset: bool) -> JobFacts:
-    """Build the user's job once, in a child, with their --base-args (in fp32: their
-    precision may not run here), and read what their factory built."""
-    if with_dataset:
-        raise UsageError(
-            "--dataset feeds the --model stand-in; with --trainer your factory's train "
-            "dataset is the data: drop --dataset"
-        )
-    if o.lora or o.peft_config:
-        raise UsageError(
-            "--lora and --peft-config wrap the --model stand-in; with --trainer your "
-            "factory builds the adapters: drop them"
-        )
-    raw = read_json_object(o.base_args, option="--base-args") if o.base_args else {}
-    fields = {k: v for k, v in raw.items() if k not in TUNED} | {"bf16": False, "fp16": False}
-    for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
-        if key in raw:
-            fields[key] = raw[key]
-    return survey_job(
-        trainer=o.trainer or "",
-        args_class=o.args_class,
-        fields=fields,
-        seed=o.seed,
-        timeout_s=o.trial_timeout,
-        use_cpu=device_kind == DeviceKind.CPU,
-    )
-
-
-def job_model(o: SearchOptions, job: JobFacts) -> ModelSpec:
-    """The user's model as the search sees it: built by their factory in every probe."""
-    task = job.task if o.task == "auto" else o.task
-    if not task:
-        raise UsageError(
-            f"cannot tell what {job.model_class} is trained for; pass --task "
-            "seq2seq|causal-lm|masked-lm|classification"
-        )
-    return ModelSpec(
-        name=job.model_name,
-        source="factory",
-        task=Task(task),
-        config=job.config,
-        adapter=job.adapter,
-        trainer=o.trainer or "",
-        args_class=job.args_class,
-    )
-
-
-def _unmeasured(job: JobFacts | None) -> str:
-    if job is None or job.longest is not None:
-        return ""
-    return (
-        "your train dataset exposes no input_ids or length column, so probes train on "
-        "the batches it gives, not on its longest samples; their peak may be below your "
-        "run's: set --seq-len to your longest input for the estimate"
-    )
-
-
-def job_counts(job: JobFacts) -> ParameterCount:
-    """The counts the estimate works from; none for a quantized base, whose weights the
-    estimate (bytes per parameter by precision) does not model: every config is then
-    measured rather than skipped on an estimate that would be 4-8x too high."""
-    if job.quantized:
-        return ParameterCount(0, 0, 0)
-    trainable = job.trainable if job.trainable < job.parameters else 0
-    return ParameterCount(job.parameters, job.embedding, job.largest, trainable=trainable)
 
 
 def _count(model: ModelSpec) -> ParameterCount:

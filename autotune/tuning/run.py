@@ -34,7 +34,7 @@ from autotune.tuning._skips import Verdictor, open_candidates, skip_reason
 from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import Observer, SearchLimits
 from autotune.tuning.outcome import SearchReport
-from autotune.tuning.parity import ParityCheck, parity_stop, run_s
+from autotune.tuning.parity import ParityCheck, parity_stop, reference_candidate, run_s
 from autotune.tuning.selection import (
     fitting,
     incumbent_cost,
@@ -387,9 +387,26 @@ def prepare_store(*, spec: SearchSpec, study_name: str, storage: str, sampler: s
     )
     store.recover_stale(functools.partial(verdict, spec=spec, implied=False))
     if store.is_empty():  # a worker starting at this moment may do it too
-        for seed in seed_candidates(spec.space, spec.device, spec.tokens_per_sample):
+        seeds = seed_candidates(spec.space, spec.device, spec.tokens_per_sample)
+        for seed in dict.fromkeys([*seeds, *_recipe_guess(spec)]):
             store.enqueue(seed, first_guess=True)
     return store
+
+
+def _recipe_guess(spec: SearchSpec) -> list[Candidate]:
+    """The user's own recipe (--base-args, or their class's defaults) among the first
+    guesses, where the space holds it: what they would run is measured, not inferred."""
+    if not spec.recipe_settings:
+        return []
+    recipe = reference_candidate(spec, [])
+    space = spec.space
+    inside = (
+        recipe.precision in space.precisions
+        and recipe.optim in space.optimizers
+        and recipe.activation_checkpointing in space.checkpointing
+        and recipe.per_device_train_batch_size in space.all_batches
+    )
+    return [recipe] if inside else []
 
 
 def run_search(

@@ -186,14 +186,16 @@ def nothing_fits(recs: list[TrialRecord], spec: SearchSpec) -> NoFitError:
 
 
 def plain_default(records: Sequence[TrialRecord], spec: SearchSpec) -> TrialRecord | None:
-    """The measured plain default: fp32, adamw_torch, no checkpointing, smallest regular batch."""
-    batch = spec.space.micro_batches[0]
+    """The measured plain default: no autocast (fp32, or as-loaded on a job held in 16
+    bits), adamw_torch, no checkpointing (unless the job forces it), smallest regular
+    batch."""
+    space = spec.space
+    precision = Precision.AS_LOADED if Precision.AS_LOADED in space.precisions else Precision.FP32
+    checkpointed = False not in space.checkpointing  # forced on by the user's job
+    wanted = (precision, "adamw_torch", checkpointed, space.micro_batches[0])
     for r in records:
         c = r.candidate
         plain = (c.precision, c.optim, c.activation_checkpointing, c.per_device_train_batch_size)
-        if (
-            plain == (Precision.FP32, "adamw_torch", False, batch)
-            and r.result.outcome == Outcome.OK
-        ):
+        if plain == wanted and r.result.outcome == Outcome.OK:
             return r
     return None

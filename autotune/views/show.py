@@ -10,11 +10,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from autotune.core.enums import Objective, Outcome
+from autotune.core.enums import Objective, Outcome, Precision
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import TrialRecord
 from autotune.core.units import format_size
 from autotune.hf.training_args import study_arguments
+from autotune.tuning.estimate import predicted_peak, process_bytes
 from autotune.tuning.selection import ranked, select_best
 
 GIB = float(2**30)
@@ -30,6 +31,9 @@ class TrialRow:
     samples_per_s: float | None
     tokens_per_s: float | None
     peak_memory_gib: float | None
+    # The analytic estimate of the peak (the job as held, the process as measured), set
+    # beside the measured one: how far the model of memory is from this job
+    predicted_peak_gib: float | None
     budget_used_pct: float | None
     step_time_spread_pct: float | None
     mfu_pct: float | None
@@ -69,6 +73,13 @@ def _why(record: TrialRecord, spec: SearchSpec) -> str:
     return r.reason
 
 
+def _as_loaded(record: TrialRecord) -> str:
+    """Why an as-loaded probe has no MFU: no peak of the dtype it computes in is taken."""
+    if record.candidate.precision != Precision.AS_LOADED or not record.result.model_flops_per_s:
+        return ""
+    return "as-loaded computes in your weights' own dtype, whose peak is not measured"
+
+
 def trial_rows(
     records: Sequence[TrialRecord], spec: SearchSpec, objective: Objective
 ) -> list[TrialRow]:
@@ -79,9 +90,11 @@ def trial_rows(
         objective=objective,
     )
     rows = []
+    process = process_bytes(spec.device.kind, records)
     for record in ranked(records):
         r = record.result
         peak = r.peak_memory_bytes
+        predicted = predicted_peak(spec, record.candidate, process)
         rows.append(
             TrialRow(
                 trial=record.number,
@@ -92,6 +105,7 @@ def trial_rows(
                 samples_per_s=_round(r.samples_per_s, 3),
                 tokens_per_s=_round(r.tokens_per_s, 1),
                 peak_memory_gib=_round(peak / GIB if peak else None, 3),
+                predicted_peak_gib=_round(predicted / GIB if predicted else None, 3),
                 budget_used_pct=_round(100 * peak / spec.memory_budget_bytes if peak else None, 1),
                 step_time_spread_pct=_round(
                     100 * r.step_time_spread if r.step_time_spread is not None else None, 1
@@ -109,7 +123,7 @@ def trial_rows(
                 if spec.train_steps
                 else None,
                 reused_from=r.reused_from,
-                mfu_unknown=r.mfu_unknown,
+                mfu_unknown=r.mfu_unknown or _as_loaded(record),
             )
         )
     # The selected trial first, then the rest as ranked.
@@ -156,7 +170,7 @@ def render_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) ->
     timed = spec.train_steps > 0 or any(row.one_time_s for row in rows)
     columns += ["setup s"] if timed else []
     columns += [f"{spec.train_steps} steps"] if spec.train_steps else []
-    columns += ["peak", "budget", "spread", "MFU", "parity", "why"]
+    columns += ["peak", "estimate", "budget", "spread", "MFU", "parity", "why"]
     for column in columns:
         table.add_column(column, justify="right" if "/s" in column else "left")
     for row in rows:
@@ -176,6 +190,7 @@ def render_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) ->
         cells += [_duration(row.finish_s)] if spec.train_steps else []
         cells += [
             f"{row.peak_memory_gib:.2f} GiB" if row.peak_memory_gib is not None else "",
+            f"{row.predicted_peak_gib:.2f} GiB" if row.predicted_peak_gib is not None else "",
             f"{row.budget_used_pct:.0f}%" if row.budget_used_pct is not None else "",
             f"±{row.step_time_spread_pct:.0f}%" if row.step_time_spread_pct is not None else "",
             f"{row.mfu_pct:.1f}%" if row.mfu_pct is not None else "-" if row.mfu_unknown else "",
@@ -198,7 +213,9 @@ def print_table(
     console.print(render_table(rows, spec, study_name))
     console.print(
         "* the config export writes; parity: whether it learns like your recipe "
-        "(same-arithmetic: only the batch split, checkpointing or a fused kernel differ)"
+        "(same-arithmetic: only the batch split, checkpointing or a fused kernel differ); "
+        "estimate: the analytic peak before any probe (weights as your job holds them, "
+        "gradients and optimizer state for what trains, activations, this study's process)"
     )
     if spec.data is not None:
         console.print(

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 from helpers import GIB, SPEC, cand, rec
 
 from autotune.core.errors import UsageError
-from autotune.hf.models import count_parameters, resolve_model
+from autotune.hf.models import ParameterCount, count_parameters, resolve_model
 from autotune.tuning.estimate import (
     activation_bytes,
     breakdown,
@@ -199,3 +200,109 @@ def test_8bit_optimizers_keep_32bit_state_for_embeddings_as_the_trainer_does() -
     assert static_bytes(total, "fp32", "adamw_bnb_8bit", embedding=embedding) == (
         total * 8 + 44_000_000 * 2 + embedding * 8
     )
+
+
+def _lora_on_8b_bf16() -> tuple[dict[str, Any], ParameterCount]:
+    """A Llama-3-8B-shaped model held in bf16 with LoRA r=16 on every linear layer,
+    built on the meta device (nothing allocated, nothing trained), as a factory would
+    load a bf16 checkpoint and wrap it."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from autotune.hf.models import parameter_count
+
+    config = LlamaConfig(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+    )
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+        model = get_peft_model(model, LoraConfig(r=16, target_modules="all-linear"))
+    return config.to_dict(), parameter_count(model)
+
+
+def test_a_lora_job_on_an_8b_bf16_base_fits_24_gib_with_its_base_at_2_bytes() -> None:
+    config, counted = _lora_on_8b_bf16()
+    frozen = counted.total - counted.trainable
+    assert counted.total > 8 * 10**9 and counted.trainable < counted.total / 100
+    assert counted.frozen_bytes == 2 * frozen  # bf16, as held
+    # not refused: 15 GiB of frozen bf16 weights, the adapter's state tiny
+    check_budget(counted.total, ("fp32", "bf16"), ("adamw_torch",), 24 * GIB, **_held(counted))
+    b = breakdown(
+        counted.total,
+        config,
+        "causal-lm",
+        cand(8, "bf16"),
+        512,
+        0,
+        device_kind="cuda",
+        **_held(counted),
+    )
+    assert b.weights == 2 * frozen + 6 * counted.trainable
+    # gradients and AdamW's state for the adapter alone: a frozen base has none
+    assert b.gradients == 4 * counted.trainable
+    assert b.optimizer_state == 8 * counted.trainable
+    with pytest.raises(UsageError, match="weights as your job holds them"):
+        check_budget(counted.total, ("bf16",), ("adamw_torch",), 14 * GIB, **_held(counted))
+
+
+def test_gradients_and_state_are_never_charged_to_frozen_parameters() -> None:
+    total, trainable = 10**9, 10**7
+    full = static_bytes(total, "fp32", "adamw_torch")
+    frozen_bytes = 2 * (total - trainable)  # a bf16 base
+    lora = static_bytes(
+        total, "fp32", "adamw_torch", trainable=trainable, frozen_bytes=frozen_bytes
+    )
+    assert full == 16 * total
+    assert lora == 2 * (total - trainable) + 16 * trainable
+
+
+def test_a_4bit_base_is_held_at_about_half_a_byte_a_parameter() -> None:
+    """A real 4-bit NF4 base on the CPU (bitsandbytes), prepared for k-bit training and
+    wrapped in LoRA, as a QLoRA script builds it."""
+    counted, held = _qlora_counts()
+    assert 0.5 <= held["bytes_per_4bit"] <= 0.6  # packed weights and their absmax
+    assert counted.frozen_bytes < 0.7 * (counted.total - counted.trainable) * 2  # < bf16's
+
+
+def _held(counted: ParameterCount) -> dict[str, int]:
+    """What the estimate takes of a count besides the total."""
+    keys = ("embedding", "trainable", "frozen_bytes")
+    return {k: getattr(counted, k) for k in keys}
+
+
+def _qlora_counts() -> tuple[ParameterCount, dict[str, float]]:
+    import tempfile
+
+    import torch
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
+
+    from autotune.hf.models import held_bytes, parameter_count
+
+    config = LlamaConfig(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        LlamaForCausalLM(config).save_pretrained(folder)
+        quantized = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16
+        )
+        model = LlamaForCausalLM.from_pretrained(
+            folder, quantization_config=quantized, device_map="cpu"
+        )
+    model = prepare_model_for_kbit_training(model)
+    model = get_peft_model(model, LoraConfig(r=8, target_modules="all-linear"))
+    packed = [p for p in model.parameters() if getattr(p, "quant_state", None) is not None]
+    elements = sum(int(torch.Size(p.quant_state.shape).numel()) for p in packed)
+    return parameter_count(model), {"bytes_per_4bit": sum(map(held_bytes, packed)) / elements}

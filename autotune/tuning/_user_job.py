@@ -1,0 +1,167 @@
+"""The user's own job (--trainer), surveyed once and turned into what the plan needs:
+the study's model, the counts the estimate works from (each parameter as it is held),
+their recipe (their arguments in their class, its defaults included), what of the space
+their job fixes, and what identifies the job a study searched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.core.enums import DeviceKind, Task
+from autotune.core.errors import UsageError
+from autotune.core.job import JobFacts
+from autotune.core.space import DEFAULT_OPTIMIZERS
+from autotune.core.trial import ModelSpec
+from autotune.hf.models import ParameterCount
+from autotune.hf.training_args import TUNED, read_json_object
+from autotune.launch.survey import survey_job
+from autotune.tuning.options import SearchOptions
+
+# bitsandbytes' optimizers made for a quantized base: the 8-bit state, and the paged
+# ones that move their state to host memory when the device runs short
+QUANTIZED_OPTIMIZERS = ("paged_adamw_8bit", "adamw_bnb_8bit", "paged_adamw_32bit")
+
+
+def survey(o: SearchOptions, device_kind: DeviceKind, with_dataset: bool) -> JobFacts:
+    """Build the user's job once, in a child, with their --base-args (in fp32: their
+    precision may not run here), and read what their factory built."""
+    if with_dataset:
+        raise UsageError(
+            "--dataset feeds the --model stand-in; with --trainer your factory's train "
+            "dataset is the data: drop --dataset"
+        )
+    if o.lora or o.peft_config:
+        raise UsageError(
+            "--lora and --peft-config wrap the --model stand-in; with --trainer your "
+            "factory builds the adapters: drop them"
+        )
+    raw = read_json_object(o.base_args, option="--base-args") if o.base_args else {}
+    fields = {k: v for k, v in raw.items() if k not in TUNED} | {"bf16": False, "fp16": False}
+    for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+        if key in raw:
+            fields[key] = raw[key]
+    return survey_job(
+        trainer=o.trainer or "",
+        args_class=o.args_class,
+        fields=fields,
+        recipe=raw,
+        seed=o.seed,
+        timeout_s=o.trial_timeout,
+        use_cpu=device_kind == DeviceKind.CPU,
+    )
+
+
+def job_model(o: SearchOptions, job: JobFacts) -> ModelSpec:
+    """The user's model as the search sees it: built by their factory in every probe."""
+    task = job.task if o.task == "auto" else o.task
+    if not task:
+        raise UsageError(
+            f"cannot tell what {job.model_class} is trained for; pass --task "
+            "seq2seq|causal-lm|masked-lm|classification"
+        )
+    return ModelSpec(
+        name=job.model_name,
+        source="factory",
+        task=Task(task),
+        config=job.config,
+        adapter=job.adapter,
+        trainer=o.trainer or "",
+        args_class=job.args_class,
+    )
+
+
+def job_counts(job: JobFacts) -> ParameterCount:
+    """The counts the estimate works from, each parameter as the job holds it: a frozen
+    bf16 base at 2 bytes a parameter, a 4-bit one at its packed storage and scales."""
+    trainable = job.trainable if job.trainable < job.parameters else 0
+    return ParameterCount(
+        job.parameters,
+        job.embedding,
+        job.largest,
+        trainable=trainable,
+        frozen_bytes=job.frozen_bytes if trainable else 0,
+    )
+
+
+def job_recipe(job: JobFacts | None, file_recipe: dict[str, Any]) -> dict[str, Any]:
+    """The user's recipe: the tuned fields of their arguments as their class builds them
+    (SFTConfig's bf16, fused AdamW and checkpointing when their file is silent), their
+    file's own values over those."""
+    if job is None:
+        return file_recipe
+    return {**job.recipe, **file_recipe}
+
+
+def job_optimizers(
+    asked: tuple[str, ...] | None,
+    installed: tuple[str, ...],
+    recipe: dict[str, Any],
+    job: JobFacts,
+) -> tuple[str, ...] | None:
+    """The optimizers searched for the user's job: what --optimizers asked, else the
+    defaults with their own `optim` (it is the reference), and bitsandbytes' 8-bit and
+    paged optimizers for a quantized base where bitsandbytes is installed."""
+    if asked:
+        return asked
+    own = recipe.get("optim")
+    extra = [o for o in QUANTIZED_OPTIMIZERS if o in installed] if job.quantization else []
+    defaults = [o for o in DEFAULT_OPTIMIZERS if o in installed]
+    wanted = (*defaults, *([own] if isinstance(own, str) else []), *extra)
+    return tuple(dict.fromkeys(wanted))
+
+
+def job_checkpointing(
+    asked: tuple[bool, ...] | None, job: JobFacts | None
+) -> tuple[tuple[bool, ...] | None, str]:
+    """Checkpointing as the job allows it, and why it is fixed: a factory that turns it
+    on itself (prepare_model_for_kbit_training) runs every candidate checkpointed, since
+    the Trainer never turns it off, so only 'on' is true of what a probe runs."""
+    if job is None or not job.forced_checkpointing:
+        return asked, ""
+    if asked == (False,):
+        raise UsageError(
+            "--checkpointing off: your factory turns activation checkpointing on itself "
+            "(prepare_model_for_kbit_training does), so no probe could run without it; "
+            "drop --checkpointing, or pass use_gradient_checkpointing=False there"
+        )
+    return (True,), (
+        "your factory turns it on itself (prepare_model_for_kbit_training does) and the "
+        "Trainer never turns it off: every probe runs checkpointed"
+    )
+
+
+def held_in(job: JobFacts | None) -> str:
+    """What the job holds its weights in when that is not 32 bits ("4-bit nf4",
+    "bfloat16"): its runs without autocast then compute in that, and are `as-loaded`;
+    "" for a job held in fp32, whose runs without autocast are fp32."""
+    if job is None:
+        return ""
+    kinds = [key.split(" ", 1)[1] for key in job.held]
+    narrow = [k for k in kinds if "bit" in k or k in ("bfloat16", "float16")]
+    return next((k for k in narrow if "bit" in k), narrow[0] if narrow else "")
+
+
+def job_profile(job: JobFacts | None) -> dict[str, Any]:
+    """What the factory built that its study is bound to: the parameters as held, the
+    quantization, what trains, and the data's lengths. A job edited from a 4-bit to a
+    bf16 base, or given other data, is another search, never a resume."""
+    if job is None:
+        return {}
+    profile = {
+        "held": job.held,
+        "quantization": job.quantization,
+        "trainable": job.trainable,
+        "forced_checkpointing": job.forced_checkpointing,
+        "lengths": {"longest": job.longest, "samples": job.samples, "tokens": job.tokens},
+    }
+    return {k: v for k, v in profile.items() if v}
+
+
+def unmeasured(job: JobFacts | None) -> str:
+    if job is None or job.longest is not None:
+        return ""
+    return (
+        "your train dataset exposes no input_ids or length column, so probes train on "
+        "the batches it gives, not on its longest samples; their peak may be below your "
+        "run's: set --seq-len to your longest input for the estimate"
+    )

@@ -1,0 +1,89 @@
+"""What a built job holds, read as the survey reads it: each parameter's dtype or
+quantization, a quantized base's settings, checkpointing a factory turned on itself,
+and the data's lengths (read as Arrow, not as Python lists)."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import pytest
+
+from autotune.hf.job import checkpointing, held_dtypes, quantization_settings, sample_lengths
+from autotune.hf.models import parameter_count
+
+
+def _tiny_llama(folder: str) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+    )
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+
+
+def _loaded(quantized: bool) -> Any:
+    """A checkpoint saved in bf16, loaded as a (Q)LoRA script loads it: 4-bit NF4 and
+    prepared for k-bit training, or in its stored dtype; LoRA on every linear layer."""
+    import torch
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import BitsAndBytesConfig, LlamaForCausalLM
+
+    with tempfile.TemporaryDirectory() as folder:
+        _tiny_llama(folder)
+        if quantized:
+            q = BitsAndBytesConfig(
+                load_in_4bit=True,
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_compute_dtype=torch.bfloat16,
+                bnb_4bit_use_double_quant=True,
+            )
+            model = LlamaForCausalLM.from_pretrained(
+                folder, quantization_config=q, device_map="cpu"
+            )
+            model = prepare_model_for_kbit_training(model)
+        else:
+            model = LlamaForCausalLM.from_pretrained(folder)
+    return get_peft_model(model, LoraConfig(r=4, target_modules="all-linear"))
+
+
+def test_a_bf16_checkpoint_is_held_in_bf16_with_fp32_adapters() -> None:
+    model = _loaded(quantized=False)
+    held = held_dtypes(model)
+    assert set(held) == {"frozen bfloat16", "trainable float32"}
+    counted = parameter_count(model)
+    assert counted.frozen_bytes == 2 * held["frozen bfloat16"]
+    assert quantization_settings(model.get_base_model()) == {}
+    assert not checkpointing(model.get_base_model())
+
+
+def test_a_4bit_base_is_read_with_its_quantization_and_forced_checkpointing() -> None:
+    base = _loaded(quantized=True).get_base_model()
+    assert quantization_settings(base) == {
+        "method": "bitsandbytes",
+        "bits": 4,
+        "quant_type": "nf4",
+        "compute_dtype": "bfloat16",
+        "double_quant": True,
+    }
+    assert "frozen 4-bit nf4" in held_dtypes(base)
+    # prepare_model_for_kbit_training turned it on; nothing in the Trainer turns it off
+    assert checkpointing(base)
+
+
+@pytest.mark.parametrize("column", ["input_ids", "length"])
+def test_lengths_come_from_the_column_in_the_dataset_order(column: str) -> None:
+    from datasets import Dataset
+
+    rows = [[1] * n for n in (3, 7, 1, 5)]
+    values = rows if column == "input_ids" else [len(r) for r in rows]
+    dataset = Dataset.from_dict({column: values})
+    assert sample_lengths(dataset) == [3, 7, 1, 5]
+    assert sample_lengths(dataset.select([3, 1])) == [5, 7]  # a selection is honoured
+    assert sample_lengths(Dataset.from_dict({"text": ["a"]})) is None

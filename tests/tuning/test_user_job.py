@@ -1,0 +1,91 @@
+"""The user's job as the plan reads it: the optimizer and checkpointing it allows, its
+recipe in its own class, and what binds a study to it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from helpers import SPEC
+
+from autotune.core.errors import UsageError
+from autotune.core.job import JobFacts
+from autotune.tuning._user_job import (
+    job_checkpointing,
+    job_counts,
+    job_optimizers,
+    job_profile,
+    job_recipe,
+)
+
+INSTALLED = ("adamw_torch", "adamw_torch_fused", "adafactor", "adamw_bnb_8bit", "paged_adamw_8bit")
+BF16 = JobFacts(
+    args_class="trl.SFTConfig",
+    args_fields=(),
+    model_name="mine",
+    model_class="LlamaForCausalLM",
+    task="causal-lm",
+    config={},
+    parameters=1_000_000,
+    trainable=10_000,
+    embedding=64_000,
+    largest=64_000,
+    held={"frozen bfloat16": 990_000, "trainable float32": 10_000},
+    frozen_bytes=1_980_000,
+    longest=64,
+    samples=120,
+    tokens=4000,
+    recipe={"bf16": True, "optim": "adamw_torch_fused", "activation_checkpointing": True},
+)
+QLORA = dataclasses.replace(
+    BF16,
+    held={"frozen 4-bit nf4": 900_000, "frozen float32": 90_000, "trainable bfloat16": 10_000},
+    frozen_bytes=860_000,
+    quantization={"bits": 4, "quant_type": "nf4", "compute_dtype": "bfloat16"},
+    forced_checkpointing=True,
+)
+
+
+def test_the_users_own_optimizer_is_always_searched_and_a_quantized_base_gets_paged_ones() -> None:
+    recipe = {"optim": "paged_adamw_8bit"}
+    plain = job_optimizers(None, INSTALLED, recipe, BF16)
+    assert plain is not None and "paged_adamw_8bit" in plain  # theirs, kept as the reference
+    quantized = job_optimizers(None, INSTALLED, {}, QLORA)
+    assert quantized is not None and {"paged_adamw_8bit", "adamw_bnb_8bit"} <= set(quantized)
+    assert "paged_adamw_32bit" not in quantized  # not installed here
+    assert job_optimizers(("sgd",), INSTALLED, recipe, QLORA) == ("sgd",)  # asked: as asked
+
+
+def test_checkpointing_a_factory_forces_is_fixed_on_with_the_reason() -> None:
+    assert job_checkpointing(None, BF16) == (None, "")
+    fixed, why = job_checkpointing(None, QLORA)
+    assert fixed == (True,) and "prepare_model_for_kbit_training" in why
+    with pytest.raises(UsageError, match="--checkpointing off: your factory turns"):
+        job_checkpointing((False,), QLORA)
+
+
+def test_the_recipe_is_their_class_with_its_defaults_under_their_file() -> None:
+    assert job_recipe(BF16, {"optim": "adamw_torch"}) == {
+        "bf16": True,  # SFTConfig's default, which their file left alone
+        "optim": "adamw_torch",
+        "activation_checkpointing": True,
+    }
+    assert job_recipe(None, {"optim": "sgd"}) == {"optim": "sgd"}
+
+
+def test_a_job_edited_from_4bit_to_bf16_is_another_study() -> None:
+    spec = dataclasses.replace(SPEC, model=dataclasses.replace(SPEC.model, trainer="j.py:f"))
+    four_bit = dataclasses.replace(spec, job_profile=job_profile(QLORA))
+    bf16 = dataclasses.replace(spec, job_profile=job_profile(BF16))
+    assert four_bit.identity() != bf16.identity()
+    assert four_bit.measurement_identity() != bf16.measurement_identity()  # no peak reused
+    other_data = dataclasses.replace(BF16, longest=128)
+    assert dataclasses.replace(spec, job_profile=job_profile(other_data)).identity() != (
+        bf16.identity()
+    )
+    assert "job" not in SPEC.identity()  # a --model study resumes as it did
+
+
+def test_the_estimate_counts_a_quantized_base_as_held() -> None:
+    counted = job_counts(QLORA)
+    assert (counted.total, counted.trainable, counted.frozen_bytes) == (1_000_000, 10_000, 860_000)
