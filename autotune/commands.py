@@ -74,7 +74,10 @@ def hand_off(
     tuned_on = spec.device.kind
     target = target or tuned_on
     tuned = tuned_arguments(
-        record.candidate, device_kind=target, checkpointing_field=spec.checkpointing_field
+        record.candidate,
+        device_kind=target,
+        checkpointing_field=spec.checkpointing_field,
+        tf32_kept=spec.recipe_settings.get("tf32") is True,
     )
     notes = []
     if target != tuned_on:

@@ -31,7 +31,7 @@ from autotune.tuning.limits import SearchLimits
 from autotune.tuning.options import SearchOptions
 from autotune.tuning.outcome import SearchOutcome, SearchReport
 from autotune.tuning.parity import reference_for
-from autotune.tuning.plan import DataOptions, Layout, build_spec, workload_defaults
+from autotune.tuning.plan import DataOptions, Layout, build_spec, job_notes, workload_defaults
 from autotune.tuning.run import prepare_store, run_search
 from autotune.tuning.selection import nothing_fits, plain_default
 from autotune.tuning.time_plan import plan_for_budget
@@ -88,7 +88,7 @@ def _prepare_and_search(
         stored=StudyStore.stored_spec(url=url, name=name),
         default_budget=o.time_budget is None,
     )
-    notes = workload_defaults(o, spec) + plan
+    notes = workload_defaults(o, spec) + job_notes(spec) + plan
     _ensure_sqlite_folder(url)
     store = prepare_store(spec=spec, study_name=name, storage=url, sampler=o.sampler)
     claim_folder(folder, name, url)

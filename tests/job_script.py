@@ -39,13 +39,23 @@ def make_trainer(args: SFTConfig):
     _log(args)
     if os.environ.get("JOB_REFUSES") == _optim(args):
         raise RuntimeError(f"this job cannot run {_optim(args)}")
-    return SFTTrainer(
+    trainer = SFTTrainer(
         model=AutoModelForCausalLM.from_pretrained(HERE / "model"),
         args=args,
         train_dataset=load_dataset("json", data_files=str(HERE / "train.jsonl"), split="train"),
         processing_class=AutoTokenizer.from_pretrained(HERE / "tokenizer"),
         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
     )
+    if os.environ.get("JOB_LOG_BATCHES"):  # the real length of each sample trained on
+        collate = trainer.data_collator
+
+        def logged(features):
+            with open(HERE / "batches.log", "a") as out:
+                out.write(" ".join(str(len(f["input_ids"])) for f in features) + "\\n")
+            return collate(features)
+
+        trainer.data_collator = logged
+    return trainer
 
 
 def qlora(args: SFTConfig):

@@ -43,6 +43,9 @@ class JobFacts:
     # The tuned fields of the user's own arguments as their class builds them (its
     # defaults included: SFTConfig's bf16 and gradient checkpointing): their recipe
     recipe: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The optimizer the factory built the Trainer with (`optimizers=`), by class name:
+    # every probe trains it, whatever `optim` says ("": the Trainer builds it from optim)
+    own_optimizer: str = ""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

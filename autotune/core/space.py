@@ -66,7 +66,7 @@ class SearchSpace:
         precision: str,
         checkpointing: bool,
         optim: str,
-        sampling: str = "random",
+        sampling: str = "",
         **levers: Any,
     ) -> Candidate:
         plain = {n: v[0] for n, v in self.levers}  # the first value of each: the plain run
@@ -76,7 +76,7 @@ class SearchSpace:
             precision=Precision(precision),
             activation_checkpointing=checkpointing,
             optim=optim,
-            train_sampling_strategy=sampling,
+            train_sampling_strategy=sampling or self.samplings[0],  # "": the plain one
             **{**plain, **levers},
         )
 

@@ -31,7 +31,17 @@ ARGS_CLASSES = {
 # Fields whose value the factory must leave as autotune passed them: a Trainer built on
 # other arguments would train another config than the one measured
 SCRIPT_PREFIX = "autotune_user_"  # the module name a --trainer script is imported as
-CHECKED_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "max_steps")
+# What autotune sets per candidate (and the run length a probe owns): a factory that
+# builds its Trainer with other values, or changes them in `args`, trains something else
+CHECKED_FIELDS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "max_steps",
+    "bf16",
+    "fp16",
+    "optim",
+    "activation_checkpointing",
+)
 
 
 class FactoryError(UsageError):
@@ -197,6 +207,7 @@ def build_trainer(factory: Callable[..., Any], args: Any) -> Any:
     loading the model is an OOM); a wrong return or ignored arguments is a FactoryError."""
     from transformers import Trainer
 
+    given = {field: getattr(args, field, None) for field in CHECKED_FIELDS}
     trainer = factory(args)
     name = getattr(factory, "__name__", "the factory")
     if not isinstance(trainer, Trainer):
@@ -204,12 +215,17 @@ def build_trainer(factory: Callable[..., Any], args: Any) -> Any:
             f"{name} returned {type(trainer).__name__}, not a transformers Trainer; "
             "return the Trainer (or SFTTrainer, ...) you build around args"
         )
-    if trainer.args is not args:
-        for field in CHECKED_FIELDS:
-            given, used = getattr(args, field), getattr(trainer.args, field, None)
-            if used != given:
-                raise FactoryError(
-                    f"{name} ignored the arguments it was given ({field} is {used!r}, "
-                    f"autotune passed {given!r}); your factory must pass `args` to the Trainer"
-                )
+    for field, value in given.items():
+        used = getattr(trainer.args, field, None)
+        if used == value:
+            continue
+        if trainer.args is not args:
+            raise FactoryError(
+                f"{name} ignored the arguments it was given ({field} is {used!r}, "
+                f"autotune passed {value!r}); your factory must pass `args` to the Trainer"
+            )
+        raise FactoryError(
+            f"{name} changed {field} of the arguments it was given ({value!r} -> {used!r}); "
+            "autotune sets it for each config: set it in --base-args instead"
+        )
     return trainer

@@ -44,6 +44,7 @@ def job_facts(trainer: Any, *, checkpointing_asked: bool = False) -> JobFacts:
         quantization=quantization_settings(base),
         forced_checkpointing=bool(checkpointing(base)) and not checkpointing_asked,
         samples=_length(trainer.train_dataset),
+        own_optimizer=type(trainer.optimizer).__name__ if trainer.optimizer is not None else "",
         tokens=sum(lengths) if lengths else None,
     )
 

@@ -50,8 +50,12 @@ def tuned_arguments(
     *,
     device_kind: DeviceKind,
     checkpointing_field: str = CHECKPOINTING_FIELDS[0],
+    tf32_kept: bool = False,
 ) -> dict[str, Any]:
-    """The TrainingArguments fields a candidate sets: what the probe runs and export writes."""
+    """The TrainingArguments fields a candidate sets: what the probe runs and export writes.
+
+    `tf32_kept`: the user's recipe turns TF32 on; under fp16 and bf16, where TF32 is not
+    the precision searched but what the matmuls left in 32 bits use, theirs is kept."""
     args: dict[str, Any] = {
         "per_device_train_batch_size": candidate.per_device_train_batch_size,
         "gradient_accumulation_steps": candidate.gradient_accumulation_steps,
@@ -63,7 +67,8 @@ def tuned_arguments(
     }
     if device_kind == DeviceKind.CUDA:
         # Explicit either way, so "fp32" means full fp32 matmuls whatever torch's default.
-        args["tf32"] = candidate.precision == Precision.TF32
+        sixteen = candidate.precision in (Precision.FP16, Precision.BF16)
+        args["tf32"] = candidate.precision == Precision.TF32 or (sixteen and tf32_kept)
     else:
         args["use_cpu"] = True
     # The levers, written only when on: a config without them reads as it always did
@@ -82,7 +87,10 @@ def tuned_arguments(
 def study_arguments(spec: SearchSpec, candidate: Candidate) -> dict[str, Any]:
     """The tuned fields of a candidate on a study's device, under its transformers' names."""
     return tuned_arguments(
-        candidate, device_kind=spec.device.kind, checkpointing_field=spec.checkpointing_field
+        candidate,
+        device_kind=spec.device.kind,
+        checkpointing_field=spec.checkpointing_field,
+        tf32_kept=spec.recipe_settings.get("tf32") is True,
     )
 
 

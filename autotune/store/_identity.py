@@ -28,9 +28,19 @@ def differs_only_in(stored: str, wanted: str, keys: tuple[str, ...]) -> bool:
 
 
 def difference(stored: str, wanted: str) -> str:
+    """The first two settings that differ, a nested one by its inner key ("job.held")."""
     old, new = json.loads(stored), json.loads(wanted)
-    keys = [k for k in new if old.get(k) != new.get(k)]
-    return ", ".join(f"{k}: {old.get(k)!r} vs {new.get(k)!r}" for k in keys[:2]) or "spec"
+    found = []
+    for key in new:
+        was, now = old.get(key), new.get(key)
+        if was == now:
+            continue
+        if isinstance(was, dict) and isinstance(now, dict):
+            inner = [k for k in {**was, **now} if was.get(k) != now.get(k)]
+            found += [f"{key}.{k}: {was.get(k)!r} vs {now.get(k)!r}" for k in inner]
+        else:
+            found.append(f"{key}: {was!r} vs {now!r}")
+    return ", ".join(found[:2]) or "spec"
 
 
 def note(spec: SearchSpec) -> str:

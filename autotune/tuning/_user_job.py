@@ -20,6 +20,12 @@ from autotune.tuning.options import SearchOptions
 # bitsandbytes' optimizers made for a quantized base: the 8-bit state, and the paged
 # ones that move their state to host memory when the device runs short
 QUANTIZED_OPTIMIZERS = ("paged_adamw_8bit", "adamw_bnb_8bit", "paged_adamw_32bit")
+# What of the classic dimensions a user's job can rule out, as the space's "not offered"
+# list names it: the search's first lines and `show` say why
+NO_CHECKPOINTING = "checkpointing off"
+NO_FP32 = "fp32"
+NO_OPTIMIZERS = "optimizers"
+FIXED_BY_JOB = (NO_CHECKPOINTING, NO_FP32, NO_OPTIMIZERS)
 
 
 def survey(o: SearchOptions, device_kind: DeviceKind, with_dataset: bool) -> JobFacts:
@@ -100,10 +106,13 @@ def job_optimizers(
 ) -> tuple[str, ...] | None:
     """The optimizers searched for the user's job: what --optimizers asked, else the
     defaults with their own `optim` (it is the reference), and bitsandbytes' 8-bit and
-    paged optimizers for a quantized base where bitsandbytes is installed."""
+    paged optimizers for a quantized base where bitsandbytes is installed. A Trainer
+    built with its own optimizer trains that in every probe: only their `optim` then."""
+    own = recipe.get("optim")
+    if job.own_optimizer:
+        return (str(own or "adamw_torch"),)
     if asked:
         return asked
-    own = recipe.get("optim")
     extra = [o for o in QUANTIZED_OPTIMIZERS if o in installed] if job.quantization else []
     defaults = [o for o in DEFAULT_OPTIMIZERS if o in installed]
     wanted = (*defaults, *([own] if isinstance(own, str) else []), *extra)
@@ -139,6 +148,16 @@ def held_in(job: JobFacts | None) -> str:
     kinds = [key.split(" ", 1)[1] for key in job.held]
     narrow = [k for k in kinds if "bit" in k or k in ("bfloat16", "float16")]
     return next((k for k in narrow if "bit" in k), narrow[0] if narrow else "")
+
+
+def own_optimizer_note(job: JobFacts | None) -> str:
+    """Why the optimizer is not searched, when the user's Trainer brings its own."""
+    if job is None or not job.own_optimizer:
+        return ""
+    return (
+        f"your factory builds the Trainer with its own {job.own_optimizer} (optimizers=): "
+        "every probe trains it whatever optim says, so optim is not searched"
+    )
 
 
 def job_profile(job: JobFacts | None) -> dict[str, Any]:

@@ -32,6 +32,10 @@ from autotune.hf.training_args import (
 )
 from autotune.system.devices import cuda_device_count, detect_device
 from autotune.tuning._user_job import (
+    FIXED_BY_JOB,
+    NO_CHECKPOINTING,
+    NO_FP32,
+    NO_OPTIMIZERS,
     held_in,
     job_checkpointing,
     job_counts,
@@ -39,6 +43,7 @@ from autotune.tuning._user_job import (
     job_optimizers,
     job_profile,
     job_recipe,
+    own_optimizer_note,
     survey,
     unmeasured,
 )
@@ -193,6 +198,18 @@ def _space(
     )
     asked = tuple(c == "on" for c in o.checkpointing) if o.checkpointing else None
     checkpointing, fixed_why = job_checkpointing(asked, job)
+    held = held_in(job)
+    fixed = [(NO_CHECKPOINTING, fixed_why)] if fixed_why else []
+    if own := own_optimizer_note(job):
+        fixed.append((NO_OPTIMIZERS, own))
+    if held:
+        fixed.append(
+            (
+                NO_FP32,
+                f"your job holds its weights in {held}: without autocast they compute in "
+                "that, so those runs are called as-loaded",
+            )
+        )
     installed = available_optimizers()
     optimizers = job_optimizers(o.optimizers, installed, recipe, job) if job else o.optimizers
     return derive_space(
@@ -204,9 +221,15 @@ def _space(
         samplings=SAMPLINGS if dataset else (str(recipe.get("train_sampling_strategy", "random")),),
         installed_optimizers=installed,
         levers=levers,
-        not_offered=(*not_offered, *([("checkpointing off", fixed_why)] if fixed_why else [])),
-        held_in=held_in(job),
+        not_offered=(*not_offered, *fixed),
+        held_in=held,
     )
+
+
+def job_notes(spec: SearchSpec) -> list[str]:
+    """What the user's job fixes of the classic dimensions, and why (their factory turns
+    checkpointing on; their weights are not held in 32 bits)."""
+    return [f"{name}: {why}" for name, why in spec.space.not_offered if name in FIXED_BY_JOB]
 
 
 def workload_defaults(options: SearchOptions, spec: SearchSpec) -> list[str]:
@@ -255,10 +278,14 @@ def _global_batch(batch: int) -> int:
 def _lengths(
     o: SearchOptions, base: BaseArguments, config: dict[str, Any], job: JobFacts | None = None
 ) -> tuple[int, int]:
-    """The worst-case lengths probes use: asked, from --base-args, the longest sample of
-    the user's job, or the model's limit."""
+    """The worst-case lengths probes use: for the user's job whose data gives its lengths,
+    what its probes train on (its longest sample, cut at their max_length); else asked,
+    from --base-args, their max_length, or the model's limit."""
     limit = max_positions(config)
-    seq_len = o.seq_len or base.seq_len or (job.longest or job.max_length if job else None)
+    if job is not None and job.longest is not None:
+        trained = min(job.longest, job.max_length or job.longest)
+        return trained, o.target_len or base.target_len or DEFAULT_TARGET_LEN
+    seq_len = o.seq_len or base.seq_len or (job.max_length if job else None)
     if seq_len is None:
         seq_len = min(512, limit or 512)
     elif limit is not None and seq_len > limit:

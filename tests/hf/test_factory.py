@@ -120,3 +120,36 @@ def test_a_factory_must_return_a_trainer_built_on_its_arguments(tmp_path: Path) 
         build_trainer(not_a_trainer, given)
     with pytest.raises(FactoryError, match=r"per_device_train_batch_size is 3, autotune passed 8"):
         build_trainer(its_own, given)
+
+
+def test_a_factory_that_changes_a_tuned_field_in_place_is_caught(tmp_path: Path) -> None:
+    """Every candidate would train what the factory set while the export claimed another."""
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    model = torch.nn.Linear(2, 2)
+
+    def forces_adafactor(args: TrainingArguments) -> Trainer:
+        args.optim = "adafactor"
+        return Trainer(model=model, args=args)
+
+    given = TrainingArguments(output_dir=str(tmp_path), optim="adamw_torch", use_cpu=True)
+    with pytest.raises(FactoryError, match=r"forces_adafactor changed optim of the arguments"):
+        build_trainer(forces_adafactor, given)
+
+
+def test_a_trainer_built_with_its_own_optimizer_is_seen(tmp_path: Path) -> None:
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    from autotune.hf.job import job_facts
+
+    model = torch.nn.Linear(2, 2)
+    model.config = type("Config", (), {"to_dict": lambda self: {}, "_name_or_path": "lin"})()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def own(args: TrainingArguments) -> Trainer:
+        return Trainer(model=model, args=args, optimizers=(sgd, None))
+
+    given = TrainingArguments(output_dir=str(tmp_path), use_cpu=True)
+    assert job_facts(build_trainer(own, given)).own_optimizer == "SGD"

@@ -89,3 +89,32 @@ def test_a_job_edited_from_4bit_to_bf16_is_another_study() -> None:
 def test_the_estimate_counts_a_quantized_base_as_held() -> None:
     counted = job_counts(QLORA)
     assert (counted.total, counted.trainable, counted.frozen_bytes) == (1_000_000, 10_000, 860_000)
+
+
+def test_a_trainer_with_its_own_optimizer_fixes_the_optimizer_to_theirs() -> None:
+    own = dataclasses.replace(BF16, own_optimizer="SGD")
+    assert job_optimizers(None, INSTALLED, {"optim": "sgd"}, own) == ("sgd",)
+    assert job_optimizers(("adafactor",), INSTALLED, {}, own) == ("adamw_torch",)
+
+
+def test_their_tf32_and_sampling_are_kept_where_autotune_does_not_search_them() -> None:
+    from autotune.core.enums import DeviceKind
+    from autotune.core.space import derive_space
+    from autotune.hf.training_args import tuned_arguments
+
+    cuda = DeviceKind.CUDA
+    bf16 = SPEC.space.candidate(8, "bf16", False, "adamw_torch")
+    assert tuned_arguments(bf16, device_kind=cuda, tf32_kept=True)["tf32"] is True
+    assert tuned_arguments(bf16, device_kind=cuda)["tf32"] is False
+    fp32 = SPEC.space.candidate(8, "fp32", False, "adamw_torch")
+    assert tuned_arguments(fp32, device_kind=cuda, tf32_kept=True)["tf32"] is False  # fp32 is fp32
+    space = derive_space(
+        SPEC.device,
+        global_batch_size=16,
+        samplings=("group_by_length",),  # their train_sampling_strategy, not searched
+        installed_optimizers=INSTALLED,
+    )
+    assert {c.train_sampling_strategy for c in space.candidates()} == {"group_by_length"}
+    assert space.candidate(8, "fp32", False, "adamw_torch").train_sampling_strategy == (
+        "group_by_length"
+    )

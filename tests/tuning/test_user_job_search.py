@@ -212,3 +212,41 @@ def test_a_lora_stand_in_probes_the_adapter_and_exports_plain_arguments(tmp_path
     bad = autotune(tmp_path, "search", "--model", "./tiny", "--lora", "targets=q_proj", *SMALL)
     assert bad.returncode == 2 and "--lora: Target modules" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_a_factorys_probes_train_on_its_longest_samples_only(
+    job: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its data holds lines of 2 to 20 words; every sample a probe trains on is one of
+    the longest, so the peak it measures is the peak of any batch of the user's run."""
+    monkeypatch.setenv("JOB_LOG_BATCHES", "1")
+    log = job.parent / "batches.log"
+    log.unlink(missing_ok=True)
+    done = autotune(
+        job.parent,
+        "search",
+        "--trainer",
+        "job.py:make_trainer",
+        "--base-args",
+        "base.json",
+        *SMALL,
+        "--precisions",
+        "fp32",
+        "--optimizers",
+        "adamw_torch",
+        "--checkpointing",
+        "off",
+        "--max-trials",
+        "1",
+        "--confirm-top",
+        "0",
+        "--parity",
+        "off",
+        "--study",
+        "longest",
+        "--no-reuse",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lengths = [int(n) for line in log.read_text().splitlines() for n in line.split()]
+    assert len(lengths) >= 8  # a probe's batches were collated and logged
+    assert set(lengths) == {max(lengths)}, sorted(set(lengths))
