@@ -31,9 +31,6 @@ class TrialRow:
     samples_per_s: float | None
     tokens_per_s: float | None
     peak_memory_gib: float | None
-    # The analytic estimate of the peak (the job as held, the process as measured), set
-    # beside the measured one: how far the model of memory is from this job
-    predicted_peak_gib: float | None
     budget_used_pct: float | None
     step_time_spread_pct: float | None
     mfu_pct: float | None
@@ -49,6 +46,9 @@ class TrialRow:
     finish_s: float | None = None  # the user's --train-steps at this speed, one-time included
     reused_from: str = ""  # "study S trial N": figures taken over, not probed in this study
     mfu_unknown: str = ""  # why no MFU is shown though the figures were measured
+    # The analytic estimate of the peak (the job as held, the process as measured), set
+    # beside the measured one: how far the model of memory is from this job
+    predicted_peak_gib: float | None = None
 
 
 def explain(record: TrialRecord, spec: SearchSpec) -> str:
