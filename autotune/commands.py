@@ -15,7 +15,7 @@ from autotune.core.spec import SearchSpec
 from autotune.core.trial import TrialRecord
 from autotune.store.storage import STORAGE_ENV
 from autotune.store.store import StudyStore
-from autotune.tuning.selection import select_best
+from autotune.tuning.selection import select_for
 
 
 def resolve_storage(storage: str | None, studies_dir: Path) -> str:
@@ -30,12 +30,7 @@ def best_of_study(
 ) -> tuple[TrialRecord, SearchSpec, list[TrialRecord]]:
     store = StudyStore.load(url=storage, name=study_name)
     recs = store.records()
-    best = select_best(
-        recs,
-        fit_limit_bytes=store.spec.fit_limit_bytes,
-        train_steps=store.spec.train_steps,
-        objective=objective,
-    )
+    best = select_for(store.spec, recs, objective)
     if best is None:
         raise NoFitError(f"study {study_name!r} has no trial that ran ok within the budget")
     return best, store.spec, recs
@@ -143,21 +138,15 @@ def flags_command(
 
 def show_command(*, study_name: str, storage: str, objective: Objective) -> Any:
     """The study's rows, best first (views.show prints them)."""
-    from autotune.tuning.parity import reference_for
     from autotune.views.export import parity_summary
     from autotune.views.show import StudyView, trial_rows
 
     store = StudyStore.load(url=storage, name=study_name)
     records, state = store.records(), store.parity()
-    best = select_best(
-        records,
-        fit_limit_bytes=store.spec.fit_limit_bytes,
-        train_steps=store.spec.train_steps,
-        objective=objective,
-    )
+    best = select_for(store.spec, records, objective)
     changed = None
     if best is not None:
-        changed = parity_summary(best, reference_for(store.spec, records, state), state)
+        changed = parity_summary(best, store.spec, records, state)
     rows = trial_rows(records, store.spec, objective)
     return StudyView(study_name, store.spec, rows, changed, objective)
 

@@ -30,10 +30,10 @@ from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import SearchLimits
 from autotune.tuning.options import SearchOptions
 from autotune.tuning.outcome import SearchOutcome, SearchReport
-from autotune.tuning.parity import reference_for
+from autotune.tuning.parity import baseline
 from autotune.tuning.plan import DataOptions, Layout, build_spec, job_notes, workload_defaults
 from autotune.tuning.run import prepare_store, run_search
-from autotune.tuning.selection import nothing_fits, plain_default
+from autotune.tuning.selection import nothing_fits
 from autotune.tuning.time_plan import plan_for_budget
 from autotune.tuning.workers import run_workers
 from autotune.views.export import export_selected, parity_summary, previous_export
@@ -206,8 +206,8 @@ def _outcome(
     its speed over the plain default; raises when nothing fits."""
     if best is None:
         raise nothing_fits(records, spec)
-    changed = parity_summary(best, reference_for(spec, records, parity), parity)
-    default = plain_default(records, spec)
+    changed = parity_summary(best, spec, records, parity)
+    default, name = baseline(spec, records, parity)
     ratio = speed_ratio(best.result, default.result) if default and default != best else None
     return SearchOutcome(
         name,
@@ -220,6 +220,7 @@ def _outcome(
         spec.train_steps,
         default,
         ratio,
+        name,
         spec.model.args_class,
     )
 

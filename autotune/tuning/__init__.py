@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         ranked,
         ranked_sps,
         select_best,
+        select_for,
     )
     from autotune.tuning.time_plan import plan_for_budget
     from autotune.tuning.workers import WorkerJob, confine, run_workers
@@ -59,6 +60,7 @@ __all__ = [
     "run_search",
     "run_workers",
     "select_best",
+    "select_for",
     "static_bytes",
     "workload_defaults",
 ]
@@ -89,6 +91,7 @@ _OWNERS = {
     "ranked": "autotune.tuning.selection",
     "ranked_sps": "autotune.tuning.selection",
     "select_best": "autotune.tuning.selection",
+    "select_for": "autotune.tuning.selection",
     "plan_for_budget": "autotune.tuning.time_plan",
     "WorkerJob": "autotune.tuning.workers",
     "confine": "autotune.tuning.workers",

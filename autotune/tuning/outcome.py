@@ -31,10 +31,12 @@ class SearchOutcome:
     stop_reason: str
     parity: dict[str, Any]  # views.export.parity_summary: what changed, and its verdict
     train_steps: int = 0  # the user's run length, when selection ranked by time to finish
-    # the plain default (fp32 AdamW at the smallest batch), when measured, and the best's
-    # speed over it
+    # what the best is compared with, when measured: the user's recipe (their --base-args
+    # or their arguments class's defaults, as autotune runs it), else the plain default
+    # (fp32 AdamW at the smallest batch); the best's speed over it, and its name
     default: TrialRecord | None = None
     versus_default: SpeedRatio | None = None
+    baseline: str = "the plain default"
     args_class: str = ""  # your factory's arguments class; "": TrainingArguments
 
     def arguments(self) -> Any:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from autotune.core.enums import Objective, Outcome, Precision
+from autotune.core.enums import Objective, Outcome
 from autotune.core.parity import (
     EVAL_SAMPLES,
     POINTS,
@@ -32,7 +32,13 @@ from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord, TrialResult
 from autotune.core.units import format_duration
 from autotune.system import devices as device
-from autotune.tuning.selection import fitting, ranked, select_best
+from autotune.tuning.selection import (
+    fitting,
+    plain_default,
+    ranked,
+    recipe_arithmetic,
+    select_for,
+)
 
 if TYPE_CHECKING:
     from autotune.tuning.limits import SearchLimits
@@ -48,22 +54,12 @@ def reference_candidate(spec: SearchSpec, records: Sequence[TrialRecord]) -> Can
     the largest that fits) only when it was measured out of memory. Per process, as the
     study's candidates are."""
     settings = spec.recipe_settings
-    precision = Precision.FP32
-    for flag, value in (
-        ("bf16", Precision.BF16),
-        ("fp16", Precision.FP16),
-        ("tf32", Precision.TF32),
-    ):
-        if settings.get(flag) is True:
-            precision = value
-            break
-    if precision == Precision.FP32 and Precision.AS_LOADED in spec.space.precisions:
-        precision = Precision.AS_LOADED  # no autocast on their job: its weights' dtype
+    precision = recipe_arithmetic(spec).precision
     optim = str(settings.get("optim", "adamw_torch"))
     ckpt = bool(settings.get(spec.checkpointing_field, False))
     if ckpt not in spec.space.checkpointing:  # their job turns it on whatever they say
         ckpt = spec.space.checkpointing[0]
-    arithmetic = Arithmetic(precision, optim)
+    arithmetic = recipe_arithmetic(spec)
     per_process = spec.space.global_batch_size
     micro = settings.get("per_device_train_batch_size")
     if isinstance(micro, int) and per_process % micro == 0:
@@ -221,12 +217,7 @@ def unjudged(
     fits = fitting(records, spec.fit_limit_bytes)
     pool = [r for r in fits if not ((v := state.verdict(r.candidate)) and v.blocks_export)]
     judged = [dataclasses.replace(r, parity=state.verdict(r.candidate)) for r in pool]
-    chosen = select_best(
-        judged,
-        fit_limit_bytes=spec.fit_limit_bytes,
-        train_steps=spec.train_steps,
-        objective=objective,
-    )
+    chosen = select_for(spec, judged, objective)
     return [
         record.candidate
         for record in [*([chosen] if chosen else []), *ranked(judged)[:top]]
@@ -344,6 +335,20 @@ def parity_arguments(spec: SearchSpec) -> dict[str, object]:
         "lr_scheduler_type": "constant",
         "warmup_steps": 0,
     }
+
+
+def baseline(
+    spec: SearchSpec, records: Sequence[TrialRecord], state: ParityState | None
+) -> tuple[TrialRecord | None, str]:
+    """What the headline compares the export with, and its name: the user's recipe as
+    autotune ran it, where they gave one (--base-args, or their factory's arguments) and
+    it was measured within the budget; else the plain default, named as such."""
+    if spec.recipe_settings:
+        recipe = reference_for(spec, records, state)
+        measured = [r for r in fitting(records, spec.fit_limit_bytes) if r.candidate == recipe]
+        if measured:
+            return measured[0], "your recipe"
+    return plain_default(records, spec), "the plain default"
 
 
 def reference_for(

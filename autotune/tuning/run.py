@@ -34,13 +34,12 @@ from autotune.tuning._skips import Verdictor, open_candidates, skip_reason
 from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import Observer, SearchLimits
 from autotune.tuning.outcome import SearchReport
-from autotune.tuning.parity import ParityCheck, parity_stop, reference_candidate, run_s
+from autotune.tuning.parity import ParityCheck, baseline, parity_stop, reference_candidate, run_s
 from autotune.tuning.selection import (
     fitting,
     incumbent_cost,
-    plain_default,
     ranked,
-    select_best,
+    select_for,
     verdict,
 )
 from autotune.tuning.time_plan import plan_parity
@@ -295,17 +294,13 @@ class SearchRun:
             pool = [r for r in fits if not (r.parity and r.parity.blocks_export)]
             # The config selection would export first (--objective efficiency may pick
             # one the throughput ranking puts lower), then the fastest.
-            chosen = select_best(
-                pool,
-                fit_limit_bytes=self.spec.fit_limit_bytes,
-                train_steps=self.spec.train_steps,
-                objective=self.limits.objective,
-            )
+            chosen = select_for(self.spec, pool, self.limits.objective)
             finalists = [r for r in pool if r == chosen] + [r for r in ranked(pool) if r != chosen]
             left = deadline.left()  # a run expected to end past the budget does not start
             steps = self.spec.warmup_steps + self.limits.confirm_steps
-            # and then the plain default, which the headline ratio is taken against
-            default = plain_default(pool, self.spec)
+            # and then what the headline ratio is taken against (their recipe, or the
+            # plain default)
+            default, _ = baseline(self.spec, pool, self.store.parity())
             wanted = finalists[: self.limits.confirm_top]
             if default is not None and default.number not in {r.number for r in wanted}:
                 wanted.append(default)

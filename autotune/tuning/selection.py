@@ -1,7 +1,10 @@
-"""Selection: the fastest config that fits; among those within noise of it, the least memory.
+"""Selection: the fastest config that fits; among those within noise of it, the one that
+keeps the user's arithmetic, then the least memory.
 
 Fastest by the quiet step time (core/stats.py: the lower quartile of the measured steps,
-which a slow spell of the host moves least); the figures shown stay the medians."""
+which a slow spell of the host moves least); the figures shown stay the medians. A
+change of precision or optimizer that parity did not verify is exported only when it is
+significantly faster than the best config that keeps the recipe's arithmetic."""
 
 from __future__ import annotations
 
@@ -9,9 +12,10 @@ from collections.abc import Sequence
 
 from autotune.core.enums import Objective, Outcome, Precision
 from autotune.core.errors import NoFitError
+from autotune.core.parity import Arithmetic, Status
 from autotune.core.spec import SearchSpec
-from autotune.core.stats import quiet_step_s
-from autotune.core.trial import TrialRecord, TrialResult, Verdict
+from autotune.core.stats import quiet_step_s, speed_ratio
+from autotune.core.trial import Candidate, TrialRecord, TrialResult, Verdict
 from autotune.core.units import format_size
 
 MIN_NOISE = 0.01  # two configs closer than 1% are a tie even when both measured tight
@@ -54,27 +58,138 @@ def select_best(
     fit_limit_bytes: int,
     objective: Objective = Objective.THROUGHPUT,
     train_steps: int = 0,
+    recipe: Arithmetic | None = None,
 ) -> TrialRecord | None:
     """The record to export, or None when nothing fits (or learns like the recipe).
 
     With the user's run length (`train_steps`), the quickest to finish that run (one-time
-    costs such as compilation + steps at the quiet step time) stands for the fastest."""
+    costs such as compilation + steps at the quiet step time) stands for the fastest.
+    With the `recipe`'s arithmetic, a tie goes to a config that keeps it, and a change of
+    it that parity did not verify (`unchecked`, `unverified`) is taken only where its gain
+    over the best config that keeps it is significant (`unverified_gain`)."""
     pool = [
         r for r in fitting(records, fit_limit_bytes) if not (r.parity and r.parity.blocks_export)
     ]
     if not pool:
         return None
+    chosen = _best_of(pool, objective, train_steps, recipe)
+    if recipe is None or verified(chosen, recipe):
+        return chosen
+    keeping = [r for r in pool if Arithmetic.of(r.candidate) == recipe]
+    if not keeping:
+        return chosen  # nothing keeps their arithmetic: the change, unverified, and said so
+    alternative = _best_of(keeping, objective, train_steps, recipe)
+    return chosen if significant(chosen, alternative, objective) else alternative
+
+
+def select_for(
+    spec: SearchSpec,
+    records: Sequence[TrialRecord],
+    objective: Objective = Objective.THROUGHPUT,
+) -> TrialRecord | None:
+    """The record a study exports: `select_best` with the study's fit limit, the user's
+    run length and their recipe's arithmetic."""
+    return select_best(
+        records,
+        fit_limit_bytes=spec.fit_limit_bytes,
+        objective=objective,
+        train_steps=spec.train_steps,
+        recipe=recipe_arithmetic(spec),
+    )
+
+
+def _best_of(
+    pool: Sequence[TrialRecord], objective: Objective, train_steps: int, recipe: Arithmetic | None
+) -> TrialRecord:
+    """The fastest (or most efficient); among those within noise of it, one that keeps
+    the recipe's arithmetic, then the least memory."""
+
+    def changes(r: TrialRecord) -> bool:
+        return recipe is not None and Arithmetic.of(r.candidate) != recipe
+
     if objective == Objective.EFFICIENCY:
-        return max(pool, key=lambda r: (ranked_sps(r) / _peak(r), -r.number))
+        best = max(pool, key=lambda r: (efficiency(r), -r.number))
+        floor = efficiency(best) * (1.0 - noise_band(best))
+        ties = [r for r in pool if efficiency(r) >= floor]
+        return min(ties, key=lambda r: (changes(r), -efficiency(r), r.number))
     if train_steps:
         quickest = min(pool, key=lambda r: (finish_s(r, train_steps), r.number))
         limit = finish_s(quickest, train_steps) * (1.0 + noise_band(quickest))
         ties = [r for r in pool if finish_s(r, train_steps) <= limit]
-        return min(ties, key=lambda r: (_peak(r), finish_s(r, train_steps), r.number))
+        return min(ties, key=lambda r: (changes(r), _peak(r), finish_s(r, train_steps), r.number))
     fastest = max(pool, key=lambda r: (ranked_sps(r), -r.number))
     band = noise_band(fastest)
     ties = [r for r in pool if ranked_sps(r) >= ranked_sps(fastest) * (1.0 - band)]
-    return min(ties, key=lambda r: (_peak(r), -ranked_sps(r), r.number))
+    return min(ties, key=lambda r: (changes(r), _peak(r), -ranked_sps(r), r.number))
+
+
+def verified(record: TrialRecord, recipe: Arithmetic) -> bool:
+    """Whether the record trains like the recipe: its arithmetic, or a change parity
+    found learning alike (`ok`)."""
+    if Arithmetic.of(record.candidate) == recipe:
+        return True
+    return record.parity is not None and record.parity.status == Status.OK
+
+
+def significant(chosen: TrialRecord, other: TrialRecord, objective: Objective) -> bool:
+    """Whether `chosen` beats `other` beyond the noise of their steps: its speed ratio's
+    whole range above 1 (with --objective efficiency, its samples/s per GiB above the
+    other's by more than their noise)."""
+    if objective == Objective.EFFICIENCY:
+        return efficiency(chosen) > efficiency(other) * (1.0 + noise_band(other))
+    ratio = speed_ratio(chosen.result, other.result)
+    return ratio is not None and ratio.low > 1.0
+
+
+def unverified_note(spec: SearchSpec, records: Sequence[TrialRecord], chosen: TrialRecord) -> str:
+    """One line on why a change of the recipe's arithmetic that parity did not verify
+    is the export: its significant gain over the best config that keeps the arithmetic,
+    or that none keeping it fits; "" for an export that keeps it or was verified."""
+    recipe = recipe_arithmetic(spec)
+    if verified(chosen, recipe):
+        return ""
+    keeping = [
+        r
+        for r in fitting(records, spec.fit_limit_bytes)
+        if Arithmetic.of(r.candidate) == recipe and not (r.parity and r.parity.blocks_export)
+    ]
+    if not keeping:
+        return (
+            "exported without verified parity: no config that keeps your recipe's "
+            "precision and optimizer fits"
+        )
+    other = _best_of(keeping, Objective.THROUGHPUT, spec.train_steps, recipe)
+    ratio = speed_ratio(chosen.result, other.result)
+    gain = ratio.describe() if ratio else "faster"
+    return (
+        f"exported without verified parity for its gain: {gain} the speed of trial "
+        f"{other.number} ({other.candidate.describe()}), the best that keeps your arithmetic"
+    )
+
+
+def recipe_arithmetic(spec: SearchSpec) -> Arithmetic:
+    """The arithmetic of the user's recipe: their precision and optimizer (from
+    --base-args, over their arguments class's defaults), fp32 AdamW where they set
+    neither; `as-loaded` where their job holds its weights in 16 bits or quantized."""
+    settings = spec.recipe_settings
+    precision = Precision.FP32
+    for flag, value in (
+        ("bf16", Precision.BF16),
+        ("fp16", Precision.FP16),
+        ("tf32", Precision.TF32),
+    ):
+        if settings.get(flag) is True:
+            precision = value
+            break
+    if precision == Precision.FP32 and Precision.AS_LOADED in spec.space.precisions:
+        precision = Precision.AS_LOADED  # no autocast on their job: its weights' dtype
+    optim = str(settings.get("optim", "adamw_torch"))
+    return Arithmetic.of(Candidate(8, 1, precision, False, optim))
+
+
+def efficiency(record: TrialRecord) -> float:
+    """Samples/s (at the quiet step time) per GiB of peak."""
+    return ranked_sps(record) / max(_peak(record), 1.0) * GIB
 
 
 def ranked(records: Sequence[TrialRecord]) -> list[TrialRecord]:

@@ -10,7 +10,7 @@ from autotune.core.enums import Outcome
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import TrialRecord
 from autotune.core.units import format_size
-from autotune.tuning.selection import select_best
+from autotune.tuning.selection import select_for
 from autotune.views._insight import Insight, pareto_front
 
 GIB = float(2**30)
@@ -111,7 +111,7 @@ def plot_tradeoff(records: Sequence[TrialRecord], spec: SearchSpec, path: Path) 
             label="Pareto front",
             zorder=2,
         )
-    best = select_best(records, fit_limit_bytes=spec.fit_limit_bytes, train_steps=spec.train_steps)
+    best = select_for(spec, records)
     if best is not None:
         ax.scatter(
             [(best.result.peak_memory_bytes or 0) / GIB],

@@ -13,20 +13,15 @@ from autotune.core.enums import Outcome
 from autotune.core.parity import Change, changes
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
-from autotune.tuning.parity import reference_candidate
-from autotune.tuning.selection import (
-    fitting,
-    noise_band,
-    plain_default,
-    ranked_sps,
-    select_best,
-)
+from autotune.tuning.parity import baseline, reference_candidate
+from autotune.tuning.selection import fitting, noise_band, ranked_sps, select_for
 
 
 @dataclasses.dataclass(frozen=True)
 class Insight:
     best: TrialRecord | None
-    reference: TrialRecord | None  # the plain default, when it was measured
+    reference: TrialRecord | None  # what the headline compares with, when it was measured
+    reference_name: str  # "your recipe" or "the plain default"
     ties: tuple[int, ...]  # trials within the winner's noise band (the winner included)
     band: float  # that band, relative
     changes: tuple[Change, ...]  # against the user's recipe (the parity reference)
@@ -55,8 +50,8 @@ def insight(
     records: Sequence[TrialRecord], spec: SearchSpec, recipe: Candidate | None = None
 ) -> Insight:
     """`recipe`: the reference the study's parity runs used (default: the one they would)."""
-    best = select_best(records, fit_limit_bytes=spec.fit_limit_bytes, train_steps=spec.train_steps)
-    reference = plain_default(records, spec)
+    best = select_for(spec, records)
+    reference, name = baseline(spec, records, None)
     recipe = recipe or reference_candidate(spec, records)
     band = noise_band(best) if best else 0.0
     top = ranked_sps(best) if best else 0.0  # ranked as selection ranks: by the quiet steps
@@ -72,6 +67,7 @@ def insight(
     return Insight(
         best=best,
         reference=reference,
+        reference_name=name,
         ties=ties,
         band=band,
         changes=tuple(changes(recipe, best.candidate)) if best else (),

@@ -21,7 +21,7 @@ from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
 from autotune.hf.training_args import TUNED, merge, recipe
 from autotune.tuning.parity import reference_for
-from autotune.tuning.selection import fitting, ranked, select_best
+from autotune.tuning.selection import fitting, ranked, select_for, unverified_note
 
 
 def sidecar_path(output: Path) -> Path:
@@ -102,7 +102,7 @@ def export_best(
         )
     summary = {
         **_summary(record, spec, study_name, runners_up, objective),
-        "parity": parity_summary(record, reference_for(spec, all_records, parity), parity),
+        "parity": parity_summary(record, spec, all_records, parity),
         "arguments": arguments,
         "your_arguments": spec.kept_arguments,  # written back from --base-args
         "model_arguments": model_arguments(record.candidate),
@@ -135,12 +135,7 @@ def export_selected(
     parity: ParityState | None = None,
 ) -> TrialRecord | None:
     """Select the best of a study's records and export it; None when nothing fits."""
-    best = select_best(
-        records,
-        fit_limit_bytes=spec.fit_limit_bytes,
-        train_steps=spec.train_steps,
-        objective=objective,
-    )
+    best = select_for(spec, records, objective)
     if best is None:
         return None
     others = [r for r in ranked(fitting(records, spec.fit_limit_bytes)) if r != best][:3]
@@ -160,10 +155,15 @@ def export_selected(
 
 
 def parity_summary(
-    record: TrialRecord, reference: Candidate, state: ParityState | None
+    record: TrialRecord,
+    spec: SearchSpec,
+    records: Sequence[TrialRecord],
+    state: ParityState | None,
 ) -> dict[str, Any]:
     """What the exported config changes against the user's recipe, split into what keeps
-    the arithmetic of training and what alters it, with the parity verdict on the latter."""
+    the arithmetic of training and what alters it, with the parity verdict on the latter,
+    and why a change parity did not verify was exported anyway (its significant gain)."""
+    reference = reference_for(spec, records, state)
     found = changes(reference, record.candidate)
     parity = record.parity
     return {
@@ -172,6 +172,7 @@ def parity_summary(
         "alters_arithmetic": [c.describe() for c in found if not c.keeps_arithmetic],
         "status": str(parity.status) if parity else "unchecked",
         "verdict": parity.figures() if parity else NOT_CHECKED,
+        "unverified_gain": unverified_note(spec, records, record),
         "tolerance": state.tolerance.describe() if state and state.tolerance else None,
         "steps": state.steps if state else None,
     }

@@ -63,7 +63,7 @@ def _headline(found: Insight, spec: SearchSpec) -> str:
     ratio = speed_ratio(best.result, ref.result) if ref and ref.number != best.number else None
     if ref is not None and ratio is not None:
         versus = (
-            f" = <b>{html.escape(ratio.describe())}</b> the plain default's speed (trial "
+            f" = <b>{html.escape(ratio.describe())}</b> the speed of {found.reference_name} (trial "
             f"{ref.number}, {ref.result.samples_per_s:.2f} samples/s)"
         )
     ties = [n for n in found.ties if n != best.number]
@@ -71,7 +71,8 @@ def _headline(found: Insight, spec: SearchSpec) -> str:
     if ties:
         tie = (
             f"<p>Trials {', '.join(map(str, ties))} tie with it within the measurement "
-            f"noise (±{100 * found.band:.0f}%); among ties the least memory wins.</p>"
+            f"noise (±{100 * found.band:.0f}%); among ties one that keeps your recipe's "
+            "precision and optimizer wins, then the least memory.</p>"
         )
     return (
         f"<p class='big'><b>Selected: trial {best.number}</b>, "

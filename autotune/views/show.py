@@ -16,7 +16,7 @@ from autotune.core.trial import TrialRecord
 from autotune.core.units import format_size
 from autotune.hf.training_args import study_arguments
 from autotune.tuning.estimate import predicted_peak, process_bytes
-from autotune.tuning.selection import ranked, select_best
+from autotune.tuning.selection import ranked, select_for
 
 GIB = float(2**30)
 
@@ -83,12 +83,7 @@ def _as_loaded(record: TrialRecord) -> str:
 def trial_rows(
     records: Sequence[TrialRecord], spec: SearchSpec, objective: Objective
 ) -> list[TrialRow]:
-    best = select_best(
-        records,
-        fit_limit_bytes=spec.fit_limit_bytes,
-        train_steps=spec.train_steps,
-        objective=objective,
-    )
+    best = select_for(spec, records, objective)
     rows = []
     process = process_bytes(spec.device.kind, records)
     for record in ranked(records):
@@ -225,7 +220,9 @@ def print_table(
     elif objective == Objective.THROUGHPUT:
         console.print(
             "samples/s, tokens/s: at the median step. The * ranks first by the quiet step (a "
-            "probe's lower quartile: a busy host slows it least), ties going to the smaller peak"
+            "probe's lower quartile: a busy host slows it least), ties going to one that keeps "
+            "your recipe's precision and optimizer, then to the smaller peak; a change of "
+            "them that parity did not verify only where it is significantly faster"
         )
     for line in lever_lines(spec):
         console.print(line)

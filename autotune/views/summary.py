@@ -56,7 +56,7 @@ def versus_line(outcome: SearchOutcome) -> list[str]:
     if default is None or ratio is None:
         return []
     return [
-        f"{ratio.describe()} the speed of the plain default (trial {default.number}, "
+        f"{ratio.describe()} the speed of {outcome.baseline} (trial {default.number}, "
         f"{default.candidate.describe()}: {default.result.samples_per_s:.2f} samples/s)"
     ]
 
@@ -74,6 +74,8 @@ def change_lines(parity: dict[str, object]) -> list[str]:
     if altered:
         lines.append(f"  alters the arithmetic: {'; '.join(altered)}")
         lines.append(f"  training parity: {parity['verdict']}")
+    if parity.get("unverified_gain"):
+        lines.append(f"  {parity['unverified_gain']}")
     return lines
 
 
@@ -102,6 +104,7 @@ def _versus(outcome: SearchOutcome) -> dict[str, object] | None:
     if ratio is None or default is None:
         return None
     return {
+        "against": outcome.baseline,
         "trial": default.number,
         "config": default.candidate.describe(),
         "ratio": round(ratio.value, 3),

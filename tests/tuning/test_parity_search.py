@@ -212,3 +212,18 @@ def test_the_reference_run_trains_the_quickest_measured_config_of_the_recipes_ar
     check._judge(state, cand(8, "bf16"))
     assert trained["reference"] == fused
     assert trained["bf16-adamw_torch"] == cand(8, "bf16")
+
+
+def test_the_headline_compares_with_their_recipe_where_it_was_measured() -> None:
+    import dataclasses
+
+    from autotune.tuning.parity import baseline
+
+    records = [rec(0, cand(8), sps=10.0), rec(1, cand(16, "bf16"), sps=14.0)]
+    assert baseline(SPEC, records, None) == (records[0], "the plain default")
+    theirs = dataclasses.replace(
+        SPEC, recipe_settings={"bf16": True, "per_device_train_batch_size": 16}
+    )
+    assert baseline(theirs, records, None) == (records[1], "your recipe")
+    # their recipe not measured (or not fitting): the plain default, named as such
+    assert baseline(theirs, records[:1], None) == (records[0], "the plain default")

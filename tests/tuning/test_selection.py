@@ -1,10 +1,15 @@
 from __future__ import annotations
 
-import pytest
-from helpers import GIB, cand, rec
+import dataclasses
+import statistics
 
-from autotune.core.trial import Outcome, TrialRecord
-from autotune.tuning.selection import noise_band, ranked, select_best
+import pytest
+from helpers import GIB, SPACE, SPEC, cand, rec
+
+from autotune.core.enums import Precision
+from autotune.core.parity import Arithmetic, Parity, Status
+from autotune.core.trial import Candidate, Outcome, TrialRecord
+from autotune.tuning.selection import noise_band, ranked, select_best, unverified_note
 
 LIMIT = 4 * GIB
 
@@ -100,3 +105,48 @@ def test_with_the_users_run_length_the_quickest_to_finish_it_wins() -> None:
     assert select_best(records, fit_limit_bytes=8 * GIB, train_steps=100) == plain
     assert select_best(records, fit_limit_bytes=8 * GIB, train_steps=10_000) == compiled
     assert compiled.result.time_to_finish_s(100) == pytest.approx(68.0)
+
+
+def _timed(
+    number: int, candidate: Candidate, step_s: tuple[float, ...], peak_gib: float
+) -> TrialRecord:
+    """A record whose speed is its steps' (a global batch of 16 samples a step)."""
+    record = rec(number, candidate, sps=16 / statistics.median(step_s), peak_gib=peak_gib)
+    result = dataclasses.replace(
+        record.result, step_times_s=step_s, step_time_median_s=statistics.median(step_s)
+    )
+    return dataclasses.replace(record, result=result)
+
+
+RECIPE = Arithmetic(Precision.FP32, "adamw_torch")
+BF16_FUSED = SPACE.candidate(8, "bf16", False, "adamw_torch_fused")
+
+
+def test_a_tie_keeps_the_recipes_arithmetic_then_the_least_memory() -> None:
+    yours = _timed(0, cand(8), (1.00, 1.02, 0.98, 1.01, 0.99), peak_gib=2.0)
+    bf16 = _timed(1, BF16_FUSED, (0.99, 1.01, 0.98, 1.00, 1.02), peak_gib=1.0)  # a hair faster
+    assert select_best([yours, bf16], fit_limit_bytes=LIMIT).number == 1  # least memory
+    assert select_best([yours, bf16], fit_limit_bytes=LIMIT, recipe=RECIPE).number == 0
+
+
+def test_an_unchecked_change_is_exported_only_when_significantly_faster() -> None:
+    yours = _timed(0, cand(8), (1.00, 1.10, 0.95, 1.05, 1.00), peak_gib=2.0)
+    # 10% faster by the medians, but the ranges of their steps overlap: not significant
+    close = _timed(1, BF16_FUSED, (0.90, 1.00, 0.86, 0.95, 0.91), peak_gib=2.0)
+    assert select_best([yours, close], fit_limit_bytes=LIMIT).number == 1
+    assert select_best([yours, close], fit_limit_bytes=LIMIT, recipe=RECIPE).number == 0
+    # twice as fast, every step: its gain holds whatever the noise
+    far = _timed(2, BF16_FUSED, (0.50, 0.52, 0.49, 0.51, 0.50), peak_gib=2.0)
+    assert select_best([yours, far], fit_limit_bytes=LIMIT, recipe=RECIPE).number == 2
+    # verified by parity, the close one wins as the faster, as any config would
+    ok = dataclasses.replace(close, parity=Parity(Status.OK))
+    assert select_best([yours, ok], fit_limit_bytes=LIMIT, recipe=RECIPE).number == 1
+
+
+def test_the_export_says_why_an_unverified_change_was_taken() -> None:
+    yours = _timed(0, cand(8), (1.00, 1.10, 0.95, 1.05, 1.00), peak_gib=2.0)
+    far = _timed(2, BF16_FUSED, (0.50, 0.52, 0.49, 0.51, 0.50), peak_gib=2.0)
+    line = unverified_note(SPEC, [yours, far], far)
+    assert line.startswith("exported without verified parity for its gain: 2.0")
+    assert "trial 0 (batch 8x2 fp32 no-ckpt adamw_torch), the best that keeps" in line
+    assert unverified_note(SPEC, [yours, far], yours) == ""
