@@ -69,7 +69,9 @@ def rec(
         samples_per_s=sps if outcome == Outcome.OK else None,
         peak_memory_bytes=int(peak_gib * GIB) if peak_gib is not None else None,
         step_time_spread=spread,
-        step_times_s=(0.1,) * steps,
+        # steps as long as the speed says (one sample a step): ratios between records
+        # are their speeds'
+        step_times_s=(1.0 / sps if sps else 0.1,) * steps,
     )
     return TrialRecord(number, candidate, result)
 

@@ -300,7 +300,7 @@ class SearchRun:
             steps = self.spec.warmup_steps + self.limits.confirm_steps
             # and then what the headline ratio is taken against (their recipe, or the
             # plain default)
-            default, _ = baseline(self.spec, pool, self.store.parity())
+            default, _ = baseline(self.spec, pool, None)
             wanted = finalists[: self.limits.confirm_top]
             if default is not None and default.number not in {r.number for r in wanted}:
                 wanted.append(default)
