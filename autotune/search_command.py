@@ -203,11 +203,12 @@ def _outcome(
     spec: SearchSpec,
 ) -> SearchOutcome:
     """What the search hands back: the export, what it changed against your recipe and
-    its speed over the plain default; raises when nothing fits."""
+    its speed over your recipe as measured (else the plain default); raises when nothing
+    fits."""
     if best is None:
         raise nothing_fits(records, spec)
     changed = parity_summary(best, spec, records, parity)
-    default, name = baseline(spec, records, parity)
+    default, against = baseline(spec, records, parity)
     ratio = speed_ratio(best.result, default.result) if default and default != best else None
     return SearchOutcome(
         name,
@@ -218,10 +219,10 @@ def _outcome(
         report.stop_reason,
         changed,
         spec.train_steps,
-        default,
-        ratio,
-        name,
-        spec.model.args_class,
+        default=default,
+        versus_default=ratio,
+        baseline=against,
+        args_class=spec.model.args_class,
     )
 
 

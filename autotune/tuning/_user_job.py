@@ -150,14 +150,29 @@ def held_in(job: JobFacts | None) -> str:
     return next((k for k in narrow if "bit" in k), narrow[0] if narrow else "")
 
 
-def own_optimizer_note(job: JobFacts | None) -> str:
-    """Why the optimizer is not searched, when the user's Trainer brings its own."""
-    if job is None or not job.own_optimizer:
-        return ""
-    return (
-        f"your factory builds the Trainer with its own {job.own_optimizer} (optimizers=): "
-        "every probe trains it whatever optim says, so optim is not searched"
-    )
+def fixed_by_job(job: JobFacts | None, checkpointing_why: str) -> list[tuple[str, str]]:
+    """What of the classic dimensions the user's job rules out, each with why, as the
+    space's "not offered" list holds it: checkpointing off (`checkpointing_why`), fp32
+    on weights not held in 32 bits, the optimizer when their Trainer brings its own."""
+    fixed = [(NO_CHECKPOINTING, checkpointing_why)] if checkpointing_why else []
+    if job is not None and job.own_optimizer:
+        fixed.append(
+            (
+                NO_OPTIMIZERS,
+                f"your factory builds the Trainer with its own {job.own_optimizer} "
+                "(optimizers=): every probe trains it whatever optim says, so optim is not "
+                "searched",
+            )
+        )
+    if held := held_in(job):
+        fixed.append(
+            (
+                NO_FP32,
+                f"your job holds its weights in {held}: without autocast they compute in "
+                "that, so those runs are called as-loaded",
+            )
+        )
+    return fixed
 
 
 def job_profile(job: JobFacts | None) -> dict[str, Any]:

@@ -33,9 +33,7 @@ from autotune.hf.training_args import (
 from autotune.system.devices import cuda_device_count, detect_device
 from autotune.tuning._user_job import (
     FIXED_BY_JOB,
-    NO_CHECKPOINTING,
-    NO_FP32,
-    NO_OPTIMIZERS,
+    fixed_by_job,
     held_in,
     job_checkpointing,
     job_counts,
@@ -43,7 +41,6 @@ from autotune.tuning._user_job import (
     job_optimizers,
     job_profile,
     job_recipe,
-    own_optimizer_note,
     survey,
     unmeasured,
 )
@@ -198,18 +195,6 @@ def _space(
     )
     asked = tuple(c == "on" for c in o.checkpointing) if o.checkpointing else None
     checkpointing, fixed_why = job_checkpointing(asked, job)
-    held = held_in(job)
-    fixed = [(NO_CHECKPOINTING, fixed_why)] if fixed_why else []
-    if own := own_optimizer_note(job):
-        fixed.append((NO_OPTIMIZERS, own))
-    if held:
-        fixed.append(
-            (
-                NO_FP32,
-                f"your job holds its weights in {held}: without autocast they compute in "
-                "that, so those runs are called as-loaded",
-            )
-        )
     installed = available_optimizers()
     optimizers = job_optimizers(o.optimizers, installed, recipe, job) if job else o.optimizers
     return derive_space(
@@ -221,8 +206,8 @@ def _space(
         samplings=SAMPLINGS if dataset else (str(recipe.get("train_sampling_strategy", "random")),),
         installed_optimizers=installed,
         levers=levers,
-        not_offered=(*not_offered, *fixed),
-        held_in=held,
+        not_offered=(*not_offered, *fixed_by_job(job, fixed_why)),
+        held_in=held_in(job),
     )
 
 
