@@ -38,6 +38,7 @@ from autotune.tuning.parity import ParityCheck, baseline, parity_stop, reference
 from autotune.tuning.selection import (
     fitting,
     incumbent_cost,
+    keeping_twin,
     ranked,
     select_for,
     verdict,
@@ -182,13 +183,19 @@ class SearchRun:
     def _proposal(
         self, recs: list[TrialRecord], busy: dict[Candidate, int], over: Verdictor
     ) -> Proposal | None:
-        """--sampler model: the open config the model of step time finds most promising."""
+        """--sampler model: the open config the model of step time finds most promising;
+        first, where the best so far changes the recipe's arithmetic unverified, the same
+        config with the recipe's precision and optimizer, which a tie would go to."""
         if not self.limits.propose:
             return None
+        opened = open_candidates(self.spec.space, recs, over, busy)
+        twin = keeping_twin(self.spec, recs)
+        if twin is not None and twin in opened:
+            return Proposal(twin)
         return next_config(
             self.spec,
             recs,
-            open_candidates(self.spec.space, recs, over, busy),
+            opened,
             fits=over.fits,
             concurrent=self.limits.concurrent,
             objective=self.limits.objective,

@@ -8,6 +8,7 @@ significantly faster than the best config that keeps the recipe's arithmetic."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from autotune.core.enums import Objective, Outcome, Precision
@@ -165,6 +166,20 @@ def unverified_note(spec: SearchSpec, records: Sequence[TrialRecord], chosen: Tr
         f"exported without verified parity for its gain: {gain} the speed of trial "
         f"{other.number} ({other.candidate.describe()}), the best that keeps your arithmetic"
     )
+
+
+def keeping_twin(spec: SearchSpec, records: Sequence[TrialRecord]) -> Candidate | None:
+    """The best so far with the recipe's precision and optimizer, where the best changes
+    them and parity has not verified that: the config a tie would go to, measured beside
+    it so that the gain of the change is weighed against its own batch split and levers,
+    not against whichever arithmetic-keeping config happened to be probed."""
+    best = select_for(spec, records)
+    recipe = recipe_arithmetic(spec)
+    if best is None or verified(best, recipe):
+        return None
+    optim = str(spec.recipe_settings.get("optim", "adamw_torch"))
+    twin = dataclasses.replace(best.candidate, precision=recipe.precision, optim=optim)
+    return twin if Arithmetic.of(twin) == recipe else None
 
 
 def recipe_arithmetic(spec: SearchSpec) -> Arithmetic:

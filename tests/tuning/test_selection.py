@@ -150,3 +150,22 @@ def test_the_export_says_why_an_unverified_change_was_taken() -> None:
     assert line.startswith("exported without verified parity for its gain: 2.0")
     assert "trial 0 (batch 8x8 fp32 no-ckpt adamw_torch), the best that keeps" in line
     assert unverified_note(SPEC, [yours, far], yours) == ""
+
+
+def test_an_unverified_best_has_its_arithmetic_keeping_twin_probed_next() -> None:
+    """The tie and the significance rules weigh a change against the best config that
+    keeps the arithmetic: the best's own split and levers with the recipe's precision
+    and optimizer is the one to measure."""
+    from autotune.tuning._skips import open_candidates
+    from autotune.tuning.selection import keeping_twin
+
+    spec = dataclasses.replace(SPEC, memory_budget_bytes=8 * GIB)
+    yours = _timed(0, cand(8), (1.0,) * 5, peak_gib=2.0)
+    fast = _timed(1, SPACE.candidate(32, "bf16", True, "adamw_torch"), (0.5,) * 5, peak_gib=2.0)
+    twin = keeping_twin(spec, [yours, fast])
+    assert twin == SPACE.candidate(32, "fp32", True, "adamw_torch")
+    assert twin in open_candidates(spec.space, [yours, fast])  # the search probes it next
+    measured = _timed(2, twin, (0.6,) * 5, peak_gib=2.0)
+    assert twin not in open_candidates(spec.space, [yours, fast, measured])  # once
+    verified = dataclasses.replace(fast, parity=Parity(Status.OK))
+    assert keeping_twin(spec, [yours, verified]) is None
