@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
+from typing import Any
 
 from autotune.core.device import DeviceInfo
 from autotune.core.space import SearchSpace
@@ -87,3 +89,43 @@ def word_tokenizer(folder: Path, words: list[str]) -> Path:
     wrapped = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>")
     wrapped.save_pretrained(str(folder))
     return folder
+
+
+def _tiny_llama(folder: str) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+    )
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+
+
+def loaded_llama(quantized: bool) -> Any:
+    """A checkpoint saved in bf16, loaded as a (Q)LoRA script loads it: 4-bit NF4 and
+    prepared for k-bit training, or in its stored dtype; LoRA on every linear layer."""
+    import torch
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import BitsAndBytesConfig, LlamaForCausalLM
+
+    with tempfile.TemporaryDirectory() as folder:
+        _tiny_llama(folder)
+        if quantized:
+            q = BitsAndBytesConfig(
+                load_in_4bit=True,
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_compute_dtype=torch.bfloat16,
+                bnb_4bit_use_double_quant=True,
+            )
+            model = LlamaForCausalLM.from_pretrained(
+                folder, quantization_config=q, device_map="cpu"
+            )
+            model = prepare_model_for_kbit_training(model)
+        else:
+            model = LlamaForCausalLM.from_pretrained(folder)
+    return get_peft_model(model, LoraConfig(r=4, target_modules="all-linear"))

@@ -4,57 +4,15 @@ and the data's lengths (read as Arrow, not as Python lists)."""
 
 from __future__ import annotations
 
-import tempfile
-from typing import Any
-
 import pytest
+from helpers import loaded_llama
 
 from autotune.hf.job import checkpointing, held_dtypes, quantization_settings, sample_lengths
 from autotune.hf.models import parameter_count
 
 
-def _tiny_llama(folder: str) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=64,
-    )
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
-
-
-def _loaded(quantized: bool) -> Any:
-    """A checkpoint saved in bf16, loaded as a (Q)LoRA script loads it: 4-bit NF4 and
-    prepared for k-bit training, or in its stored dtype; LoRA on every linear layer."""
-    import torch
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-    from transformers import BitsAndBytesConfig, LlamaForCausalLM
-
-    with tempfile.TemporaryDirectory() as folder:
-        _tiny_llama(folder)
-        if quantized:
-            q = BitsAndBytesConfig(
-                load_in_4bit=True,
-                bnb_4bit_quant_type="nf4",
-                bnb_4bit_compute_dtype=torch.bfloat16,
-                bnb_4bit_use_double_quant=True,
-            )
-            model = LlamaForCausalLM.from_pretrained(
-                folder, quantization_config=q, device_map="cpu"
-            )
-            model = prepare_model_for_kbit_training(model)
-        else:
-            model = LlamaForCausalLM.from_pretrained(folder)
-    return get_peft_model(model, LoraConfig(r=4, target_modules="all-linear"))
-
-
 def test_a_bf16_checkpoint_is_held_in_bf16_with_fp32_adapters() -> None:
-    model = _loaded(quantized=False)
+    model = loaded_llama(quantized=False)
     held = held_dtypes(model)
     assert set(held) == {"frozen bfloat16", "trainable float32"}
     counted = parameter_count(model)
@@ -64,7 +22,7 @@ def test_a_bf16_checkpoint_is_held_in_bf16_with_fp32_adapters() -> None:
 
 
 def test_a_4bit_base_is_read_with_its_quantization_and_forced_checkpointing() -> None:
-    base = _loaded(quantized=True).get_base_model()
+    base = loaded_llama(quantized=True).get_base_model()
     assert quantization_settings(base) == {
         "method": "bitsandbytes",
         "bits": 4,

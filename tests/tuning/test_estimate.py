@@ -4,7 +4,7 @@ import dataclasses
 from typing import Any
 
 import pytest
-from helpers import GIB, SPEC, cand, rec
+from helpers import GIB, SPEC, cand, loaded_llama, rec
 
 from autotune.core.errors import UsageError
 from autotune.hf.models import ParameterCount, count_parameters, resolve_model
@@ -265,8 +265,15 @@ def test_gradients_and_state_are_never_charged_to_frozen_parameters() -> None:
 def test_a_4bit_base_is_held_at_about_half_a_byte_a_parameter() -> None:
     """A real 4-bit NF4 base on the CPU (bitsandbytes), prepared for k-bit training and
     wrapped in LoRA, as a QLoRA script builds it."""
-    counted, held = _qlora_counts()
-    assert 0.5 <= held["bytes_per_4bit"] <= 0.6  # packed weights and their absmax
+    import torch
+
+    from autotune.hf.models import held_bytes, parameter_count
+
+    model = loaded_llama(quantized=True)
+    packed = [p for p in model.parameters() if getattr(p, "quant_state", None) is not None]
+    elements = sum(int(torch.Size(p.quant_state.shape).numel()) for p in packed)
+    assert 0.5 <= sum(map(held_bytes, packed)) / elements <= 0.6  # packed weights, absmax
+    counted = parameter_count(model)
     assert counted.frozen_bytes < 0.7 * (counted.total - counted.trainable) * 2  # < bf16's
 
 
@@ -274,35 +281,3 @@ def _held(counted: ParameterCount) -> dict[str, int]:
     """What the estimate takes of a count besides the total."""
     keys = ("embedding", "trainable", "frozen_bytes")
     return {k: getattr(counted, k) for k in keys}
-
-
-def _qlora_counts() -> tuple[ParameterCount, dict[str, float]]:
-    import tempfile
-
-    import torch
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-    from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
-
-    from autotune.hf.models import held_bytes, parameter_count
-
-    config = LlamaConfig(
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=64,
-    )
-    with tempfile.TemporaryDirectory() as folder:
-        LlamaForCausalLM(config).save_pretrained(folder)
-        quantized = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16
-        )
-        model = LlamaForCausalLM.from_pretrained(
-            folder, quantization_config=quantized, device_map="cpu"
-        )
-    model = prepare_model_for_kbit_training(model)
-    model = get_peft_model(model, LoraConfig(r=8, target_modules="all-linear"))
-    packed = [p for p in model.parameters() if getattr(p, "quant_state", None) is not None]
-    elements = sum(int(torch.Size(p.quant_state.shape).numel()) for p in packed)
-    return parameter_count(model), {"bytes_per_4bit": sum(map(held_bytes, packed)) / elements}
