@@ -57,7 +57,8 @@ def survey(request: dict[str, Any]) -> dict[str, Any]:
     fields = {k: v for k, v in request["fields"].items() if k in known}
     ckpt = checkpointing_field()
     with tempfile.TemporaryDirectory(prefix="autotune-survey-") as scratch:
-        recipe = _recipe(cls, request.get("recipe", {}), scratch, ckpt)
+        theirs = {k: v for k, v in request.get("recipe", {}).items() if k in known}
+        recipe = _recipe(cls, theirs, scratch, ckpt)
         # checkpointing off, as a candidate without it asks: a factory that turns it on
         # itself (prepare_model_for_kbit_training) is seen doing so
         own = {"output_dir": scratch, "report_to": "none", "max_steps": 1, ckpt: False}
@@ -70,7 +71,15 @@ def survey(request: dict[str, Any]) -> dict[str, Any]:
 
 # The fields of a recipe the search tunes, read from the user's arguments as their class
 # builds them: SFTConfig's own defaults (bf16, gradient checkpointing) included
-RECIPE_FIELDS = ("bf16", "fp16", "tf32", "optim", "train_sampling_strategy")
+RECIPE_FIELDS = (
+    "bf16",
+    "fp16",
+    "tf32",
+    "optim",
+    "train_sampling_strategy",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+)
 
 
 def _recipe(cls: Any, fields: dict[str, Any], scratch: str, ckpt: str) -> dict[str, Any]:
