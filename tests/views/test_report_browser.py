@@ -51,5 +51,7 @@ def test_the_report_renders_with_the_winner_and_no_broken_image(tmp_path: Path) 
         check=False,
     )
     assert "<title>images 3</title>" in dom.stdout, dom.stdout[:300] + dom.stderr[-500:]
-    assert "Selected: trial 7" in dom.stdout and "the plain default" in dom.stdout
+    # trial 1 (fp32, fused AdamW: the default's arithmetic) ties with trial 7 (bf16, 3%
+    # faster within ±12% noise, 0.1 GiB less): a tie keeps the recipe's arithmetic
+    assert "Selected: trial 1" in dom.stdout and "the plain default" in dom.stdout
     assert "--merge-into your_args.json" in dom.stdout
