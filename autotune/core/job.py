@@ -24,7 +24,6 @@ class JobFacts:
     embedding: int
     largest: int
     adapter: dict[str, Any] = dataclasses.field(default_factory=dict)  # PEFT's config
-    quantized: str = ""  # "4-bit (bitsandbytes)"; "": full-precision weights
     longest: int | None = None  # tokens in its longest sample; None: it has no input_ids
     per_device_train_batch_size: int = 8  # from the arguments the factory was given
     gradient_accumulation_steps: int = 1

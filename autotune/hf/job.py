@@ -1,5 +1,6 @@
-"""Reading a built Trainer: what its model trains (PEFT adapters, a quantized base),
-and its train dataset's lengths, so that probes can measure on the longest samples."""
+"""Reading a built Trainer: what its model trains and holds (PEFT adapters, each
+parameter's dtype or quantization, checkpointing it turned on itself), and its train
+dataset's lengths, so that probes can measure on the longest samples."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from autotune.hf.factory import class_name
 from autotune.hf.models import detect_task, parameter_count, parameter_elements
 
 
-def job_facts(trainer: Any, *, checkpointing_asked: bool = False) -> JobFacts:
-    """What the factory built, read off the Trainer it returned (`checkpointing_asked`:
-    whether the arguments it was given turn activation checkpointing on)."""
+def job_facts(trainer: Any) -> JobFacts:
+    """What the factory built, read off the Trainer it returned, built on arguments with
+    activation checkpointing off (the survey's): checkpointing on in the model is the
+    factory's own doing."""
     model = trainer.model
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = base.config.to_dict()
@@ -30,7 +32,6 @@ def job_facts(trainer: Any, *, checkpointing_asked: bool = False) -> JobFacts:
         task=str(detect_task({**config, "architectures": [type(base).__name__]}) or ""),
         config=config,
         adapter=adapter_config(model),
-        quantized=quantization(base),
         longest=max(lengths) if lengths else None,
         per_device_train_batch_size=int(args.per_device_train_batch_size),
         gradient_accumulation_steps=int(args.gradient_accumulation_steps),
@@ -42,7 +43,7 @@ def job_facts(trainer: Any, *, checkpointing_asked: bool = False) -> JobFacts:
         held=held_dtypes(model),
         frozen_bytes=counted.frozen_bytes,
         quantization=quantization_settings(base),
-        forced_checkpointing=bool(checkpointing(base)) and not checkpointing_asked,
+        forced_checkpointing=checkpointing(base),
         samples=_length(trainer.train_dataset),
         own_optimizer=type(trainer.optimizer).__name__ if trainer.optimizer is not None else "",
         tokens=sum(lengths) if lengths else None,
@@ -108,18 +109,6 @@ def adapter_config(model: Any) -> dict[str, Any]:
         elif not isinstance(value, (int, float, str, list)):
             found[key] = str(getattr(value, "value", value))
     return found
-
-
-def quantization(model: Any) -> str:
-    """How the base weights were loaded, when quantized: "4-bit (bitsandbytes)"."""
-    for bits in (4, 8):
-        if getattr(model, f"is_loaded_in_{bits}bit", False):
-            return f"{bits}-bit (bitsandbytes)"
-    quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None:
-        method = getattr(quantizer.quantization_config, "quant_method", "")
-        return str(getattr(method, "value", method) or type(quantizer).__name__)
-    return ""
 
 
 def _length(dataset: Any) -> int | None:

@@ -65,7 +65,7 @@ def survey(request: dict[str, Any]) -> dict[str, Any]:
         args = cls(**{**fields, **own})
         set_seed(int(request.get("seed", 0)))
         trainer = build_trainer(factory, args)
-        facts = dataclasses.replace(job_facts(trainer, checkpointing_asked=False), recipe=recipe)
+        facts = dataclasses.replace(job_facts(trainer), recipe=recipe)
     return {"facts": json.loads(facts.to_json())}
 
 

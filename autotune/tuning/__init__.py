@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from autotune._exports import lazy_exports
 
 if TYPE_CHECKING:
+    from autotune.tuning._memory_verdict import predicted_peak, process_bytes
     from autotune.tuning.deadline import Deadline
     from autotune.tuning.estimate import Estimate, estimate_rows, static_bytes
     from autotune.tuning.limits import SearchLimits
@@ -52,7 +53,9 @@ __all__ = [
     "nothing_fits",
     "plain_default",
     "plan_for_budget",
+    "predicted_peak",
     "prepare_store",
+    "process_bytes",
     "ranked",
     "ranked_sps",
     "reference_candidate",
@@ -67,6 +70,8 @@ __all__ = [
 
 # each public name, and the module that holds it
 _OWNERS = {
+    "predicted_peak": "autotune.tuning._memory_verdict",
+    "process_bytes": "autotune.tuning._memory_verdict",
     "Deadline": "autotune.tuning.deadline",
     "Estimate": "autotune.tuning.estimate",
     "estimate_rows": "autotune.tuning.estimate",

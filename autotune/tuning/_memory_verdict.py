@@ -17,13 +17,7 @@ from autotune.core.enums import Outcome
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord, TrialResult
 from autotune.core.units import format_size
-from autotune.tuning.estimate import (
-    FAR_OVER,
-    Breakdown,
-    floor_bytes,
-    process_bytes,
-    spec_breakdown,
-)
+from autotune.tuning.estimate import FAR_OVER, PROCESS_BYTES, Breakdown, breakdown, floor_bytes
 
 # An out-of-memory run's peak was above this share of the limit at least: the CPU's
 # limit counts reserved data pages, a few percent above the resident set the peaks count
@@ -115,6 +109,47 @@ def _predictors(spec: SearchSpec, records: Sequence[TrialRecord]) -> tuple[Predi
         predictor(activation_scale(measured, process, spec.fit_limit_bytes)),
         predictor(activation_scale(measured, process)),
     )
+
+
+def spec_breakdown(spec: SearchSpec, candidate: Candidate) -> Breakdown:
+    """The analytic terms of a candidate of this study: its job as held, its lengths."""
+    return breakdown(
+        spec.parameters,
+        spec.model.config,
+        spec.model.task,
+        candidate,
+        spec.seq_len,
+        spec.target_len,
+        spec.nproc_per_node,
+        spec.embedding_parameters,
+        spec.largest_parameter,
+        spec.device.kind,
+        spec.trainable_parameters,
+        spec.frozen_bytes,
+    )
+
+
+def process_bytes(device_kind: str, records: Sequence[TrialRecord]) -> int:
+    """What a probe process holds before training: the median its probes measured (CUDA:
+    the context, 676 MiB on an H100 where the typical figure says 600; CPU: the
+    resident set after the imports), else the typical figure."""
+    key = "context_bytes" if device_kind == "cuda" else "rss_bytes"
+    seen = sorted(
+        int(value)
+        for r in records
+        if isinstance(value := r.result.baseline.get(key), int | float) and value > 0
+    )
+    return seen[len(seen) // 2] if seen else PROCESS_BYTES.get(device_kind, 0)
+
+
+def predicted_peak(spec: SearchSpec, candidate: Candidate, process_bytes: int) -> int | None:
+    """The analytic estimate of a candidate's peak, before any probe refines it: what the
+    process holds, the weights as held, gradients and state for what trains, and the
+    larger of the activations and the step's temporaries. None when the job's parameters
+    are unknown."""
+    if not spec.parameters:
+        return None
+    return process_bytes + spec_breakdown(spec, candidate).total
 
 
 def activation_scale(

@@ -14,8 +14,7 @@ from typing import Any
 from autotune.core.enums import Task
 from autotune.core.errors import UsageError
 from autotune.core.space import SearchSpace
-from autotune.core.spec import SearchSpec
-from autotune.core.trial import Candidate, ModelSpec, TrialRecord
+from autotune.core.trial import Candidate, ModelSpec
 from autotune.core.units import format_size
 from autotune.hf.models import ParameterCount
 from autotune.hf.sharding import shards
@@ -249,47 +248,6 @@ def breakdown(
         if frozen
         else embedding_grad_bytes(config, task, largest, candidate.gradient_accumulation_steps),
     )
-
-
-def spec_breakdown(spec: SearchSpec, candidate: Candidate) -> Breakdown:
-    """The analytic terms of a candidate of this study: its job as held, its lengths."""
-    return breakdown(
-        spec.parameters,
-        spec.model.config,
-        spec.model.task,
-        candidate,
-        spec.seq_len,
-        spec.target_len,
-        spec.nproc_per_node,
-        spec.embedding_parameters,
-        spec.largest_parameter,
-        spec.device.kind,
-        spec.trainable_parameters,
-        spec.frozen_bytes,
-    )
-
-
-def process_bytes(device_kind: str, records: Sequence[TrialRecord]) -> int:
-    """What a probe process holds before training: the median its probes measured (CUDA:
-    the context, 676 MiB on an H100 where the typical figure says 600; CPU: the
-    resident set after the imports), else the typical figure."""
-    key = "context_bytes" if device_kind == "cuda" else "rss_bytes"
-    seen = sorted(
-        int(value)
-        for r in records
-        if isinstance(value := r.result.baseline.get(key), int | float) and value > 0
-    )
-    return seen[len(seen) // 2] if seen else PROCESS_BYTES.get(device_kind, 0)
-
-
-def predicted_peak(spec: SearchSpec, candidate: Candidate, process_bytes: int) -> int | None:
-    """The analytic estimate of a candidate's peak, before any probe refines it: what the
-    process holds, the weights as held, gradients and state for what trains, and the
-    larger of the activations and the step's temporaries. None when the job's parameters
-    are unknown."""
-    if not spec.parameters:
-        return None
-    return process_bytes + spec_breakdown(spec, candidate).total
 
 
 def floor_bytes(

@@ -15,7 +15,7 @@ from autotune.core.spec import SearchSpec
 from autotune.core.trial import TrialRecord
 from autotune.core.units import format_size
 from autotune.hf.training_args import study_arguments
-from autotune.tuning.estimate import predicted_peak, process_bytes
+from autotune.tuning import predicted_peak, process_bytes
 from autotune.tuning.selection import ranked, select_for
 
 GIB = float(2**30)

@@ -8,8 +8,13 @@ import pytest
 from helpers import GIB, SPEC, cand, rec
 
 from autotune.core.trial import Outcome, TrialRecord, TrialResult
-from autotune.tuning._memory_verdict import OOM_SLACK, activation_scale, far_over_budget
-from autotune.tuning.estimate import PROCESS_BYTES, Breakdown, process_bytes
+from autotune.tuning._memory_verdict import (
+    OOM_SLACK,
+    activation_scale,
+    far_over_budget,
+    process_bytes,
+)
+from autotune.tuning.estimate import PROCESS_BYTES, Breakdown
 
 
 def test_activation_scale_is_the_most_optimistic_fit() -> None:
