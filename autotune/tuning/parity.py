@@ -54,12 +54,12 @@ def reference_candidate(spec: SearchSpec, records: Sequence[TrialRecord]) -> Can
     the largest that fits) only when it was measured out of memory. Per process, as the
     study's candidates are."""
     settings = spec.recipe_settings
-    precision = recipe_arithmetic(spec).precision
+    arithmetic = recipe_arithmetic(spec)
+    precision = arithmetic.precision
     optim = str(settings.get("optim", "adamw_torch"))
     ckpt = bool(settings.get(spec.checkpointing_field, False))
     if ckpt not in spec.space.checkpointing:  # their job turns it on whatever they say
         ckpt = spec.space.checkpointing[0]
-    arithmetic = recipe_arithmetic(spec)
     per_process = spec.space.global_batch_size
     micro = settings.get("per_device_train_batch_size")
     if isinstance(micro, int) and per_process % micro == 0:

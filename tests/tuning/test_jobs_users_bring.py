@@ -59,6 +59,18 @@ def _show(folder: Path, study: str) -> list[dict[str, object]]:
     return list(json.loads(shown.stdout)["trials"])
 
 
+def _copy(job: Path, folder: Path) -> Path:
+    """The job's script, model and data in a folder of this test's (no studies)."""
+    shutil.copytree(job.parent, folder, ignore=shutil.ignore_patterns("studies", "runs"))
+    return folder
+
+
+def _load_in_bf16(folder: Path) -> None:
+    """Edit the script's QLoRA factory to load the checkpoint as stored, in bf16."""
+    script = folder / "job.py"
+    script.write_text(script.read_text().replace("BITS = 4", "BITS = 16"))
+
+
 def _train_in_their_script(folder: Path, factory: str, exported: Path, budget: int) -> None:
     """Their script, reading the export with HfArgumentParser, trains a few steps in a
     process of its own under RLIMIT_DATA at the search's budget, Arrow's pool off."""
@@ -119,10 +131,8 @@ def test_a_qlora_job_is_called_what_it_runs_and_its_export_trains_in_their_scrip
 def test_a_lora_job_on_a_bf16_checkpoint_is_estimated_as_held_and_not_called_fp32(
     job: Path, tmp_path: Path
 ) -> None:
-    folder = tmp_path / "bf16"
-    shutil.copytree(job.parent, folder, ignore=shutil.ignore_patterns("studies", "runs"))
-    script = folder / "job.py"
-    script.write_text(script.read_text().replace("BITS = 4", "BITS = 16"))
+    folder = _copy(job, tmp_path / "bf16")
+    _load_in_bf16(folder)
     done = autotune(
         folder,
         "search",
@@ -146,13 +156,11 @@ def test_a_lora_job_on_a_bf16_checkpoint_is_estimated_as_held_and_not_called_fp3
 
 
 def test_a_factory_edited_from_4bit_to_bf16_is_another_search(job: Path, tmp_path: Path) -> None:
-    folder = tmp_path / "edited"
-    shutil.copytree(job.parent, folder, ignore=shutil.ignore_patterns("studies", "runs"))
+    folder = _copy(job, tmp_path / "edited")
     argv = ["search", "--trainer", "job.py:qlora", "--base-args", "qlora.json", *QUICK]
     first = autotune(folder, *argv, "--max-trials", "1", "--study", "mine")
     assert first.returncode == 0, first.stderr[-3000:]
-    script = folder / "job.py"
-    script.write_text(script.read_text().replace("BITS = 4", "BITS = 16"))
+    _load_in_bf16(folder)
     again = autotune(folder, *argv, "--max-trials", "1", "--study", "mine")
     assert again.returncode != 0  # not a resume with the 4-bit job's peaks
     last = again.stderr.strip().splitlines()[-1]
