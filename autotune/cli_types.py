@@ -279,15 +279,16 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         show_default=True,
         help="Train each finalist whose precision or optimizer differs from your recipe "
         "beside it and never export one that learns differently. on: 20-step runs, which "
-        "verify (exploring stops early to leave them time); quick: 4-step checks, which "
-        "catch NaNs and gross divergence but cannot verify, and export such unverified "
-        "configs, saying so; auto: on where the time budget affords it (the search says "
-        "which, after its first probe), else quick; off: skip the check, and say so.",
+        "verify (exploring stops early to leave them time); quick: no runs, the probes' own "
+        "losses (the same batches from the same weights), which catch NaNs and gross "
+        "divergence but cannot verify, and export such unverified configs, saying so; "
+        "auto: on where the time budget affords it (the search says which, after its "
+        "first probes), else quick; off: skip the check, and say so.",
     ),
     click.option(
         "--parity-steps",
         type=click.IntRange(2),
-        help="Optimizer steps of each parity run [default: 20; 4 with --parity quick; "
+        help="Optimizer steps of each parity run [default: 20; none with --parity quick; "
         "with auto, planned by the time budget]. "
         "Fewer than 20 cannot verify a config: within the tolerance it is 'unverified', "
         "exported only with --parity quick.",

@@ -173,7 +173,7 @@ class _Search:
                 explore=self.explore,
                 early=self.early,
             )
-            parity = self.store.parity() if self.limits.parity_steps else None
+            parity = self.store.parity() if self.limits.parity_check else None
             records = list(report.records)
             if parity is None:  # --parity off: verdicts of earlier runs do not apply either
                 records = [dataclasses.replace(r, parity=None) for r in records]

@@ -38,7 +38,6 @@ MAX_TOLERANCE = 0.25  # a noisy twin never widens it past a quarter of the progr
 # within the tolerance is unverified: it rules out a NaN, a collapsing loss scale and a
 # gross divergence, not a drift that grows with the steps.
 CALIBRATED_STEPS = 20
-QUICK_STEPS = 4  # a quick check: catches NaNs, a collapsing loss scale, gross divergence
 # fp16 steps skipped by the loss scaler (its initial calibration included) beyond this
 # share of the run: a collapsing scale
 MAX_SKIPPED = 0.25
@@ -219,6 +218,7 @@ class Parity:
     steps: int = 0
     # unverified, and exported because the user allowed that (--parity quick)
     allowed: bool = False
+    evidence: str = "runs"  # "probes": the probes' own training losses (judge_probes)
 
     @property
     def ratio(self) -> float | None:
@@ -241,9 +241,10 @@ class Parity:
             return f"{self.status}: {self.reason}"
         gap = f", {self.gap:+.1%} of its progress" if self.gap is not None else ""
         tol = f" (tolerance {self.tolerance:.1%})" if self.tolerance is not None else ""
+        steps = f"{self.steps} probe steps" if self.evidence == "probes" else f"{self.steps} steps"
         return (
             f"{self.status}: loss {_num(self.final_loss)} vs reference "
-            f"{_num(self.reference_final_loss)} after {self.steps} steps{gap}{tol}"
+            f"{_num(self.reference_final_loss)} after {steps}{gap}{tol}"
             + (f"; {self.reason}" if self.reason else "")
             + (
                 "; exported unverified (--parity on exports verified configs only)"
@@ -313,6 +314,54 @@ def judge(reference: Curve, run: Curve, tol: Tolerance) -> Parity:
         "learns faster than the reference: a different training, not the same one faster",
         gap,
     )
+
+
+MIN_PROBE_STEPS = 3  # a start and a tail of two: the fewest losses a probe verdict reads
+
+
+def probe_curve(losses: tuple[float, ...], steps: int) -> Curve:
+    """A probe's first `steps` training losses as a curve: (step, the loss its forward
+    pass read before that step's update)."""
+    return Curve(tuple(enumerate(losses[:steps], start=1)), steps=steps)
+
+
+def judge_probes(
+    reference: tuple[float, ...], run: tuple[float, ...], twin: tuple[float, ...] = ()
+) -> tuple[Parity, Tolerance | None]:
+    """The verdict from two probes' own training losses (the reference's arithmetic and
+    a finalist's; `twin`: the reference's arithmetic under another batch split, which
+    calibrates the tolerance), over the steps all of them trained: the same batches
+    from the same weights, so the losses pair step by step.
+
+    A probe is too short to verify a change (and its losses are on the batches it
+    trains on, not held out): within the tolerance it is `unverified`, never `ok`; off
+    it, or NaN, it is `diverged`; too few steps, `unchecked`."""
+    lengths = [len(reference), len(run), *([len(twin)] if len(twin) >= MIN_PROBE_STEPS else [])]
+    steps = min(lengths)
+    if steps < MIN_PROBE_STEPS:
+        short = Parity(
+            Status.UNCHECKED,
+            f"its probes trained {steps} steps; a verdict reads at least {MIN_PROBE_STEPS}",
+            steps=steps,
+            evidence="probes",
+        )
+        return short, None
+    ref = probe_curve(reference, steps)
+    tol = tolerance(ref, probe_curve(twin, steps) if len(twin) >= steps else None)
+    verdict = judge(ref, probe_curve(run, steps), tol)
+    if verdict.status in (Status.OK, Status.UNVERIFIED):
+        verdict = dataclasses.replace(
+            verdict,
+            status=Status.UNVERIFIED,
+            reason=f"a probe's {steps} training steps cannot verify a change; "
+            f"{CALIBRATED_STEPS}-step parity runs can (--parity on)",
+        )
+    elif verdict.status == Status.UNCHECKED:  # the reference barely moved: runs may tell
+        longer = f"{CALIBRATED_STEPS}-step parity runs may tell (--parity on)"
+        verdict = dataclasses.replace(
+            verdict, reason=verdict.reason.replace("raise --parity-steps", longer)
+        )
+    return dataclasses.replace(verdict, evidence="probes"), tol
 
 
 def _unresolved(tol: Tolerance, steps: int) -> str:

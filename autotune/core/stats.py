@@ -80,6 +80,7 @@ def combine(original: TrialResult, confirmations: Sequence[TrialResult]) -> Tria
         if run.outcome != Outcome.OK:
             return run.replace(reason=f"confirmation run: {run.reason or run.outcome.value}")
     every = [original, *confirmations]
+    probe_losses = original.step_losses  # the probe's batches, the ones every probe trains on
     runs = pooled(original, confirmations)
     original = runs[0]
     times = [t for run in runs for t in run.step_times_s]
@@ -104,6 +105,7 @@ def combine(original: TrialResult, confirmations: Sequence[TrialResult]) -> Tria
         step_times_s=tuple(times),
         peak_memory_bytes=max(peaks) if peaks else None,
         final_loss=confirmations[-1].final_loss,
+        step_losses=probe_losses,
         model_flops_per_s=flops_per_sample * samples_per_s if flops_per_sample else None,
         pooled_runs=sum(run.pooled_runs for run in runs),
     )

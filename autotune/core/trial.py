@@ -219,6 +219,9 @@ class TrialResult:
     baseline: dict[str, Any] = dataclasses.field(default_factory=dict)
     # A parity run: the held-out loss at each evaluated step, (step, loss)
     curve: tuple[tuple[int, float], ...] = ()
+    # A probe: each optimizer step's training loss (the same batches in every probe of a
+    # study, from the same weights: its own parity evidence)
+    step_losses: tuple[float, ...] = ()
     # What the run paid once, beyond its steady steps: setup, compilation, the slow
     # first steps (the warm-up's time less warm-up steps at the measured median)
     one_time_s: float | None = None
@@ -246,6 +249,7 @@ class TrialResult:
         raw["outcome"] = Outcome(raw["outcome"])
         raw["step_times_s"] = tuple(float(t) for t in raw.get("step_times_s", ()))
         raw["curve"] = tuple((int(s), float(v)) for s, v in raw.get("curve", ()))
+        raw["step_losses"] = tuple(float(v) for v in raw.get("step_losses", ()))
         return cls(**raw)
 
     def time_to_finish_s(self, steps: int) -> float | None:

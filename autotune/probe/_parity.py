@@ -172,7 +172,7 @@ def _forward_inputs(batch: dict[str, Any], model: Any) -> dict[str, torch.Tensor
 
 def _data(config: TrialConfig, needed: int) -> tuple[Any, Any, Any]:
     """The training samples (steps x global batch, one fixed order) and the held-out ones."""
-    from autotune.probe.data import LearnableDataset, RealBatches
+    from autotune.probe.data import RealBatches, WorstCaseDataset
 
     if config.data_path:
         from datasets import load_from_disk
@@ -181,8 +181,8 @@ def _data(config: TrialConfig, needed: int) -> tuple[Any, Any, Any]:
         collator = RealBatches(task=config.model.task, pad_token_id=config.pad_token_id)
         return train, held, collator
 
-    def learnable(length: int, offset: int) -> LearnableDataset:
-        return LearnableDataset(
+    def learnable(length: int, offset: int) -> WorstCaseDataset:
+        return WorstCaseDataset(
             task=config.model.task,
             length=length,
             seq_len=config.seq_len,

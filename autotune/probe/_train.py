@@ -62,6 +62,7 @@ def worst_case(
         )
         trainer = plain_trainer(fields, model, dataset, _packed(config), [timer])
     timer.attach(trainer)
+    losses = StepLosses(trainer, config.candidate.gradient_accumulation_steps)
     tick = time.perf_counter()
     timer.train_starts()
     output = trainer.train()
@@ -70,6 +71,7 @@ def worst_case(
     model = trainer.model
     del trainer
     result = _measured(config, timer, float(output.training_loss))
+    result = result.replace(step_losses=losses.per_step())
     if result.step_time_median_s is None:
         return result, model
     # Setup, compilation and slow first steps: all the warm-up cost beyond steady steps
@@ -78,6 +80,36 @@ def worst_case(
         warmup_steps=timer.warmup_steps,
         measure_stop=timer.stop_reason,
     ), model
+
+
+class StepLosses:
+    """Each optimizer step's training loss, as the Trainer sums it (its micro-batches'
+    losses, already scaled for accumulation), kept on the device and read once after
+    training: no host sync inside the timed window. Every probe of a study trains from
+    the same weights on the same batches in the same order, so these are its parity
+    evidence (core/parity.judge_probes)."""
+
+    def __init__(self, trainer: Any, accumulation: int) -> None:
+        self.micro: list[Any] = []
+        self.accumulation = max(1, accumulation)
+        step = trainer.training_step
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            loss = step(*args, **kwargs)
+            self.micro.append(loss.detach())
+            return loss
+
+        trainer.training_step = recorded
+
+    def per_step(self) -> tuple[float, ...]:
+        import torch
+
+        if not self.micro:
+            return ()
+        values = torch.stack([t.float().reshape(()) for t in self.micro]).cpu().tolist()
+        whole = len(values) // self.accumulation * self.accumulation
+        a = self.accumulation
+        return tuple(round(sum(values[i : i + a]), 6) for i in range(0, whole, a))
 
 
 def plain_trainer(

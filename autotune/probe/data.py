@@ -2,7 +2,8 @@
 
 Synthetic data at the worst-case length (docs/ARCHITECTURE.md, invariant 5): every example is
 exactly as long as the longest one the user will train with and has no padding, so a
-config that fits the probe fits every real batch. With --dataset, the probe then times
+config that fits the probe fits every real batch; and learnable, so the loss a probe
+records at each step tells how the config trains. With --dataset, the probe then times
 real batches too: RealBatches pads each micro-batch to its longest, as a user's
 collator does, and counts the real and the padded tokens it fed.
 """
@@ -14,46 +15,6 @@ from typing import Any
 import torch
 
 from autotune.core.enums import Task
-
-
-class WorstCaseDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
-    def __init__(
-        self,
-        *,
-        task: str,
-        length: int,
-        seq_len: int,
-        target_len: int,
-        vocab_size: int,
-        num_labels: int = 2,
-        seed: int = 0,
-    ) -> None:
-        self.task = task
-        self.length = length
-        self.seq_len = seq_len
-        self.target_len = target_len
-        self.vocab_size = vocab_size
-        self.num_labels = num_labels
-        self.seed = seed
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        if not 0 <= index < self.length:  # ends iteration (LengthGroupedSampler iterates)
-            raise IndexError(index)
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
-        ids = torch.randint(0, self.vocab_size, (self.seq_len,), generator=generator)
-        item = {"input_ids": ids, "attention_mask": torch.ones(self.seq_len, dtype=torch.long)}
-        if self.task == Task.SEQ2SEQ:
-            item["labels"] = torch.randint(
-                0, self.vocab_size, (self.target_len,), generator=generator
-            )
-        elif self.task == Task.CLASSIFICATION:
-            item["labels"] = torch.randint(0, self.num_labels, (), generator=generator)
-        else:  # causal and masked LM: a loss at every position is the most memory
-            item["labels"] = ids.clone()
-        return item
 
 
 class RealBatches:
@@ -115,15 +76,18 @@ class TokenCount:
         return [(int(real), fed) for real, fed in self.counts]
 
 
-class LearnableDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
-    """Synthetic data a model learns within tens of steps, for parity runs.
+class WorstCaseDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """Every sample at the worst-case length, and learnable within tens of steps: a
+    probe's loss falls, so its per-step losses are parity evidence, and a parity run
+    trains and holds out the same kind of samples.
 
     Sequences over a small alphabet follow a fixed random successor table (each token's
     successor with probability 3/4, else any letter): the loss falls from ln(vocab)
     towards the table's entropy. Seq2seq targets are the source's successors, labels
     for classification the first token's letter modulo the classes, for a masked LM
     each position's successor (a copy would be learnt at once). `offset` selects
-    a disjoint range of samples (the held-out batches)."""
+    a disjoint range of samples (the held-out batches). Sample `index` is the same in
+    every dataset of one seed, whatever its length."""
 
     ALPHABET = 64
     FOLLOW = 0.75
@@ -147,22 +111,25 @@ class LearnableDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         self.letters = torch.arange(first, first + size)
         table = torch.Generator().manual_seed(seed * 7919 + 17)
         self.successor = torch.randperm(size, generator=table)
+        self._next = self.successor.tolist()
 
     def __len__(self) -> int:
         return self.length
 
     def _walk(self, generator: torch.Generator, length: int) -> torch.Tensor:
+        """A walk over the letters (plain Python over lists: a probe reads these inside
+        its timed steps, and a tensor's item access costs microseconds)."""
         size = len(self.letters)
-        letters = torch.empty(length, dtype=torch.long)
-        letters[0] = torch.randint(0, size, (), generator=generator)
-        follow = torch.rand(length, generator=generator) < self.FOLLOW
-        noise = torch.randint(0, size, (length,), generator=generator)
+        first = int(torch.randint(0, size, (), generator=generator))
+        follow = (torch.rand(length, generator=generator) < self.FOLLOW).tolist()
+        noise = torch.randint(0, size, (length,), generator=generator).tolist()
+        walk = [first]
         for i in range(1, length):
-            letters[i] = self.successor[letters[i - 1]] if follow[i] else noise[i]
-        return letters
+            walk.append(self._next[walk[-1]] if follow[i] else noise[i])
+        return torch.tensor(walk, dtype=torch.long)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        if not 0 <= index < self.length:
+        if not 0 <= index < self.length:  # ends iteration (LengthGroupedSampler iterates)
             raise IndexError(index)
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.offset + index)
         letters = self._walk(generator, self.seq_len)

@@ -27,7 +27,10 @@ class SearchLimits:
     # recorded with each result, so figures measured side by side are told apart.
     concurrent: int = 1
     poll_s: float = 2.0  # how often a worker waiting on other workers' trials looks again
-    parity_steps: int = 0  # >0: parity runs of this many steps settle the finalists
+    # Whether the finalists' parity is judged (--parity other than off): by parity runs
+    # of parity_steps steps, or, where that is 0, from the probes' own losses
+    parity_check: bool = False
+    parity_steps: int = 0
     # --parity quick: a verdict too short to verify (core/parity.py) may be exported
     parity_quick: bool = False
     # --parity auto: parity_steps and parity_quick are planned once the first guesses

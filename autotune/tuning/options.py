@@ -11,16 +11,17 @@ import dataclasses
 from pathlib import Path
 
 from autotune.core.enums import Objective
-from autotune.core.parity import CALIBRATED_STEPS, QUICK_STEPS
+from autotune.core.parity import CALIBRATED_STEPS
 from autotune.tuning.limits import SearchLimits
 
 # A search given no time budget stops within this: never hours unasked (20 probes of up
 # to the trial timeout's 10 minutes each would be over three)
 DEFAULT_TIME_BUDGET_S = 30 * 60.0
 # Parity run length by --parity mode, when --parity-steps is not given: 20 steps verify
-# (core/parity.CALIBRATED_STEPS); a quick check's 4 catch NaNs and gross divergence; auto
-# plans one or the other once the first guesses are measured (tuning/time_plan.py)
-PARITY_STEPS = {"on": CALIBRATED_STEPS, "auto": CALIBRATED_STEPS, "quick": QUICK_STEPS}
+# (core/parity.CALIBRATED_STEPS); quick runs none: the probes' own losses judge (NaNs,
+# gross divergence; unverified); auto plans one or the other once the first guesses are
+# measured (tuning/time_plan.py)
+PARITY_STEPS = {"on": CALIBRATED_STEPS, "auto": CALIBRATED_STEPS, "quick": 0}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -71,8 +72,8 @@ class SearchOptions:
     confirm_top: int = 3  # finalists measured again, longer (0: none)
     confirm_steps: int | None = None  # measured steps of a confirmation; None: 2 x measure
     # auto: 20-step runs where the time budget affords them, else quick; on: always 20
-    # steps, never an unverified export; quick: 4-step checks whose passing configs are
-    # exported marked unverified; off
+    # steps, never an unverified export; quick: the probes' own losses, whose passing
+    # configs are exported marked unverified; off
     parity: str = "auto"
     parity_steps: int | None = None  # None: PARITY_STEPS[parity]
     warmup_steps: int = 3  # at most this many steps before timing
@@ -103,6 +104,7 @@ class SearchOptions:
             trial_timeout_s=self.trial_timeout,
             confirm_top=self.confirm_top,
             confirm_steps=self.confirm_steps or 2 * measure_steps,
+            parity_check=self.parity != "off",
             parity_steps=0
             if self.parity == "off"
             else self.parity_steps or PARITY_STEPS[self.parity],

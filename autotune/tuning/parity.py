@@ -24,7 +24,9 @@ from autotune.core.parity import (
     Arithmetic,
     Curve,
     judge,
+    judge_probes,
     needs_twin,
+    probe_curve,
     tolerance,
 )
 from autotune.core.parity_state import ParityState
@@ -123,11 +125,15 @@ class ParityCheck:
         self.top = max(1, limits.confirm_top)
         self.objective = limits.objective
         self.quick = limits.parity_quick  # unverified verdicts may be exported
+        self.said: set[str] = set()  # arithmetics whose probe verdict the observer heard
 
     def settle(self) -> ParityState:
         """Judge the finalists' arithmetics (the top by speed and the one selection would
-        export) until every one of them has a verdict."""
+        export) until every one of them has a verdict: by parity runs, or (no runs
+        planned: `steps` 0) from the probes' own losses."""
         records = self.store.records()
+        if not self.steps:
+            return self._from_probes(records)
         wanted = ParityState(
             reference_candidate(self.spec, records),
             self.steps,
@@ -151,6 +157,21 @@ class ParityCheck:
                 break
             state = self._judge(state, todo)
             self.store.save_parity(state)
+        return state
+
+    def _from_probes(self, records: Sequence[TrialRecord]) -> ParityState:
+        """Every measured arithmetic judged from its probe's losses against the recipe's
+        probe: no run, so recomputed as the probes grow; each finalist's verdict said
+        once."""
+        state = dataclasses.replace(probe_state(self.spec, records), quick=self.quick)
+        self.store.save_parity(state)
+        for candidate in unjudged(
+            self.spec, ParityState(state.reference, 0, 0.0), records, self.top, self.objective
+        ):
+            key = Arithmetic.of(candidate).key
+            if key in state.verdicts and key not in self.said:
+                self.said.add(key)
+                self.run.observer.on_parity(candidate, state.verdicts[key])
         return state
 
     def _unjudged(self, state: ParityState, records: Sequence[TrialRecord]) -> Candidate | None:
@@ -188,14 +209,12 @@ class ParityCheck:
         folder = f"parity-{label}-{time.strftime('%Y%m%d-%H%M%S')}"
         config = run.trial_config(-1, single, folder, concurrent=1)
         torch_device, visible = device.placement(spec.device, 1)
-        args = {**config.training_arguments, **parity_arguments(spec)}
         config = dataclasses.replace(
             config,
             parity_steps=self.steps,
             nproc_per_node=1,
             device=torch_device,
             visible_devices=visible,
-            training_arguments=args,
         )
         probe_steps = spec.warmup_steps + spec.measure_steps
         # One process does the work of nproc_per_node, for more steps than a probe.
@@ -203,6 +222,54 @@ class ParityCheck:
         run.observer.on_parity_start(label, candidate)
         result: TrialResult = run.launcher.run(config, timeout_s=run.limits.trial_timeout_s * scale)
         return Curve.of(result, self.steps)
+
+
+def probe_state(spec: SearchSpec, records: Sequence[TrialRecord]) -> ParityState:
+    """Parity judged from the probes themselves (`steps` 0): every probe of a study
+    trains from the same weights on the same batches in the same order, so the probe
+    of the recipe's arithmetic (the recipe's own, where measured) is the reference,
+    one of that arithmetic under another batch split the twin, and each other
+    arithmetic's longest probe (in the same sampling order) is judged against them."""
+    reference = reference_candidate(spec, records)
+    state = ParityState(reference, 0, learning_rate(spec), spec.seed)
+    fits = [r for r in fitting(records, spec.fit_limit_bytes) if r.result.step_losses]
+    recipe = Arithmetic.of(reference)
+    alike = sorted(
+        (r for r in fits if Arithmetic.of(r.candidate) == recipe),
+        key=lambda r: (r.candidate != reference, -len(r.result.step_losses), r.number),
+    )
+    if not alike:
+        return state
+    ref = alike[0]
+    order = ref.candidate.train_sampling_strategy
+    split = ref.candidate.per_device_train_batch_size
+    twins = [
+        r.result.step_losses
+        for r in alike
+        if r.candidate.per_device_train_batch_size != split
+        and r.candidate.train_sampling_strategy == order
+    ]
+    twin = max(twins, key=len, default=())
+    longest: dict[Arithmetic, TrialRecord] = {}
+    for r in fits:
+        key = Arithmetic.of(r.candidate)
+        if key == recipe or r.candidate.train_sampling_strategy != order:
+            continue
+        if key not in longest or len(r.result.step_losses) > len(longest[key].result.step_losses):
+            longest[key] = r
+    verdicts, curves, tol = {}, {}, None
+    for key, record in longest.items():
+        verdicts[key.key], judged_tol = judge_probes(
+            ref.result.step_losses, record.result.step_losses, twin
+        )
+        steps = verdicts[key.key].steps
+        curves[key.key] = probe_curve(record.result.step_losses, steps)
+        tol = judged_tol or tol
+    steps = max((v.steps for v in verdicts.values()), default=len(ref.result.step_losses))
+    curves["reference"] = probe_curve(ref.result.step_losses, steps)
+    if twin:
+        curves["twin"] = probe_curve(twin, min(steps, len(twin)))
+    return dataclasses.replace(state, curves=curves, verdicts=verdicts, tolerance=tol)
 
 
 def unjudged(

@@ -34,7 +34,14 @@ from autotune.tuning._skips import Verdictor, open_candidates, skip_reason
 from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import Observer, SearchLimits
 from autotune.tuning.outcome import SearchReport
-from autotune.tuning.parity import ParityCheck, baseline, parity_stop, reference_candidate, run_s
+from autotune.tuning.parity import (
+    ParityCheck,
+    baseline,
+    parity_arguments,
+    parity_stop,
+    reference_candidate,
+    run_s,
+)
 from autotune.tuning.selection import (
     fitting,
     incumbent_cost,
@@ -157,8 +164,8 @@ class SearchRun:
             return
         plan = self.store.parity_plan()
         if plan is not None:
-            kind = "checks, unverified" if plan.quick else "runs"
-            said = f"parity: {plan.steps}-step {kind}, as this study planned"
+            kind = f"{plan.steps}-step runs" if plan.steps else "the probes' own losses, unverified"
+            said = f"parity: {kind}, as this study planned"
         else:
             top = limits.confirm_top if limits.parity_top is None else limits.parity_top
             plan = plan_parity(
@@ -363,7 +370,9 @@ class SearchRun:
             warmup_steps=spec.warmup_steps,
             measure_steps=measure_steps or spec.measure_steps,
             seed=spec.seed,
-            training_arguments=recipe(spec, candidate),
+            # the parity runs' learning rate, constant: each probe's losses are its
+            # parity evidence (a warm-up meant for thousands of steps would hide them)
+            training_arguments={**recipe(spec, candidate), **parity_arguments(spec)},
             concurrent=concurrent or self.limits.concurrent,
             nproc_per_node=spec.nproc_per_node,
             data_path=spec.data.path if spec.data else "",
@@ -453,7 +462,7 @@ def run_search(
         if confirm:  # parity first: only configs that may be exported are confirmed
             check = None
             run.plan_parity(deadline, store.records(), final=True)  # if exploring did not
-            if run.limits.parity_steps:  # within the time budget: exploring left them room
+            if run.limits.parity_check:  # within the time budget: exploring left them room
                 check = ParityCheck(run, run.limits)
                 check.settle()
             run.confirm(deadline)

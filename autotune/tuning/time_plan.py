@@ -18,8 +18,9 @@ and its identity holds).
 Once the first guesses are measured (two configs that fit; `plan_parity`, for `--parity
 auto`): the parity runs' length. 20 steps verify a verdict (core/parity.CALIBRATED_STEPS); they are
 planned when the runs they need (your recipe, its other batch split, a run per
-finalist arithmetic) take at most `PARITY_SHARE` of the time left to explore, else
-4-step checks that can only say `unverified`, exported saying so.
+finalist arithmetic) take at most `PARITY_SHARE` of the time left to explore; else no
+runs: the probes' own losses judge (core/parity.judge_probes), which can only say
+`unverified`, and the whole budget explores.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import math
 from collections.abc import Sequence
 
 from autotune.core.enums import DeviceKind
-from autotune.core.parity import CALIBRATED_STEPS, QUICK_STEPS, Arithmetic
+from autotune.core.parity import CALIBRATED_STEPS, Arithmetic
 from autotune.core.parity_state import ParityPlan
 from autotune.core.space import SearchSpace
 from autotune.core.spec import SearchSpec
@@ -116,7 +117,8 @@ def plan_parity(
     explore_share: float,
     final: bool = False,
 ) -> ParityPlan | None:
-    """--parity auto: 20-step runs where the budget affords them, else 4-step checks.
+    """--parity auto: 20-step runs where the budget affords them, else none (steps 0:
+    the probes' own losses judge).
     None until `MEASURED_TO_PLAN` configs that fit are measured (the search's first
     guesses: the plain default and the fast guess), unless `final` (exploring is over).
 
@@ -156,13 +158,22 @@ def plan_parity(
             f"{format_duration(need(CALIBRATED_STEPS))})",
         )
     afford = (elapsed_s + need(CALIBRATED_STEPS) / PARITY_SHARE) / explore_share
+    return _no_runs(records, explore_left_s, runs, need(CALIBRATED_STEPS), afford)
+
+
+def _no_runs(
+    records: Sequence[TrialRecord], explore_left_s: float, runs: str, need_s: float, afford: float
+) -> ParityPlan:
+    """The plan where 20-step runs do not fit: none, the probes' own losses judge, and
+    the whole time left explores; said with the budget that would afford the runs."""
     return ParityPlan(
-        QUICK_STEPS,
+        0,
         quick=True,
-        why=f"{_probes_left(records, explore_left_s, need(QUICK_STEPS))}parity: "
-        f"{QUICK_STEPS}-step checks, which cannot verify: a config they pass is exported "
-        f"marked unverified. {CALIBRATED_STEPS}-step runs ({runs}, about "
-        f"{format_duration(need(CALIBRATED_STEPS))}) would take over half of the "
+        why=f"{_probes_left(records, explore_left_s, 0.0)}parity: judged from the probes' own "
+        f"losses (the same batches from the same weights), which cannot verify: a change of "
+        f"your precision or optimizer is exported only when significantly faster, marked "
+        f"unverified. {CALIBRATED_STEPS}-step runs ({runs}, about "
+        f"{format_duration(need_s)}) would take over half of the "
         f"{format_duration(explore_left_s)} left to explore; a --time-budget of about "
         f"{format_duration(60 * math.ceil(afford / 60))} affords them",
     )

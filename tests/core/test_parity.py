@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 from helpers import SPEC, cand, rec
 
@@ -16,6 +17,7 @@ from autotune.core.parity import (
     Status,
     changes,
     judge,
+    judge_probes,
     needs_twin,
     tolerance,
 )
@@ -209,3 +211,52 @@ def test_a_twin_noisier_than_any_tolerance_leaves_a_close_run_unverified() -> No
     close = curve(6.0, 5.5, 5.2, 5.0, 4.9, 4.8, 4.76, 4.72)
     verdict = judge(REFERENCE, close, tol)
     assert verdict.status == Status.UNVERIFIED and "rounding alone" in verdict.reason
+
+
+PROBE = (6.14, 5.98, 5.85, 5.74, 5.62, 5.50, 5.41, 5.33)  # a probe's training losses
+
+
+def test_a_probe_of_the_same_arithmetic_passes_unverified_and_an_optimizer_change_is_seen() -> None:
+    """Probes pair step by step (the same batches from the same weights): another batch
+    split's rounding passes, never as ok (a probe is too short to verify); SGD's losses,
+    barely falling, are diverged; a NaN is diverged; two losses read nothing."""
+    split = tuple(v + 0.001 for v in PROBE)
+    alike, tol = judge_probes(PROBE, split, split)
+    assert alike.status == Status.UNVERIFIED and alike.evidence == "probes"
+    assert "a probe's 8 training steps cannot verify" in alike.reason
+    assert "8 probe steps" in alike.figures()
+    assert tol is not None and tol.rounding_gap is not None
+    sgd = (6.14, 6.15, 6.15, 6.12, 6.10, 6.09)
+    slow, _ = judge_probes(PROBE, sgd)
+    assert slow.status == Status.DIVERGED and slow.steps == 6  # the steps both trained
+    assert "learns slower" in slow.reason
+    nan, _ = judge_probes(PROBE, (6.14, 5.9, math.nan))
+    assert nan.status == Status.DIVERGED
+    short, _ = judge_probes(PROBE, (6.14, 5.9))
+    assert short.status == Status.UNCHECKED and "a verdict reads at least 3" in short.reason
+
+
+def test_probe_parity_takes_the_recipes_probe_as_reference_and_its_other_split_as_twin() -> None:
+    """The study's records alone decide: the recipe's arithmetic at another split
+    calibrates, each other arithmetic's longest probe is judged; no run is needed."""
+    from autotune.tuning.parity import probe_state
+
+    def probe(number: int, candidate: Any, losses: tuple[float, ...]) -> Any:
+        r = rec(number, candidate)
+        return dataclasses.replace(r, result=r.result.replace(step_losses=losses))
+
+    records = [
+        probe(0, cand(32), PROBE),
+        probe(1, cand(64), tuple(v + 0.002 for v in PROBE)),
+        probe(2, cand(64, "bf16"), tuple(v + 0.004 for v in PROBE)),
+        probe(3, dataclasses.replace(cand(64), optim="sgd"), (6.14, 6.15, 6.15, 6.12)),
+    ]
+    state = probe_state(SPEC, records)
+    # no recipe given: fp32 AdamW at the largest micro-batch that fits; 32 its twin
+    assert state.steps == 0 and state.reference == cand(64)
+    assert state.curves["twin"].points[0] == (1, PROBE[0])
+    assert state.verdicts[Arithmetic.of(cand(64, "bf16")).key].status == Status.UNVERIFIED
+    sgd = Arithmetic.of(records[3].candidate).key
+    assert state.verdicts[sgd].status == Status.DIVERGED
+    assert {"reference", "twin"} <= set(state.curves)
+    assert state.verdict(cand(64)) == Parity(Status.SAME)

@@ -95,6 +95,41 @@ def test_a_short_check_never_calls_adafactor_the_same_training(tmp_path: Path) -
     assert exported["optim"] == "adamw_torch"
 
 
+@pytest.mark.slow
+def test_each_probe_carries_its_own_parity_evidence_and_quick_runs_no_parity_run(
+    tmp_path: Path,
+) -> None:
+    """--parity quick: no parity run; every probe trains from the same weights on the same
+    batches, so two probes of one arithmetic (AdamW at 16x1 and 8x2) record the same
+    losses step by step, while SGD's (an optimizer change) fall far slower: diverged from
+    the probes alone, never exported."""
+    write_model(tmp_path / "tiny", TINY_GPT2)
+    args = [a if a != "2" else "4" for a in ARGS]  # --measure-steps 4: longer evidence
+    done = autotune(tmp_path, *args, "--parity", "quick")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not list((tmp_path / "studies" / "tiny" / "trials").glob("parity-*"))
+    assert "parity  fp32 sgd: diverged: loss" in done.stdout, done.stdout
+    assert "probe steps" in done.stdout
+    exported = json.loads((tmp_path / "studies" / "tiny.best.json").read_text())
+    assert exported["optim"] == "adamw_torch"
+    losses = {}
+    for trial in (tmp_path / "studies" / "tiny" / "trials").glob("[0-9]"):
+        candidate = json.loads((trial / "config.json").read_text())["candidate"]
+        result = json.loads((trial / "result.json").read_text())
+        assert result["outcome"] != "ok" or result["step_losses"], result
+        losses[(candidate["optim"], candidate["per_device_train_batch_size"])] = result[
+            "step_losses"
+        ]
+    big, small = losses[("adamw_torch", 16)], losses[("adamw_torch", 8)]
+    steps = min(len(big), len(small))
+    assert steps >= 3 and big[-1] < big[0]  # learnable data: the loss falls
+    for a, b in zip(big[:steps], small[:steps], strict=True):  # rounding apart, no more
+        assert abs(a - b) <= 0.01 * abs(a), (big, small)
+    sgd = next(v for (optim, _), v in losses.items() if optim == "sgd")
+    n = min(len(sgd), steps)
+    assert big[0] - big[n - 1] > 5 * abs(sgd[0] - sgd[n - 1])
+
+
 def test_the_reference_is_the_users_recipe_else_the_plain_default_at_the_largest_fit() -> None:
     records = [
         rec(0, cand(8), sps=10.0),

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from helpers import SPEC, cand, rec
 
-from autotune.core.parity import CALIBRATED_STEPS, QUICK_STEPS
+from autotune.core.parity import CALIBRATED_STEPS
 from autotune.core.parity_state import ParityPlan
 from autotune.core.trial import TrialRecord
 from autotune.store.samplers import make_sampler
@@ -117,13 +117,14 @@ def test_parity_runs_of_20_steps_where_they_fit_half_the_time_left_else_quick_ch
     assert roomy is not None and (roomy.steps, roomy.quick) == (CALIBRATED_STEPS, False)
     assert "parity: 20-step runs, which verify (3 runs" in roomy.why
     tight = parity_plan(records, 2 * twenty - 1)
-    assert tight is not None and (tight.steps, tight.quick) == (QUICK_STEPS, True)
-    assert "exported marked unverified" in tight.why
+    assert tight is not None and (tight.steps, tight.quick) == (0, True)  # no runs
+    assert "judged from the probes' own losses" in tight.why
+    assert "exported only when significantly faster, marked unverified" in tight.why
     afford = (60.0 + 2 * twenty) / 0.8
     assert f"a --time-budget of about {int(-(-afford // 60))}m00s affords them" in tight.why
-    # the probes that still fit, at the mean wall time (30 s) beside the 4-step checks
-    more = int((2 * twenty - 1 - need(4, 5)) / 30)
-    assert tight.why.startswith(f"about {more} more probes fit; parity: 4-step checks")
+    # without runs, the whole time left explores: probes at the mean wall time (30 s)
+    more = int((2 * twenty - 1) / 30)
+    assert tight.why.startswith(f"about {more} more probes fit; parity: judged from the probes")
 
 
 def test_no_parity_plan_is_said_where_no_config_changes_the_recipes_arithmetic() -> None:
@@ -160,13 +161,13 @@ def test_the_parity_plan_is_kept_by_the_study_for_workers_and_reruns(tmp_path: P
     first.plan_parity(Deadline.after(30.0), [])
     assert first.limits.parity_auto and store.parity_plan() is None  # nothing measured yet
     first.plan_parity(Deadline.after(30.0), records)
-    assert (first.limits.parity_steps, first.limits.parity_quick) == (QUICK_STEPS, True)
+    assert (first.limits.parity_steps, first.limits.parity_quick) == (0, True)
     assert not first.limits.parity_auto and store.parity_plan() is not None
     rerun = search()
     rerun.plan_parity(Deadline.after(10_000.0), records)  # would afford 20 steps itself
-    assert (rerun.limits.parity_steps, rerun.limits.parity_quick) == (QUICK_STEPS, True)
-    assert said[-1] == "parity: 4-step checks, unverified, as this study planned"
-    assert store.save_parity_plan(ParityPlan(20, False, "")).steps == QUICK_STEPS
+    assert (rerun.limits.parity_steps, rerun.limits.parity_quick) == (0, True)
+    assert said[-1] == "parity: the probes' own losses, unverified, as this study planned"
+    assert store.save_parity_plan(ParityPlan(20, False, "")).steps == 0
 
 
 @pytest.mark.parametrize(("budget", "steps"), [("5m", 3), ("9m59s", 3), ("10m", 5), (None, 5)])
