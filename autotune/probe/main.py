@@ -71,7 +71,7 @@ def _train(
     tick = time.perf_counter()
     import transformers.trainer  # noqa: F401 - the heaviest import, before the baseline
 
-    from autotune.probe.flops import flops_per_sample, measure_peak_flops
+    from autotune.probe.flops import flops_per_sample
 
     if config.model.trainer:  # the user's module and its imports (peft, trl) likewise
         from autotune.hf.factory import load_factory
@@ -107,15 +107,24 @@ def _train(
     if result.samples_per_s is None:
         return result
     tick = time.perf_counter()
-    # as-loaded computes in the dtype the job holds its weights in, which the probe does
-    # not know: no peak rather than one of another precision (an MFU that is not true)
-    as_loaded = config.candidate.precision == Precision.AS_LOADED
-    peak = None if as_loaded else measure_peak_flops(config.device_kind, config.candidate.precision)
+    peak = peak_flops(config)
     phases["peak_flops"] = time.perf_counter() - tick
     achieved = per_sample * result.samples_per_s
     if result.worst_case_samples_per_s is not None:  # real batches: FLOPs of real tokens
         achieved = per_sample / config.tokens_per_sample * (result.tokens_per_s or 0.0)
     return result.replace(model_flops_per_s=achieved, peak_flops_per_s=peak)
+
+
+def peak_flops(config: TrialConfig) -> float | None:
+    """The peak a probe's MFU is taken against: a matrix multiply in the precision the
+    candidate trains in, on its device. None for as-loaded, which computes in the dtype
+    the job holds its weights in (unknown here): no peak rather than one of another
+    precision, an MFU that is not true."""
+    from autotune.probe.flops import measure_peak_flops
+
+    if config.candidate.precision == Precision.AS_LOADED:
+        return None
+    return measure_peak_flops(config.device_kind, config.candidate.precision)
 
 
 def _model(

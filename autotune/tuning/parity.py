@@ -43,6 +43,7 @@ from autotune.tuning.selection import (
 )
 
 if TYPE_CHECKING:
+    from autotune.tuning.deadline import Deadline
     from autotune.tuning.limits import SearchLimits
     from autotune.tuning.run import SearchRun
 
@@ -127,10 +128,11 @@ class ParityCheck:
         self.quick = limits.parity_quick  # unverified verdicts may be exported
         self.said: set[str] = set()  # arithmetics whose probe verdict the observer heard
 
-    def settle(self) -> ParityState:
+    def settle(self, deadline: Deadline | None = None) -> ParityState:
         """Judge the finalists' arithmetics (the top by speed and the one selection would
         export) until every one of them has a verdict: by parity runs, or (no runs
-        planned: `steps` 0) from the probes' own losses."""
+        planned: `steps` 0) from the probes' own losses. A run expected to end past the
+        `deadline` does not start: its arithmetic stays unchecked, and that is said."""
         records = self.store.records()
         if not self.steps:
             return self._from_probes(records)
@@ -155,6 +157,14 @@ class ParityCheck:
             todo = self._unjudged(state, self.store.records())
             if todo is None:
                 break
+            left = deadline.left() if deadline is not None else None
+            if left is not None and (need := self._expected_s(state, todo)) > left:
+                self.run.observer.on_plan(
+                    f"parity: no run for {Arithmetic.of(todo).key.replace('|', ' ')}: its runs "
+                    f"take about {format_duration(need)} and {format_duration(left)} of the "
+                    "time budget is left; unchecked"
+                )
+                break
             state = self._judge(state, todo)
             self.store.save_parity(state)
         return state
@@ -173,6 +183,26 @@ class ParityCheck:
                 self.said.add(key)
                 self.run.observer.on_parity(candidate, state.verdicts[key])
         return state
+
+    def _expected_s(self, state: ParityState, candidate: Candidate) -> float:
+        """The runs judging `candidate` would make, as `reserved_s` times them: its
+        arithmetic's quickest config and the reference's where not run yet, the twin
+        itself, each with the held-out evaluations at the reference's step."""
+        records, limit = self.store.records(), self.spec.fit_limit_bytes
+        measured = {r.candidate: r.result for r in fitting(records, limit)}
+        reference = measured.get(quickest_alike(state.reference, records, limit, self.steps))
+        runs = [quickest_alike(candidate, records, limit, self.steps)]
+        if "reference" not in state.curves:
+            runs.append(quickest_alike(state.reference, records, limit, self.steps))
+        twin = twin_of(self.spec, state.reference)
+        if "twin" not in state.curves and twin is not None:
+            runs.append(twin)
+        evaluations = evaluation_s(self.spec, self.steps, reference) if reference else 0.0
+        return sum(
+            run_s(measured[c], self.steps, self.spec.nproc_per_node) + evaluations
+            for c in runs
+            if c in measured
+        )
 
     def _unjudged(self, state: ParityState, records: Sequence[TrialRecord]) -> Candidate | None:
         """A finalist whose arithmetic has no verdict yet, best first."""

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import os
 import random
+import statistics
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from autotune.core.enums import Objective, Outcome
 from autotune.core.errors import AutotuneError, StudyError
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialConfig, TrialRecord, TrialResult
+from autotune.core.units import format_duration
 from autotune.hf.training_args import recipe
 from autotune.launch.forkserver import EarlyServer, model_to_share
 from autotune.launch.runner import Launcher
@@ -86,18 +88,21 @@ class SearchRun:
             for number, candidate, result in self.store.take_over(self.reuse.found, self.judge):
                 self.observer.on_trial_end(number, candidate, result)
 
-    def explore(self, deadline: Deadline, *, wait_for_others: bool) -> str:
+    def explore(
+        self, deadline: Deadline, *, wait_for_others: bool, end: Deadline | None = None
+    ) -> str:
         """Propose and probe until a limit stops it; returns why it stopped.
 
         `wait_for_others`: before stopping, wait for other workers' running trials (the
-        finalists are chosen from every result), and go on if one of them died."""
+        finalists are chosen from every result), and go on if one of them died. `end`:
+        the whole time budget's, which no probe may be expected to end past."""
         while True:
             self.store.recover_stale(self.judge)  # a dead worker's trial goes back in the queue
             recs = self.store.records()
             busy = self.store.in_flight()
             over = far_over_budget(self.spec, recs)
             proposal = self._proposal(recs, busy, over)
-            stop = self._stop_reason(recs, busy, deadline, over) or (
+            stop = self._stop_reason(recs, busy, deadline, over, end=end) or (
                 proposal.why_stop if proposal and not busy else ""
             )
             if stop and busy and wait_for_others:
@@ -122,6 +127,8 @@ class SearchRun:
         busy: dict[Candidate, int],
         deadline: Deadline,
         over: Verdictor,
+        *,
+        end: Deadline | None = None,
     ) -> str:
         """Why no new probe should start ('' to go on). Probes running elsewhere count."""
         self.plan_parity(deadline, recs)
@@ -131,6 +138,12 @@ class SearchRun:
         if deadline.passed():
             return "time budget spent" + (
                 " (the rest is for confirmation)" if limits.confirm_top else ""
+            )
+        expected = probe_wall_s(recs)
+        if end is not None and (left := end.left()) is not None and expected > left:
+            return (
+                f"time budget spent: a probe takes about {format_duration(expected)} and "
+                f"{format_duration(left)} is left"
             )
         top = limits.confirm_top if limits.parity_top is None else limits.parity_top
         if (
@@ -383,6 +396,13 @@ class SearchRun:
         )
 
 
+def probe_wall_s(records: list[TrialRecord]) -> float:
+    """What a new probe is expected to take, start to end: the median wall time of this
+    study's probes (0 before any)."""
+    walls = [w for r in records if is_probe(r) and (w := r.result.phases_s.get("wall", 0.0)) > 0]
+    return statistics.median(walls) if walls else 0.0
+
+
 def is_probe(record: TrialRecord) -> bool:
     """A trial --max-trials counts: one that ran (not skipped, not reused)."""
     return record.result.outcome != Outcome.SKIPPED and not record.result.reused_from
@@ -458,16 +478,16 @@ def run_search(
         if explore:
             run.take_over()
             share = limits.search_share if limits.confirm_top and confirm else 1.0
-            stop = run.explore(deadline.share(share), wait_for_others=confirm)
+            stop = run.explore(deadline.share(share), wait_for_others=confirm, end=deadline)
         if confirm:  # parity first: only configs that may be exported are confirmed
             check = None
             run.plan_parity(deadline, store.records(), final=True)  # if exploring did not
             if run.limits.parity_check:  # within the time budget: exploring left them room
                 check = ParityCheck(run, run.limits)
-                check.settle()
+                check.settle(deadline)
             run.confirm(deadline)
             if check is not None:  # confirmation may have reordered the finalists
-                check.settle()
+                check.settle(deadline)
     finally:
         launcher.close()
     return SearchReport(

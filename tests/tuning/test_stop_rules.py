@@ -267,3 +267,63 @@ def test_the_plain_default_is_confirmed_after_the_finalists() -> None:
     assert search(0).confirm(Deadline(None)) == 0 and not ran
     assert search(1).confirm(Deadline(None)) == 2
     assert ran == [cand(64, "bf16"), cand(8)]
+
+
+def test_no_probe_starts_that_is_expected_to_end_past_the_whole_time_budget() -> None:
+    """Probes of this study took 30 s (median): with 29 s of the whole budget left none
+    starts, though the explore share has not passed; with 31 s one does."""
+    probes = [
+        dataclasses.replace(r, result=r.result.replace(phases_s={"wall": wall}))
+        for r, wall in ((rec(0, cand(8)), 30.0), (rec(1, cand(16)), 20.0), (rec(2, cand(32)), 40.0))
+    ]
+    clock = Clock()
+    explore = Deadline.after(1000.0, clock)
+    search = run(SearchLimits(max_trials=50))
+    assert (
+        search._stop_reason(probes, {}, explore, never_over, end=Deadline.after(31.0, clock)) == ""
+    )
+    why = search._stop_reason(probes, {}, explore, never_over, end=Deadline.after(29.0, clock))
+    assert why == "time budget spent: a probe takes about 30s and 29s is left"
+
+
+def test_a_parity_run_expected_to_end_past_the_time_budget_does_not_start() -> None:
+    """The bf16 finalist needs its own run, the reference's and the twin's (the time
+    budget's parity runs of `RECORDS`): with a second less than they take left, none
+    starts, the arithmetic stays unchecked and the search says so; with a second more,
+    they run."""
+    from types import SimpleNamespace
+
+    from autotune.core.enums import Outcome
+    from autotune.core.trial import TrialResult
+    from autotune.tuning.parity import ParityCheck
+
+    ran: list[Candidate] = []
+    said: list[str] = []
+    curve = ((0, 5.0), (2, 4.0), (4, 3.0))
+    store = SimpleNamespace(
+        spec=SPEC, records=lambda: RECORDS, parity=lambda: None, save_parity=lambda s: None
+    )
+    launcher = SimpleNamespace(
+        run=lambda config, timeout_s: (
+            ran.append(config.candidate) or TrialResult(Outcome.OK, curve=curve)
+        )
+    )
+    observer = SimpleNamespace(
+        on_plan=said.append, on_parity=lambda *a: None, on_parity_start=lambda *a: None
+    )
+    limits = SearchLimits(confirm_top=1, parity_check=True, parity_steps=4)
+    search = SearchRun(
+        store=store,
+        study_dir=Path("unused"),
+        limits=limits,  # type: ignore[arg-type]
+        observer=observer,
+        launcher=launcher,
+    )  # type: ignore[arg-type]
+    need = REFERENCE + TWIN + BF16 + 3 * EVALUATIONS
+    clock = Clock()
+    state = ParityCheck(search, limits).settle(Deadline(clock.now + need - 1, clock))
+    assert not ran and not state.verdicts
+    assert said[-1].startswith("parity: no run for bf16 adamw_torch: its runs take about")
+    assert said[-1].endswith("left; unchecked")
+    ParityCheck(search, limits).settle(Deadline(clock.now + need + 1, clock))
+    assert ran
