@@ -5,7 +5,8 @@ The exported config leaves batch sizes, clipping and precision to the Trainer ("
 filled in from the TrainingArguments it sits in), sizes its buffers by the model
 ("auto": from its hidden size, where DeepSpeed's defaults reserve 2 GB whatever the
 model) and names no optimizer, so the Trainer's own optimizer (the candidate's) is the
-one ZeRO shards.
+one ZeRO shards. Under stage 3 a save gathers the full 16-bit weights, so the user's
+`save_model` writes a model that loads without DeepSpeed.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def deepspeed_config(stage: int) -> dict[str, Any]:
     if stage == 3:
         zero["stage3_prefetch_bucket_size"] = "auto"
         zero["stage3_param_persistence_threshold"] = "auto"
+        # each process holds a shard of the weights: without this, `save_model` writes
+        # no full weights (only the shards a ZeRO checkpoint holds)
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
     return {
         "zero_optimization": zero,
         "train_micro_batch_size_per_gpu": "auto",

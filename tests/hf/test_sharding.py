@@ -29,6 +29,11 @@ def test_a_stage_exports_a_config_the_trainer_completes_and_no_optimizer_of_its_
         }
         assert config["zero_optimization"]["reduce_bucket_size"] == "auto"  # not 2 GB
     assert "stage3_prefetch_bucket_size" in deepspeed_config(3)["zero_optimization"]
+    # the user's save_model writes full weights, not only ZeRO's shards
+    assert deepspeed_config(3)["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"]
+    assert (
+        "stage3_gather_16bit_weights_on_model_save" not in deepspeed_config(2)["zero_optimization"]
+    )
     with pytest.raises(ValueError, match="stages are 1, 2 and 3"):
         deepspeed_config(0)
 
