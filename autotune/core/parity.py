@@ -22,6 +22,10 @@ from autotune.core.enums import Precision
 from autotune.core.trial import LEVERS, Candidate, TrialResult
 
 # A parity run's held-out loss (probe/_parity.py; tuning/parity.py times it)
+# Without a learning_rate of the user's, probes and parity runs train at this one, held
+# constant (a warm-up or schedule meant for thousands of steps would stall a run of
+# twenty): the loss falls within K steps
+PARITY_LR = 1e-3
 EVAL_SAMPLES = 16  # held out; evaluated in micro-batches no larger than the run's own
 POINTS = 8  # held-out evaluations along a run (plus step 0)
 # Optimizers that compute the same update (a fused kernel sums in another order): one

@@ -13,6 +13,7 @@ from typing import Any
 
 from autotune.core.enums import Outcome
 from autotune.core.outcomes import loss_outcome
+from autotune.core.parity import PARITY_LR
 from autotune.core.schedule import Schedule
 from autotune.core.stats import StepStats
 from autotune.core.trial import TrialConfig, TrialResult
@@ -204,8 +205,15 @@ def real_batches(
 
 
 def probe_only_arguments(config: TrialConfig, total_steps: int) -> dict[str, Any]:
-    """Fields that set run length and bookkeeping only; they do not change the recipe."""
+    """Fields that set run length and bookkeeping only; they do not change the recipe's
+    speed or memory. The learning rate (yours, else PARITY_LR) is held constant: a
+    schedule meant for thousands of steps would stall a probe's steps, whose losses are
+    its parity evidence, and a parity run's."""
+    rate = config.training_arguments.get("learning_rate")
     return {
+        "learning_rate": rate if isinstance(rate, (int, float)) and rate > 0 else PARITY_LR,
+        "lr_scheduler_type": "constant",
+        "warmup_steps": 0,
         "output_dir": str(Path(config.trial_dir) / "trainer"),
         "max_steps": total_steps,
         "save_strategy": "no",

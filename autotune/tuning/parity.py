@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from autotune.core.enums import Objective, Outcome
 from autotune.core.parity import (
     EVAL_SAMPLES,
+    PARITY_LR,
     POINTS,
     Arithmetic,
     Curve,
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
     from autotune.tuning.limits import SearchLimits
     from autotune.tuning.run import SearchRun
 
-PARITY_LR = 1e-3  # without a learning_rate in --base-args: the loss falls within K steps
 
 
 def reference_candidate(spec: SearchSpec, records: Sequence[TrialRecord]) -> Candidate:
@@ -421,17 +421,6 @@ def quickest_alike(
         and (seconds := r.result.time_to_finish_s(steps)) is not None
     ]
     return min(timed, key=lambda pair: pair[0], default=(0.0, candidate))[1]
-
-
-def parity_arguments(spec: SearchSpec) -> dict[str, object]:
-    """What a parity run changes in the recipe: a learning rate at which the loss falls
-    within K steps (yours when --base-args sets one) held constant, so that a warm-up
-    or schedule meant for thousands of steps does not stall a run of thirty."""
-    return {
-        "learning_rate": learning_rate(spec),
-        "lr_scheduler_type": "constant",
-        "warmup_steps": 0,
-    }
 
 
 def baseline(

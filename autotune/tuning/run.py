@@ -39,7 +39,6 @@ from autotune.tuning.outcome import SearchReport
 from autotune.tuning.parity import (
     ParityCheck,
     baseline,
-    parity_arguments,
     parity_stop,
     reference_candidate,
     run_s,
@@ -383,9 +382,7 @@ class SearchRun:
             warmup_steps=spec.warmup_steps,
             measure_steps=measure_steps or spec.measure_steps,
             seed=spec.seed,
-            # the parity runs' learning rate, constant: each probe's losses are its
-            # parity evidence (a warm-up meant for thousands of steps would hide them)
-            training_arguments={**recipe(spec, candidate), **parity_arguments(spec)},
+            training_arguments=recipe(spec, candidate),
             concurrent=concurrent or self.limits.concurrent,
             nproc_per_node=spec.nproc_per_node,
             data_path=spec.data.path if spec.data else "",
