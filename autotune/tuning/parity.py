@@ -49,7 +49,6 @@ if TYPE_CHECKING:
     from autotune.tuning.run import SearchRun
 
 
-
 def reference_candidate(spec: SearchSpec, records: Sequence[TrialRecord]) -> Candidate:
     """The user's recipe: their precision, optimizer, checkpointing and micro-batch from
     --base-args, else fp32 `adamw_torch` without checkpointing at the largest micro-batch
