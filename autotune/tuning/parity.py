@@ -265,7 +265,9 @@ def probe_state(spec: SearchSpec, records: Sequence[TrialRecord]) -> ParityState
     recipe = Arithmetic.of(reference)
     alike = sorted(
         (r for r in fits if Arithmetic.of(r.candidate) == recipe),
-        key=lambda r: (r.candidate != reference, -len(r.result.step_losses), r.number),
+        # the longest (a probe cut short as clearly slower has few losses), the recipe's
+        # own split first among equals
+        key=lambda r: (-len(r.result.step_losses), r.candidate != reference, r.number),
     )
     if not alike:
         return state
