@@ -44,6 +44,17 @@ def run(limits: SearchLimits) -> SearchRun:
 never_over = NO_ESTIMATE
 
 
+def faked(store: Any, limits: SearchLimits, observer: Any, launcher: Any) -> SearchRun:
+    """A SearchRun over stand-ins for its store, observer and launcher."""
+    return SearchRun(
+        store=store,
+        study_dir=Path("unused"),
+        limits=limits,
+        observer=observer,
+        launcher=launcher,
+    )
+
+
 def test_the_time_budget_stops_new_probes_at_its_search_share() -> None:
     clock = Clock()
     budget = Deadline.after(100.0, clock)
@@ -218,13 +229,7 @@ def test_a_confirmation_expected_to_end_past_the_time_budget_does_not_start() ->
     )
     observer = SimpleNamespace(on_confirm=lambda *a: None)
     limits = SearchLimits(confirm_top=1, confirm_steps=4)
-    search = SearchRun(
-        store=store,
-        study_dir=Path("unused"),
-        limits=limits,  # type: ignore[arg-type]
-        observer=observer,
-        launcher=launcher,
-    )  # type: ignore[arg-type]
+    search = faked(store, limits, observer, launcher)
     expected = 4.0 + 2.0 + (SPEC.warmup_steps + 4) * 1.0
     clock = Clock()
     assert search.confirm(Deadline(clock.now + expected - 1, clock)) == 0 and not ran
@@ -312,13 +317,7 @@ def test_a_parity_run_expected_to_end_past_the_time_budget_does_not_start() -> N
         on_plan=said.append, on_parity=lambda *a: None, on_parity_start=lambda *a: None
     )
     limits = SearchLimits(confirm_top=1, parity_check=True, parity_steps=4)
-    search = SearchRun(
-        store=store,
-        study_dir=Path("unused"),
-        limits=limits,  # type: ignore[arg-type]
-        observer=observer,
-        launcher=launcher,
-    )  # type: ignore[arg-type]
+    search = faked(store, limits, observer, launcher)
     need = REFERENCE + TWIN + BF16 + 3 * EVALUATIONS
     clock = Clock()
     state = ParityCheck(search, limits).settle(Deadline(clock.now + need - 1, clock))
