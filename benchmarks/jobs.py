@@ -7,6 +7,7 @@ memory estimate (the job as held, before any probe refines it) against every pro
 measured peak.
 
     python benchmarks/jobs.py [--no-append] [--quick]
+    python benchmarks/jobs.py --device cuda --budget 20GiB --jobs qlora --no-append
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from _common import ROOT, autotune, machine, save
 
 sys.path.insert(0, str(ROOT / "tests"))
 from job_script import BASE_ARGS, write_job  # the tests' job; a bigger model below
+
+JOBS = ("qlora", "lora", "full")  # QLoRA, LoRA on the bf16 base, the full fine-tuning stand-in
 
 
 def prepare(work: Path, quick: bool) -> Path:
@@ -93,29 +96,38 @@ def main() -> None:
     parser.add_argument("--no-append", action="store_true")
     parser.add_argument("--quick", action="store_true", help="a tiny model, 1-minute searches")
     parser.add_argument("--budget", default="3GiB", help="the memory budget of every search")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (the QLoRA base too)")
+    parser.add_argument("--time-budget", help="of every search (default 3m, 1m with --quick)")
+    parser.add_argument(
+        "--jobs", default=",".join(JOBS), help=f"which of {', '.join(JOBS)} (comma-separated)"
+    )
     options = parser.parse_args()
+    chosen = options.jobs.split(",")
+    if unknown := set(chosen) - set(JOBS):
+        parser.error(f"--jobs: no job named {', '.join(sorted(unknown))}; choose from {JOBS}")
     work = prepare(Path(tempfile.mkdtemp(prefix="autotune-jobs-")), options.quick)
-    minutes = "1m" if options.quick else "3m"
-    common = [
-        "--device",
-        "cpu",
-        "--memory-budget",
-        options.budget,
-        "--time-budget",
-        minutes,
-        "--lever",
-        "torch_compile=false",
-        "--quiet",
-    ]
+    minutes = options.time_budget or ("1m" if options.quick else "3m")
+    common = ["--device", options.device, "--memory-budget", options.budget]
+    common += ["--time-budget", minutes, "--lever", "torch_compile=false", "--quiet"]
     factory = ["--trainer", "job.py:qlora"]
-    results = {"lora on bf16": None, "qlora": None, "full fine-tune stand-in": None}
-    results["qlora"] = search(work, "qlora", [*factory, "--base-args", "qlora.json"], common)
+    results = {}
+    if "qlora" in chosen:
+        results["qlora"] = search(work, "qlora", [*factory, "--base-args", "qlora.json"], common)
     script = work / "job.py"
     script.write_text(script.read_text().replace("BITS = 4", "BITS = 16"))
-    results["lora on bf16"] = search(work, "lora", [*factory, "--base-args", "lora.json"], common)
-    stand_in = ["--model", "./model-bf16", "--global-batch-size", "16", "--seq-len", "64"]
-    results["full fine-tune stand-in"] = search(work, "full", stand_in, common)
-    figures = {**machine(), "budget": options.budget, "time_budget": minutes, "jobs": results}
+    if "lora" in chosen:
+        lora = [*factory, "--base-args", "lora.json"]
+        results["lora on bf16"] = search(work, "lora", lora, common)
+    if "full" in chosen:
+        stand_in = ["--model", "./model-bf16", "--global-batch-size", "16", "--seq-len", "64"]
+        results["full fine-tune stand-in"] = search(work, "full", stand_in, common)
+    figures = {
+        **machine(),
+        "device": options.device,
+        "budget": options.budget,
+        "time_budget": minutes,
+        "jobs": results,
+    }
     save("jobs", figures, _markdown(figures), append=not options.no_append)
 
 

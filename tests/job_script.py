@@ -72,8 +72,9 @@ def qlora(args: SFTConfig):
         quantized = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16
         )
+        device = "cuda" if torch.cuda.is_available() else "cpu"
         model = AutoModelForCausalLM.from_pretrained(
-            HERE / "model-bf16", quantization_config=quantized, device_map="cpu"
+            HERE / "model-bf16", quantization_config=quantized, device_map=device
         )
         model = prepare_model_for_kbit_training(model)
     else:

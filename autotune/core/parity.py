@@ -246,9 +246,11 @@ class Parity:
         gap = f", {self.gap:+.1%} of its progress" if self.gap is not None else ""
         tol = f" (tolerance {self.tolerance:.1%})" if self.tolerance is not None else ""
         steps = f"{self.steps} probe steps" if self.evidence == "probes" else f"{self.steps} steps"
+        # the start gives the gap its scale: 29.9 against 11.3 is 12% of a fall from 160
+        start = f" (from {_num(self.start_loss)})" if self.start_loss is not None else ""
         return (
             f"{self.status}: loss {_num(self.final_loss)} vs reference "
-            f"{_num(self.reference_final_loss)} after {steps}{gap}{tol}"
+            f"{_num(self.reference_final_loss)}{start} after {steps}{gap}{tol}"
             + (f"; {self.reason}" if self.reason else "")
             + (
                 "; exported unverified (--parity on exports verified configs only)"

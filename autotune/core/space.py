@@ -138,31 +138,18 @@ def derive_space(
     levers: Sequence[tuple[str, Sequence[Any]]] = (),
     not_offered: Sequence[tuple[str, str]] = (),
     held_in: str = "",
+    trains_in: str = "",
 ) -> SearchSpace:
     """The space for this device, narrowed by the user's options; refuses an empty one.
 
     `installed_optimizers`: the optim names the installed libraries can run
     (autotune.hf.training_args.available_optimizers). `held_in`: what a job that holds
     its weights in 16 bits or quantized holds them in ("bfloat16", "4-bit nf4"); its
-    runs without autocast are `as-loaded`, never fp32 or tf32."""
+    runs without autocast are `as-loaded`, never fp32 or tf32. `trains_in`: the 16-bit
+    dtype a job's trainable parameters are held in, where fp16's gradient scaler cannot
+    run."""
     regular, fallback = batch_choices(global_batch_size)
-    supported = _precisions_for(device, held_in)
-    for name in precisions or ():
-        if name not in set(Precision):
-            raise SpaceError(
-                f"unknown precision {name!r}; choose from {', '.join(p.value for p in Precision)}"
-            )
-        if held_in and name in (Precision.FP32, Precision.TF32):
-            raise SpaceError(
-                f"--precisions {name}: your job holds its weights in {held_in}, so a run "
-                "without autocast computes in that, not in 32 bits; ask for as-loaded"
-            )
-    chosen_prec = tuple(p for p in (precisions or supported) if p in supported)
-    if not chosen_prec:
-        raise SpaceError(
-            f"--precisions {','.join(precisions or ())}: none is supported on {device.name} "
-            f"({device.kind}); this device supports {', '.join(supported)}"
-        )
+    chosen_prec = _chosen_precisions(device, precisions, held_in, trains_in)
     installed = tuple(installed_optimizers)
     if optimizers:
         unknown = [o for o in optimizers if o not in installed]
@@ -179,7 +166,7 @@ def derive_space(
         global_batch_size=global_batch_size,
         micro_batches=regular,
         fallback_batches=fallback,
-        precisions=tuple(Precision(p) for p in chosen_prec),
+        precisions=chosen_prec,
         checkpointing=tuple(dict.fromkeys(checkpointing or (False, True))),
         optimizers=chosen_opt,
         samplings=tuple(samplings),
@@ -188,10 +175,43 @@ def derive_space(
     )
 
 
-def _precisions_for(device: DeviceInfo, held_in: str) -> tuple[Precision, ...]:
+def _chosen_precisions(
+    device: DeviceInfo, precisions: Sequence[str] | None, held_in: str, trains_in: str
+) -> tuple[Precision, ...]:
+    """The precisions asked for (all this device and the job can run, by default); one
+    it cannot, or none left, is refused with what to ask for instead."""
+    supported = _precisions_for(device, held_in, trains_in)
+    for name in precisions or ():
+        if name not in set(Precision):
+            raise SpaceError(
+                f"unknown precision {name!r}; choose from {', '.join(p.value for p in Precision)}"
+            )
+        if held_in and name in (Precision.FP32, Precision.TF32):
+            raise SpaceError(
+                f"--precisions {name}: your job holds its weights in {held_in}, so a run "
+                "without autocast computes in that, not in 32 bits; ask for as-loaded"
+            )
+        if trains_in and name == Precision.FP16:
+            raise SpaceError(
+                f"--precisions fp16: your job trains its parameters in {trains_in}, and "
+                "fp16's gradient scaler unscales only fp32 gradients; ask for bf16"
+            )
+    chosen = tuple(Precision(p) for p in (precisions or supported) if p in supported)
+    if not chosen:
+        raise SpaceError(
+            f"--precisions {','.join(precisions or ())}: none is supported on {device.name} "
+            f"({device.kind}); this device supports {', '.join(supported)}"
+        )
+    return chosen
+
+
+def _precisions_for(device: DeviceInfo, held_in: str, trains_in: str) -> tuple[Precision, ...]:
     """The device's precisions; for a job held in 16 bits or quantized, `as-loaded` (no
-    autocast) in place of fp32 and tf32, which would name arithmetic it does not do."""
+    autocast) in place of fp32 and tf32, which would name arithmetic it does not do; no
+    fp16 for one whose trainable parameters are held in 16 bits."""
     supported = supported_precisions(device)
+    if trains_in:
+        supported = tuple(p for p in supported if p != Precision.FP16)
     if not held_in:
         return supported
     mixed = tuple(p for p in supported if p not in (Precision.FP32, Precision.TF32))

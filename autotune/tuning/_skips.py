@@ -75,6 +75,9 @@ def skip_reason(
         batch = oom.candidate.per_device_train_batch_size
         lighter = f" with {oom.candidate.optim}" if oom.candidate.optim != candidate.optim else ""
         return Skip(f"skipped: batch {batch}{lighter} OOM in trial {oom.number}", implies_oom=True)
+    failing = failing_precision(candidate.precision, records)
+    if failing:
+        return Skip(f"skipped: {failing}", implies_oom=False)
     over = predicted_over(candidate)
     if over is not None:
         return Skip(f"skipped: {over}", implies_oom=True)
@@ -88,6 +91,24 @@ def skip_reason(
             implies_oom=False,
         )
     return None
+
+
+def failing_precision(precision: str, records: Sequence[TrialRecord]) -> str:
+    """Why a precision need not be probed again: it failed with the same error in two
+    probes that differ in other settings, and no probe of it ran ("" otherwise). A job
+    that cannot train in it at all (fp16 on adapters held in bf16, a kernel without it)
+    would fail every other config of it alike."""
+    ran = [r for r in records if r.candidate.precision == precision]
+    if any(r.result.outcome != Outcome.ERROR for r in ran):
+        return ""
+    reasons: dict[str, list[int]] = {}
+    for r in ran:
+        reasons.setdefault(r.result.reason, []).append(r.number)
+    numbers = next((n for n in reasons.values() if len(n) >= 2), None)
+    if numbers is None:
+        return ""
+    first = ran[0].result.reason.splitlines()[0][:80] if ran[0].result.reason else "an error"
+    return f"{precision} failed alike in trials {numbers[0]} and {numbers[1]} ({first})"
 
 
 # Optimizers that hold no more memory than another, all else the same. AdamW keeps 8

@@ -24,8 +24,9 @@ QUANTIZED_OPTIMIZERS = ("paged_adamw_8bit", "adamw_bnb_8bit", "paged_adamw_32bit
 # list names it: the search's first lines and `show` say why
 NO_CHECKPOINTING = "checkpointing off"
 NO_FP32 = "fp32"
+NO_FP16 = "fp16"
 NO_OPTIMIZERS = "optimizers"
-FIXED_BY_JOB = (NO_CHECKPOINTING, NO_FP32, NO_OPTIMIZERS)
+FIXED_BY_JOB = (NO_CHECKPOINTING, NO_FP32, NO_FP16, NO_OPTIMIZERS)
 
 
 def survey(o: SearchOptions, device_kind: DeviceKind, with_dataset: bool) -> JobFacts:
@@ -150,10 +151,22 @@ def held_in(job: JobFacts | None) -> str:
     return next((k for k in narrow if "bit" in k), narrow[0] if narrow else "")
 
 
-def fixed_by_job(job: JobFacts | None, checkpointing_why: str) -> list[tuple[str, str]]:
+def trains_in(job: JobFacts | None) -> str:
+    """The 16-bit dtype the job's trainable parameters are held in ("bfloat16": SFTTrainer
+    casts a quantized model's adapters so), or "" where they train in 32 bits."""
+    kinds = [
+        key.split(" ", 1)[1] for key in (job.held if job else {}) if key.startswith("trainable")
+    ]
+    return next((k for k in kinds if k in ("bfloat16", "float16")), "")
+
+
+def fixed_by_job(
+    job: JobFacts | None, checkpointing_why: str, offers_fp16: bool
+) -> list[tuple[str, str]]:
     """What of the classic dimensions the user's job rules out, each with why, as the
     space's "not offered" list holds it: checkpointing off (`checkpointing_why`), fp32
-    on weights not held in 32 bits, the optimizer when their Trainer brings its own."""
+    on weights not held in 32 bits, fp16 (where the device `offers_fp16`) on trainable
+    parameters held in 16 bits, the optimizer when their Trainer brings its own."""
     fixed = [(NO_CHECKPOINTING, checkpointing_why)] if checkpointing_why else []
     if job is not None and job.own_optimizer:
         fixed.append(
@@ -170,6 +183,15 @@ def fixed_by_job(job: JobFacts | None, checkpointing_why: str) -> list[tuple[str
                 NO_FP32,
                 f"your job holds its weights in {held}: without autocast they compute in "
                 "that, so those runs are called as-loaded",
+            )
+        )
+    if offers_fp16 and (trained := trains_in(job)):
+        fixed.append(
+            (
+                NO_FP16,
+                f"your job trains its parameters in {trained} (SFTTrainer casts a quantized "
+                "model's adapters so): fp16's gradient scaler unscales only fp32 gradients, "
+                "so an fp16 run would fail at its first step",
             )
         )
     return fixed

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.dataset import DataSpec
-from autotune.core.device import DeviceInfo
-from autotune.core.enums import DeviceKind, Task
+from autotune.core.device import DeviceInfo, supported_precisions
+from autotune.core.enums import DeviceKind, Precision, Task
 from autotune.core.errors import UsageError
 from autotune.core.job import JobFacts
 from autotune.core.space import SearchSpace, derive_space
@@ -42,6 +42,7 @@ from autotune.tuning._user_job import (
     job_profile,
     job_recipe,
     survey,
+    trains_in,
     unmeasured,
 )
 from autotune.tuning.estimate import check_budget
@@ -196,6 +197,7 @@ def _space(
     asked = tuple(c == "on" for c in o.checkpointing) if o.checkpointing else None
     checkpointing, fixed_why = job_checkpointing(asked, job)
     installed = available_optimizers()
+    offers_fp16 = Precision.FP16 in supported_precisions(device)
     optimizers = job_optimizers(o.optimizers, installed, recipe, job) if job else o.optimizers
     return derive_space(
         device,
@@ -206,8 +208,9 @@ def _space(
         samplings=SAMPLINGS if dataset else (str(recipe.get("train_sampling_strategy", "random")),),
         installed_optimizers=installed,
         levers=levers,
-        not_offered=(*not_offered, *fixed_by_job(job, fixed_why)),
+        not_offered=(*not_offered, *fixed_by_job(job, fixed_why, offers_fp16)),
         held_in=held_in(job),
+        trains_in=trains_in(job),
     )
 
 

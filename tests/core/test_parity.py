@@ -48,7 +48,7 @@ def test_a_slower_learner_is_diverged_with_its_figures() -> None:
     verdict = judge(REFERENCE, sgd, tolerance(REFERENCE, None))
     assert verdict.status == Status.DIVERGED and verdict.blocks_export
     assert verdict.figures() == (
-        "diverged: loss 5.935 vs reference 4.725 after 21 steps, +94.9% of its progress "
+        "diverged: loss 5.935 vs reference 4.725 (from 6) after 21 steps, +94.9% of its progress "
         "(tolerance 5.0%); learns slower than the reference"
     )
     assert math.isclose(verdict.ratio or 0, 5.935 / 4.725)

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 from helpers import DIMENSIONS, MEMORY_FREE, SPACE, cand, rec
 
-from autotune.core.trial import LEVERS, Candidate, Outcome
+from autotune.core.trial import LEVERS, Candidate, Outcome, TrialRecord
 from autotune.tuning._skips import open_candidates, skip_reason
 
 
@@ -220,3 +220,26 @@ def test_an_oom_skips_larger_batches_of_its_own_settings_only(name: str) -> None
         assert across is not None and across.implies_oom
     else:
         assert across is None, across
+
+
+def test_a_precision_that_failed_alike_twice_and_never_ran_is_skipped() -> None:
+    # fp16 on a QLoRA job's bf16 adapters fails every config alike (seen on an H100)
+    unscale = "NotImplementedError: _amp_foreach_non_finite_check_and_unscale_cuda for 'BFloat16'"
+
+    def failed(number: int, candidate: Candidate, reason: str = unscale) -> TrialRecord:
+        record = rec(number, candidate, Outcome.ERROR)
+        return dataclasses.replace(record, result=dataclasses.replace(record.result, reason=reason))
+
+    once = [failed(4, cand(8, "bf16"))]
+    assert skip_reason(cand(16, "bf16"), once, SPACE) is None  # one failure: maybe the config's
+    twice = [*once, failed(5, cand(8, "bf16", ckpt=True))]
+    skip = skip_reason(cand(16, "bf16"), twice, SPACE)
+    assert skip is not None and not skip.implies_oom
+    assert skip.reason.startswith(
+        "skipped: bf16 failed alike in trials 4 and 5 (NotImplementedError"
+    )
+    assert skip_reason(cand(16, "fp32"), twice, SPACE) is None  # another precision
+    other = [*once, failed(5, cand(8, "bf16", ckpt=True), "exit code -9; no result.json")]
+    assert skip_reason(cand(16, "bf16"), other, SPACE) is None  # two different failures
+    ran = [*twice, rec(6, cand(16, "bf16", ckpt=True))]
+    assert skip_reason(cand(32, "bf16"), ran, SPACE) is None  # it runs somewhere: not the precision

@@ -8,14 +8,19 @@ import dataclasses
 import pytest
 from helpers import SPEC
 
-from autotune.core.errors import UsageError
+from autotune.core.device import DeviceInfo
+from autotune.core.errors import SpaceError, UsageError
 from autotune.core.job import JobFacts
+from autotune.core.space import derive_space
 from autotune.tuning._user_job import (
+    fixed_by_job,
+    held_in,
     job_checkpointing,
     job_counts,
     job_optimizers,
     job_profile,
     job_recipe,
+    trains_in,
 )
 
 INSTALLED = ("adamw_torch", "adamw_torch_fused", "adafactor", "adamw_bnb_8bit", "paged_adamw_8bit")
@@ -89,6 +94,31 @@ def test_a_job_edited_from_4bit_to_bf16_is_another_study() -> None:
 def test_the_estimate_counts_a_quantized_base_as_held() -> None:
     counted = job_counts(QLORA)
     assert (counted.total, counted.trainable, counted.frozen_bytes) == (1_000_000, 10_000, 860_000)
+
+
+def test_adapters_trained_in_bf16_are_offered_no_fp16_on_a_gpu() -> None:
+    # SFTTrainer casts a quantized model's adapters to bf16; fp16's GradScaler then fails
+    # at the first step ("_amp_foreach_non_finite_check_and_unscale_cuda" not implemented
+    # for 'BFloat16', seen on an H100): no such probe is launched
+    h100 = DeviceInfo("cuda", 0, "H100", 80 * 2**30, (9, 0))
+
+    def space(job: JobFacts, **asked: object):
+        return derive_space(
+            h100,
+            global_batch_size=16,
+            installed_optimizers=INSTALLED,
+            held_in=held_in(job),
+            trains_in=trains_in(job),
+            **asked,  # type: ignore[arg-type]
+        )
+
+    assert space(QLORA).precisions == ("as-loaded", "bf16")
+    assert [name for name, _ in fixed_by_job(QLORA, "", offers_fp16=True)] == ["fp32", "fp16"]
+    assert "gradient scaler" in dict(fixed_by_job(QLORA, "", offers_fp16=True))["fp16"]
+    assert "fp16" not in dict(fixed_by_job(QLORA, "", offers_fp16=False))  # the CPU has none
+    with pytest.raises(SpaceError, match="--precisions fp16: your job trains its parameters"):
+        space(QLORA, precisions=["fp16"])
+    assert space(BF16).precisions == ("as-loaded", "fp16", "bf16")  # fp32 adapters: it can
 
 
 def test_a_trainer_with_its_own_optimizer_fixes_the_optimizer_to_theirs() -> None:
