@@ -19,7 +19,6 @@ from autotune.core.paths import (
     study_folder,
 )
 from autotune.core.spec import SearchSpec
-from autotune.core.stats import speed_ratio
 from autotune.core.trial import TrialRecord
 from autotune.hf.factory import resolve_reference
 from autotune.hf.levers import parse_lever_options
@@ -33,7 +32,7 @@ from autotune.tuning.outcome import SearchOutcome, SearchReport
 from autotune.tuning.parity import baseline
 from autotune.tuning.plan import DataOptions, Layout, build_spec, job_notes, workload_defaults
 from autotune.tuning.run import prepare_store, run_search
-from autotune.tuning.selection import nothing_fits
+from autotune.tuning.selection import compare, nothing_fits
 from autotune.tuning.time_plan import plan_for_budget
 from autotune.tuning.workers import run_workers
 from autotune.views.export import export_selected, parity_summary, previous_export
@@ -209,7 +208,7 @@ def _outcome(
         raise nothing_fits(records, spec)
     changed = parity_summary(best, spec, records, parity)
     default, against = baseline(spec, records, parity)
-    ratio = speed_ratio(best.result, default.result) if default and default != best else None
+    ratio = compare(best, default) if default and default != best else None
     return SearchOutcome(
         name,
         best,

@@ -18,11 +18,17 @@ from round to round as the median (0.025 against 0.047 in log step time), and as
 as it where the host was calm. The figures kept and exported stay the median and the
 spread (invariant 6). With real batches of varying length (`--dataset`) a step's time
 also depends on its batch, so the median ranks there.
+
+Two configs measured in the same rounds (confirmation runs made back to back, the order
+alternating from round to round) compare round by round: the ratio is the geometric mean
+of the paired ratios, with a 95% interval (Student's t over the rounds), which narrows as
+rounds are added where the quartiles of pooled steps do not.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Sequence
 
@@ -121,13 +127,15 @@ class SpeedRatio:
     value: float
     low: float
     high: float
+    rounds: int = 0  # >0: from this many paired rounds (`paired_ratio`), a 95% interval
 
     @property
     def tie(self) -> bool:
         return self.low <= 1.0 <= self.high
 
     def describe(self) -> str:
-        spread = f"{self.low:.2f}-{self.high:.2f}x over their step times"
+        over = f"{self.rounds} paired rounds" if self.rounds else "their step times"
+        spread = f"{self.low:.2f}-{self.high:.2f}x over {over}"
         if self.tie:
             return f"{self.value:.2f}x, a tie within the noise ({spread})"
         return f"{self.value:.2f}x ({spread})"
@@ -141,6 +149,25 @@ def speed_ratio(faster: TrialResult, slower: TrialResult) -> SpeedRatio | None:
     slow_low, slow_high = _quartiles(slower.step_times_s)
     value = statistics.median(slower.step_times_s) / statistics.median(faster.step_times_s)
     return SpeedRatio(value, slow_low / fast_high, slow_high / fast_low)
+
+
+# Student's t at 97.5% (a two-sided 95% interval) by degrees of freedom, 1 to 9; past
+# that the 9's (a slightly wider interval)
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262)
+Rounds = tuple[tuple[int, float], ...]  # (round, the run's quiet step time), a config's
+
+
+def paired_ratio(faster: Rounds, slower: Rounds) -> SpeedRatio | None:
+    """`faster`'s speed over `slower`'s from the rounds both ran in: the geometric mean
+    of the paired ratios of their step times, with its 95% interval. None with fewer
+    than two such rounds (no interval)."""
+    fast, slow = dict(faster), dict(slower)
+    logs = [math.log(slow[r] / fast[r]) for r in sorted(fast.keys() & slow.keys()) if fast[r] > 0]
+    if len(logs) < 2:
+        return None
+    mean = statistics.mean(logs)
+    half = T975[min(len(logs) - 2, len(T975) - 1)] * statistics.stdev(logs) / math.sqrt(len(logs))
+    return SpeedRatio(math.exp(mean), math.exp(mean - half), math.exp(mean + half), len(logs))
 
 
 def _quartiles(times: Sequence[float]) -> tuple[float, float]:

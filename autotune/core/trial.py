@@ -292,6 +292,9 @@ class TrialRecord:
     result: TrialResult  # pooled over the confirmation runs, when there are any
     runs: int = 1
     parity: Parity | None = None  # its training parity with the user's recipe, when judged
+    # Its confirmation runs made in interleaved rounds beside other finalists: (round,
+    # the run's quiet step time), compared round by round (core/stats.paired_ratio)
+    rounds: tuple[tuple[int, float], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,7 @@ class Attr(enum.StrEnum):
     REASON = "reason"
     RESULT = "result"  # the TrialResult JSON
     CONFIRMS = "confirms"  # on a confirmation run: the number of the trial it confirms
+    ROUND = "round"  # on a confirmation run: the interleaved round it was made in
     REUSED = "reused_from"  # figures taken over from another study: not a probe
     CLAIM = "claim"  # the config a running trial probes (see coordination.claim_key)
     FIRST_GUESS = "first_guess"  # queued before any probe: core.space.seed_candidates

@@ -26,7 +26,7 @@ from autotune.core.errors import StudyError
 from autotune.core.files import write_atomic
 from autotune.core.parity_state import ParityPlan, ParityState
 from autotune.core.spec import SearchSpec
-from autotune.core.stats import combine, pooled
+from autotune.core.stats import combine, pooled, quiet_step_s
 from autotune.core.trial import Candidate, TrialRecord, TrialResult, Verdict
 from autotune.store import _coordination, _identity, compat
 from autotune.store._params import candidate_of, candidate_params, distributions
@@ -146,6 +146,16 @@ class StudyStore:
     # ---- reading --------------------------------------------------------------------
 
     @transient_retry
+    def next_round(self) -> int:
+        """The number of a new round of interleaved confirmation runs."""
+        made = [
+            int(t.user_attrs[Attr.ROUND])
+            for t in self.study.get_trials(deepcopy=False)
+            if Attr.ROUND in t.user_attrs
+        ]
+        return 1 + max(made, default=-1)
+
+    @transient_retry
     def records(self) -> list[TrialRecord]:
         """Every trial with a result: measured, or skipped because an OOM implies it.
 
@@ -159,11 +169,17 @@ class StudyStore:
             if Attr.RESULT in t.user_attrs
         ]
         confirmations: dict[int, list[TrialResult]] = {}
+        rounds: dict[int, list[tuple[int, float]]] = {}
         for trial in finished:
             if Attr.CONFIRMS in trial.user_attrs:
-                confirmations.setdefault(int(trial.user_attrs[Attr.CONFIRMS]), []).append(
-                    TrialResult.from_json(trial.user_attrs[Attr.RESULT])
-                )
+                confirmed = int(trial.user_attrs[Attr.CONFIRMS])
+                run = TrialResult.from_json(trial.user_attrs[Attr.RESULT])
+                confirmations.setdefault(confirmed, []).append(run)
+                step_s = quiet_step_s(run) if run.outcome == Outcome.OK else None
+                if Attr.ROUND in trial.user_attrs and step_s:
+                    rounds.setdefault(confirmed, []).append(
+                        (int(trial.user_attrs[Attr.ROUND]), step_s)
+                    )
         state = self.parity()
         found = []
         for trial in finished:
@@ -179,6 +195,7 @@ class StudyStore:
                     combine(first, extra),
                     sum(run.pooled_runs for run in pooled(first, extra)),
                     state.verdict(candidate) if state else None,
+                    tuple(sorted(rounds.get(trial.number, []))),
                 )
             )
         return _coordination.one_per_config(found)
@@ -388,11 +405,17 @@ class StudyStore:
 
     @transient_retry
     def add_confirmation(
-        self, record: TrialRecord, result: TrialResult, verdict: Verdict, folder: str
+        self,
+        record: TrialRecord,
+        result: TrialResult,
+        verdict: Verdict,
+        folder: str,
+        round_number: int | None = None,
     ) -> None:
-        """Store a confirmation run as a finished trial pointing at the trial it confirms."""
+        """Store a confirmation run as a finished trial pointing at the trial it confirms
+        (and the interleaved round it was made in, if any)."""
         values = verdict.values if result.outcome == Outcome.OK else None
-        attrs = {
+        attrs: dict[Attr, Any] = {
             Attr.CONFIRMS: record.number,
             Attr.TRIAL_DIR: folder,
             Attr.OUTCOME: str(result.outcome),
@@ -400,6 +423,8 @@ class StudyStore:
             Attr.RESULT: result.to_json(),
             Attr.SAMPLES_PER_S: round(result.samples_per_s or 0.0, 3),
         }
+        if round_number is not None:
+            attrs[Attr.ROUND] = round_number
         self.study.add_trial(
             optuna.trial.create_trial(
                 params=candidate_params(record.candidate, self.spec.space),

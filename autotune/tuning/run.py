@@ -44,14 +44,19 @@ from autotune.tuning.parity import (
     run_s,
 )
 from autotune.tuning.selection import (
+    compare,
+    duel_pair,
     fitting,
     incumbent_cost,
     keeping_twin,
     ranked,
     select_for,
+    settled,
     verdict,
 )
 from autotune.tuning.time_plan import plan_parity
+
+MAX_ROUNDS = 6  # paired rounds between two close finalists, at most
 
 
 class SearchRun:
@@ -311,8 +316,10 @@ class SearchRun:
     def confirm(self, deadline: Deadline) -> int:
         """Measure the top finalists again, longer, until each has two runs, and then the
         plain default (where measured and it fits), so the ratio to it rests on runs
-        measured alike. Returns runs."""
+        measured alike; these runs are one round. Then, where the two finalists the
+        export hinges on are close, paired rounds between them (`duel`). Returns runs."""
         runs = 0
+        first_round = self.store.next_round()
         for _ in range(2 * self.limits.confirm_top + 1 if self.limits.confirm_top else 0):
             if deadline.passed():
                 break
@@ -323,7 +330,6 @@ class SearchRun:
             chosen = select_for(self.spec, pool, self.limits.objective)
             finalists = [r for r in pool if r == chosen] + [r for r in ranked(pool) if r != chosen]
             left = deadline.left()  # a run expected to end past the budget does not start
-            steps = self.spec.warmup_steps + self.limits.confirm_steps
             # and then what the headline ratio is taken against (their recipe, or the
             # plain default)
             default, _ = baseline(self.spec, pool, None)
@@ -331,29 +337,67 @@ class SearchRun:
             if default is not None and default.number not in {r.number for r in wanted}:
                 wanted.append(default)
             todo = [
-                r
-                for r in wanted
-                if r.runs < 2 and (left is None or run_s(r.result, steps, 1) <= left)
+                r for r in wanted if r.runs < 2 and (left is None or self._confirm_s(r) <= left)
             ]
             if not todo:
                 break
-            record = todo[0]
-            # Each run its own folder; confirmations run one at a time, alone (concurrent 1).
-            stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{runs}"
-            config = self.trial_config(
-                record.number,
-                record.candidate,
-                f"{record.number}-confirm-{stamp}",
-                concurrent=1,
-                measure_steps=self.limits.confirm_steps,
-            )
-            result = self.launcher.run(config, timeout_s=self.limits.trial_timeout_s)
-            judged = verdict(result, self.spec, implied=False)
-            self.store.add_confirmation(record, result, judged, config.trial_dir)
-            self.observer.on_confirm(record.number, record.candidate, result)
+            self._confirm_run(todo[0], first_round, runs)
             runs += 1
-            self.probes += 1
+        return runs + (self.duel(deadline) if self.limits.confirm_top else 0)
+
+    def duel(self, deadline: Deadline) -> int:
+        """Paired, interleaved rounds (A B, then B A) between the two finalists the export
+        hinges on (`duel_pair`), while their measurements cannot tell them apart, until
+        the rounds' interval says which is faster or that they tie (`settled`), for at
+        most `MAX_ROUNDS` rounds and as far as the time budget allows. Returns runs."""
+        runs = 0
+        for _ in range(MAX_ROUNDS):  # a pair that changes as rounds come in: bounded too
+            fits = fitting(self.store.records(), self.spec.fit_limit_bytes)
+            pool = [r for r in fits if not (r.parity and r.parity.blocks_export)]
+            pair = duel_pair(self.spec, pool, self.limits.objective)
+            if pair is None:
+                return runs
+            a, b = pair
+            ratio = compare(a, b)
+            together = len(dict(a.rounds).keys() & dict(b.rounds).keys())
+            left = deadline.left()
+            if (
+                settled(ratio)
+                or together >= MAX_ROUNDS
+                or (left is not None and self._confirm_s(a) + self._confirm_s(b) > left)
+            ):
+                if together >= 2 and ratio is not None:
+                    self.observer.on_plan(
+                        f"paired rounds: trial {a.number} against trial {b.number}: "
+                        f"{ratio.describe()}"
+                    )
+                return runs
+            number = self.store.next_round()
+            for record in (a, b) if number % 2 == 0 else (b, a):  # neither always first
+                self._confirm_run(record, number, runs)
+                runs += 1
         return runs
+
+    def _confirm_s(self, record: TrialRecord) -> float:
+        """What a confirmation run of `record` is expected to take."""
+        return run_s(record.result, self.spec.warmup_steps + self.limits.confirm_steps, 1)
+
+    def _confirm_run(self, record: TrialRecord, round_number: int, runs: int) -> None:
+        """One confirmation run, in its own folder, alone (concurrent 1), stored with its
+        round."""
+        stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{round_number}-{runs}"
+        config = self.trial_config(
+            record.number,
+            record.candidate,
+            f"{record.number}-confirm-{stamp}",
+            concurrent=1,
+            measure_steps=self.limits.confirm_steps,
+        )
+        result = self.launcher.run(config, timeout_s=self.limits.trial_timeout_s)
+        judged = verdict(result, self.spec, implied=False)
+        self.store.add_confirmation(record, result, judged, config.trial_dir, round_number)
+        self.observer.on_confirm(record.number, record.candidate, result)
+        self.probes += 1
 
     def trial_config(
         self,

@@ -15,12 +15,13 @@ from autotune.core.enums import Objective, Outcome, Precision
 from autotune.core.errors import NoFitError
 from autotune.core.parity import Arithmetic, Status
 from autotune.core.spec import SearchSpec
-from autotune.core.stats import quiet_step_s, speed_ratio
+from autotune.core.stats import SpeedRatio, paired_ratio, quiet_step_s, speed_ratio
 from autotune.core.trial import Candidate, TrialRecord, TrialResult, Verdict
 from autotune.core.units import format_size
 
 MIN_NOISE = 0.01  # two configs closer than 1% are a tie even when both measured tight
 MAX_NOISE = 0.10  # a noisy measurement never makes a config >10% slower count as a tie
+RESOLVED = 0.02  # paired rounds whose interval lies within 1 +- this: a tie, settled
 GIB = float(2**30)
 
 
@@ -119,9 +120,61 @@ def _best_of(
         ties = [r for r in pool if finish_s(r, train_steps) <= limit]
         return min(ties, key=lambda r: (changes(r), _peak(r), finish_s(r, train_steps), r.number))
     fastest = max(pool, key=lambda r: (ranked_sps(r), -r.number))
+    # one its paired rounds found faster beyond their noise leads instead
+    fastest = next((r for r in pool if _beats(r, fastest)), fastest)
     band = noise_band(fastest)
-    ties = [r for r in pool if ranked_sps(r) >= ranked_sps(fastest) * (1.0 - band)]
+    ties = [r for r in pool if _tied(fastest, r, band)]
     return min(ties, key=lambda r: (changes(r), _peak(r), -ranked_sps(r), r.number))
+
+
+def _beats(record: TrialRecord, other: TrialRecord) -> bool:
+    """Paired rounds say `record` is faster than `other` beyond their noise."""
+    paired = paired_ratio(record.rounds, other.rounds)
+    return paired is not None and paired.low > 1.0
+
+
+def _tied(fastest: TrialRecord, record: TrialRecord, band: float) -> bool:
+    """Whether `record` is within the noise of the fastest: by the rounds they ran in
+    side by side where they have two, else within the fastest's noise band."""
+    paired = paired_ratio(fastest.rounds, record.rounds)
+    if paired is not None and record is not fastest:
+        return paired.low <= 1.0
+    return ranked_sps(record) >= ranked_sps(fastest) * (1.0 - band)
+
+
+def compare(faster: TrialRecord, slower: TrialRecord) -> SpeedRatio | None:
+    """How many times faster one config is than another: from the rounds they ran in
+    side by side where they have two, else from their pooled step times."""
+    return paired_ratio(faster.rounds, slower.rounds) or speed_ratio(faster.result, slower.result)
+
+
+def duel_pair(
+    spec: SearchSpec, pool: Sequence[TrialRecord], objective: Objective
+) -> tuple[TrialRecord, TrialRecord] | None:
+    """The two finalists the export hinges on: the one selection would export, and the
+    best that keeps the recipe's arithmetic where the export changes it unverified
+    (whether its gain is significant decides), else the fastest other config (whether
+    it ties decides). None with fewer than two, or ranking by efficiency (the peak, not
+    only the speed, decides there)."""
+    chosen = select_for(spec, pool, objective)
+    if chosen is None or objective != Objective.THROUGHPUT or spec.train_steps:
+        return None
+    recipe = recipe_arithmetic(spec)
+    keeping = [r for r in pool if Arithmetic.of(r.candidate) == recipe and r != chosen]
+    if not verified(chosen, recipe) and keeping:
+        return chosen, _best_of(keeping, objective, 0, recipe)
+    rivals = [r for r in ranked(pool) if r.number != chosen.number]
+    return (chosen, rivals[0]) if rivals else None
+
+
+def settled(ratio: SpeedRatio | None) -> bool:
+    """Whether a comparison of two configs is decided: its interval leaves out 1 (one
+    is faster), or, from paired rounds, lies within 1 +- `RESOLVED` (a tie)."""
+    if ratio is None:
+        return False
+    if not ratio.tie:
+        return True
+    return ratio.rounds >= 2 and 1 - RESOLVED <= ratio.low and ratio.high <= 1 + RESOLVED
 
 
 def verified(record: TrialRecord, recipe: Arithmetic) -> bool:
@@ -138,7 +191,7 @@ def significant(chosen: TrialRecord, other: TrialRecord, objective: Objective) -
     other's by more than their noise)."""
     if objective == Objective.EFFICIENCY:
         return efficiency(chosen) > efficiency(other) * (1.0 + noise_band(other))
-    ratio = speed_ratio(chosen.result, other.result)
+    ratio = compare(chosen, other)
     return ratio is not None and ratio.low > 1.0
 
 
@@ -160,7 +213,7 @@ def unverified_note(spec: SearchSpec, records: Sequence[TrialRecord], chosen: Tr
             "precision and optimizer fits"
         )
     other = _best_of(keeping, Objective.THROUGHPUT, spec.train_steps, recipe)
-    ratio = speed_ratio(chosen.result, other.result)
+    ratio = compare(chosen, other)
     gain = ratio.describe() if ratio else "faster"
     return (
         f"exported without verified parity for its gain: {gain} the speed of trial "

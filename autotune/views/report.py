@@ -15,10 +15,10 @@ from pathlib import Path
 
 from autotune.core.files import write_atomic
 from autotune.core.spec import SearchSpec
-from autotune.core.stats import speed_ratio
 from autotune.core.trial import Candidate, TrialRecord
 from autotune.core.units import format_duration, format_size
 from autotune.hf.training_args import cli_flags, study_arguments
+from autotune.tuning.selection import compare
 from autotune.views._charts import plot_by_batch, plot_ranked, plot_tradeoff
 from autotune.views._insight import Insight, insight, note
 from autotune.views.show import TrialRow
@@ -60,7 +60,7 @@ def _headline(found: Insight, spec: SearchSpec) -> str:
     sps = best.result.samples_per_s or 0.0
     peak = best.result.peak_memory_bytes or 0
     versus = ""
-    ratio = speed_ratio(best.result, ref.result) if ref and ref.number != best.number else None
+    ratio = compare(best, ref) if ref and ref.number != best.number else None
     if ref is not None and ratio is not None:
         versus = (
             f" = <b>{html.escape(ratio.describe())}</b> the speed of {found.reference_name} (trial "

@@ -134,3 +134,19 @@ def test_a_ratio_whose_range_holds_one_is_a_tie() -> None:
     ratio = speed_ratio(a, b)
     assert ratio is not None and ratio.tie and "a tie within the noise" in ratio.describe()
     assert speed_ratio(a, TrialResult(Outcome.OOM)) is None
+
+
+def test_paired_rounds_give_an_interval_that_narrows_as_rounds_are_added() -> None:
+    """Each round's pair is one ratio; their geometric mean has a 95% interval over the
+    rounds. The pooled quartiles of the same steps do not narrow with more of them."""
+    from autotune.core.stats import paired_ratio
+
+    a = ((0, 0.90), (1, 0.92), (2, 0.91))
+    b = ((0, 1.00), (1, 1.01), (2, 1.00), (5, 3.0))  # round 5: A has none, unpaired
+    three = paired_ratio(a, b)
+    assert three is not None and three.rounds == 3
+    assert three.low > 1.0 and 1.09 < three.value < 1.11 and not three.tie
+    assert "over 3 paired rounds" in three.describe()
+    assert paired_ratio(a[:1], b) is None  # one round: no interval
+    two = paired_ratio(a[:2], b)
+    assert two is not None and two.high - two.low > three.high - three.low

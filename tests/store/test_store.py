@@ -258,3 +258,32 @@ def test_the_same_seed_proposes_the_same_configs_and_another_seed_does_not(
     first = proposals(tmp_path, sampler, 7)
     assert proposals(tmp_path, sampler, 7) == first
     assert proposals(tmp_path, sampler, 8) != first
+
+
+def test_confirmation_runs_keep_their_rounds_for_paired_comparison(tmp_path: Path) -> None:
+    """A confirmation made in an interleaved round comes back with its round and its
+    quiet step time; one made outside any round is pooled but paired with nothing."""
+    from autotune.tuning.selection import verdict
+
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    store = StudyStore.open(url=url, name="rounds", spec=SPEC, sampler=make_sampler("tpe", 0))
+    store.enqueue(cand(8))
+    trial, _ = store.ask()
+
+    def run(step_s: float) -> TrialResult:
+        return TrialResult(
+            Outcome.OK,
+            samples_per_s=64 / step_s,
+            peak_memory_bytes=2**30,
+            step_time_median_s=step_s,
+            step_times_s=(step_s,) * 4,
+        )
+
+    store.tell(trial, run(1.0), verdict(run(1.0), SPEC, implied=False))
+    (record,) = store.records()
+    assert store.next_round() == 0
+    store.add_confirmation(record, run(0.9), verdict(run(0.9), SPEC, implied=False), "a", 0)
+    store.add_confirmation(record, run(0.8), verdict(run(0.8), SPEC, implied=False), "b")
+    assert store.next_round() == 1
+    (record,) = store.records()
+    assert record.runs == 3 and record.rounds == ((0, 0.9),)

@@ -6,7 +6,7 @@ import statistics
 import pytest
 from helpers import GIB, SPACE, SPEC, cand, rec
 
-from autotune.core.enums import Precision
+from autotune.core.enums import Objective, Precision
 from autotune.core.parity import Arithmetic, Parity, Status
 from autotune.core.trial import Candidate, Outcome, TrialRecord
 from autotune.tuning.selection import noise_band, ranked, select_best, unverified_note
@@ -169,3 +169,45 @@ def test_an_unverified_best_has_its_arithmetic_keeping_twin_probed_next() -> Non
     assert twin not in open_candidates(spec.space, [yours, fast, measured])  # once
     verified = dataclasses.replace(fast, parity=Parity(Status.OK))
     assert keeping_twin(spec, [yours, verified]) is None
+
+
+def _rounds(*step_s: float, start: int = 0) -> tuple[tuple[int, float], ...]:
+    return tuple(enumerate(step_s, start=start))
+
+
+def test_paired_rounds_decide_what_pooled_steps_cannot() -> None:
+    """The unchecked bf16 change reads 10% faster, its steps overlapping the recipe's:
+    not significant from pooled steps. Timed beside it in four rounds, 9-11% faster in
+    every one, its gain holds and it is exported; rounds that swing either way leave it a
+    tie, and the recipe's arithmetic is kept."""
+    yours = _timed(0, cand(8), (1.00, 1.10, 0.95, 1.05, 1.00), peak_gib=2.0)
+    close = _timed(1, BF16_FUSED, (0.85, 1.04, 0.86, 1.02, 0.91), peak_gib=2.0)
+    steady = [
+        dataclasses.replace(yours, rounds=_rounds(1.00, 1.05, 0.98, 1.02)),
+        dataclasses.replace(close, rounds=_rounds(0.91, 0.95, 0.88, 0.93)),
+    ]
+    assert select_best(steady, fit_limit_bytes=LIMIT, recipe=RECIPE).number == 1
+    assert "over 4 paired rounds" in unverified_note(SPEC, steady, steady[1])
+    swinging = [
+        dataclasses.replace(yours, rounds=_rounds(1.00, 1.05, 0.98, 1.02)),
+        dataclasses.replace(close, rounds=_rounds(0.80, 1.10, 0.85, 1.06)),
+    ]
+    assert select_best(swinging, fit_limit_bytes=LIMIT, recipe=RECIPE).number == 0
+
+
+def test_the_duel_is_between_the_export_and_the_config_it_would_yield_to() -> None:
+    from autotune.core.stats import SpeedRatio
+    from autotune.tuning.selection import duel_pair, settled
+
+    spec = dataclasses.replace(SPEC, recipe_settings={"optim": "adamw_torch"})
+    yours = _timed(0, cand(8), (1.00, 1.10, 0.95, 1.05, 1.00), peak_gib=2.0)
+    close = _timed(1, BF16_FUSED, (0.85, 1.04, 0.86, 1.02, 0.91), peak_gib=2.0)
+    slower = _timed(2, cand(16), (1.2, 1.3, 1.25, 1.2, 1.3), peak_gib=1.0)
+    pair = duel_pair(spec, [yours, close, slower], Objective.THROUGHPUT)
+    assert pair is not None and {r.number for r in pair} == {0, 1}
+    assert duel_pair(spec, [yours], Objective.THROUGHPUT) is None
+    assert duel_pair(spec, [yours, close], Objective.EFFICIENCY) is None
+    assert not settled(None) and settled(SpeedRatio(1.1, 1.05, 1.15))  # one is faster
+    assert not settled(SpeedRatio(1.0, 0.9, 1.1))  # pooled steps that overlap
+    assert not settled(SpeedRatio(1.0, 0.9, 1.1, rounds=3))  # rounds, still wide
+    assert settled(SpeedRatio(1.0, 0.99, 1.015, rounds=5))  # a tie within 2%

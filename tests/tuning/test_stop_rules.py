@@ -5,11 +5,12 @@ The time budget is checked with a fake clock: no sleeping."""
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import SPEC, cand, rec
+from helpers import GIB, SPEC, cand, rec
 
 from autotune.core.enums import Objective
 from autotune.core.parity import Arithmetic, Curve, Parity, Status
@@ -223,7 +224,9 @@ def test_a_confirmation_expected_to_end_past_the_time_budget_does_not_start() ->
     from autotune.core.trial import TrialResult
 
     ran: list[Candidate] = []
-    store = SimpleNamespace(spec=SPEC, records=lambda: RECORDS, add_confirmation=lambda *a: None)
+    store = SimpleNamespace(
+        spec=SPEC, records=lambda: RECORDS, add_confirmation=lambda *a: None, next_round=lambda: 0
+    )
     launcher = SimpleNamespace(
         run=lambda config, timeout_s: ran.append(config.candidate) or TrialResult(Outcome.OK)
     )
@@ -253,7 +256,10 @@ def test_the_plain_default_is_confirmed_after_the_finalists() -> None:
 
     ran: list[Candidate] = []
     store = SimpleNamespace(
-        spec=SPEC, records=lambda: list(records.values()), add_confirmation=confirmed
+        spec=SPEC,
+        records=lambda: list(records.values()),
+        add_confirmation=confirmed,
+        next_round=lambda: 0,
     )
     launcher = SimpleNamespace(
         run=lambda config, timeout_s: ran.append(config.candidate) or TrialResult(Outcome.OK)
@@ -326,3 +332,81 @@ def test_a_parity_run_expected_to_end_past_the_time_budget_does_not_start() -> N
     assert said[-1].endswith("left; unchecked")
     ParityCheck(search, limits).settle(Deadline(clock.now + need + 1, clock))
     assert ran
+
+
+def test_close_finalists_are_timed_in_alternating_paired_rounds_until_they_separate() -> None:
+    """fp32 AdamW (the recipe) and bf16 read alike from pooled steps: the host was 30%
+    slower in every other round, and bf16's 10% gain hides in that. Timed beside each
+    other, the order alternating, each round's pair shows the gain: two rounds settle
+    it, no more run, and the bf16 change is exported for a gain that holds."""
+    from types import SimpleNamespace
+
+    from autotune.core.enums import Outcome
+    from autotune.core.stats import quiet_step_s
+    from autotune.core.trial import TrialResult
+    from autotune.tuning.selection import select_for
+
+    def result(step_s: float) -> TrialResult:
+        return TrialResult(
+            Outcome.OK,
+            samples_per_s=64 / step_s,
+            peak_memory_bytes=GIB,
+            step_time_median_s=step_s,
+            step_times_s=(step_s,) * 4,
+        )
+
+    def probed(number: int, candidate: Candidate, steps: tuple[float, ...]) -> TrialRecord:
+        r = rec(number, candidate)
+        median = statistics.median(steps)
+        return dataclasses.replace(
+            r,
+            result=r.result.replace(
+                samples_per_s=64 / median, step_time_median_s=median, step_times_s=steps
+            ),
+        )
+
+    records = {
+        0: probed(0, cand(8), (1.0, 1.3, 1.0, 1.3, 1.0)),
+        1: probed(1, cand(8, "bf16"), (0.9, 1.17, 0.9, 1.17, 0.9)),
+    }
+    ran: list[tuple[int, str]] = []
+    rounds: list[int] = []
+
+    def confirmed(record: TrialRecord, run: TrialResult, _v: Any, _f: str, number: int) -> None:
+        ran.append((number, str(record.candidate.precision)))
+        rounds.append(number)
+        old = records[record.number]
+        records[record.number] = dataclasses.replace(
+            old, runs=old.runs + 1, rounds=(*old.rounds, (number, quiet_step_s(run) or 0.0))
+        )
+
+    def launch(config: Any, timeout_s: float) -> TrialResult:
+        host = 1.3 if len(ran) in (1, 2) else 1.0  # round 1 (runs 2 and 3) was slow
+        return result((0.9 if config.candidate.precision == "bf16" else 1.0) * host)
+
+    store = SimpleNamespace(
+        spec=SPEC,
+        records=lambda: list(records.values()),
+        add_confirmation=confirmed,
+        next_round=lambda: 1 + max(rounds, default=-1),
+    )
+    said: list[str] = []
+    observer = SimpleNamespace(on_confirm=lambda *a: None, on_plan=said.append)
+    search = SearchRun(
+        store=store,  # type: ignore[arg-type]
+        study_dir=Path("unused"),
+        limits=SearchLimits(confirm_top=1, confirm_steps=4),
+        observer=observer,  # type: ignore[arg-type]
+        launcher=SimpleNamespace(run=launch),  # type: ignore[arg-type]
+    )
+    assert select_for(SPEC, list(records.values())).number == 0  # a tie: the recipe's
+    clock = Clock()
+    assert search.confirm(Deadline.after(1000.0, clock)) == 5
+    # round 0: the finalist (and the default, the same config); then the pair, each
+    # round in the other order
+    assert ran == [(0, "fp32"), (1, "bf16"), (1, "fp32"), (2, "fp32"), (2, "bf16")]
+    assert (
+        said[-1]
+        == "paired rounds: trial 1 against trial 0: 1.11x (1.11-1.11x over 2 paired rounds)"
+    )
+    assert select_for(SPEC, list(records.values())).number == 1
