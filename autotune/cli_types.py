@@ -294,6 +294,15 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         "exported only with --parity quick.",
     ),
     click.option(
+        "--rehearse/--no-rehearse",
+        default=True,
+        show_default=True,
+        help="Before the export, run the selected config's evaluation (your data, "
+        "collator, compute_metrics and evaluation settings) and a checkpoint save and "
+        "resume under the same memory budget; one that runs out of memory is not "
+        "exported, and the evaluation batch is tuned to fit.",
+    ),
+    click.option(
         "--fork-server/--no-fork-server",
         default=True,
         show_default=True,

@@ -31,6 +31,7 @@ from autotune.tuning.options import SearchOptions
 from autotune.tuning.outcome import SearchOutcome, SearchReport
 from autotune.tuning.parity import baseline
 from autotune.tuning.plan import DataOptions, Layout, build_spec, job_notes, workload_defaults
+from autotune.tuning.rehearsal import plan_line as rehearsal_line
 from autotune.tuning.run import prepare_store, run_search
 from autotune.tuning.selection import compare, nothing_fits
 from autotune.tuning.time_plan import plan_for_budget
@@ -88,6 +89,8 @@ def _prepare_and_search(
         default_budget=o.time_budget is None,
     )
     notes = workload_defaults(o, spec) + job_notes(spec) + plan
+    if o.rehearse:
+        notes.append(rehearsal_line(spec))
     _ensure_sqlite_folder(url)
     store = prepare_store(spec=spec, study_name=name, storage=url, sampler=o.sampler)
     claim_folder(folder, name, url)

@@ -88,6 +88,48 @@ def qlora(args: SFTConfig):
     )
 
 
+def evaluating(args: SFTConfig):
+    # the job with an evaluation set and a metric that needs the logits: the Trainer
+    # keeps every evaluation batch's logits (fp32, length x vocabulary a sample) to the end
+    from datasets import load_dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTTrainer
+
+    _log(args)
+    return SFTTrainer(
+        model=AutoModelForCausalLM.from_pretrained(HERE / "model"),
+        args=args,
+        train_dataset=load_dataset("json", data_files=str(HERE / "train.jsonl"), split="train"),
+        eval_dataset=load_dataset(
+            "json", data_files=str(HERE / os.environ.get("JOB_EVAL", "eval.jsonl")), split="train"
+        ),
+        processing_class=AutoTokenizer.from_pretrained(HERE / "tokenizer"),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+        compute_metrics=_accuracy,
+    )
+
+
+def _accuracy(prediction):
+    logits, labels = prediction.predictions, prediction.label_ids
+    return {"accuracy": float((logits[:, :-1].argmax(-1) == labels[:, 1:]).mean())}
+
+
+def gathering(args: SFTConfig):
+    # a save that needs memory of its own, as ZeRO-3's gathering of the full weights
+    # does: JOB_GATHER_MIB MiB held while the checkpoint is written
+    trainer = make_trainer(args)
+
+    class Gathering(type(trainer)):
+        def _save_checkpoint(self, model, trial):
+            full = bytearray(int(os.environ.get("JOB_GATHER_MIB", "0")) * 2**20)
+            super()._save_checkpoint(model, trial)
+            del full
+
+    trainer.__class__ = Gathering
+    return trainer
+
+
 def untyped(args):  # the arguments class must come from --args-class
     return make_trainer(args)
 
@@ -104,6 +146,7 @@ def raises(args):
     raise ValueError("the tokenizer folder is missing")
 """
 
+EVAL_ROWS = 2048
 WORDS = "the model reads text and learns the next token while the adapter trains".split()
 
 
@@ -147,6 +190,10 @@ def write_job(folder: Path) -> Path:
     with open(folder / "train.jsonl", "w", encoding="utf-8") as out:
         for _ in range(120):  # lines of 2 to 20 words: the longest set the probes' peak
             words = [rng.choice(WORDS) for _ in range(rng.randint(2, 20))]
+            out.write(json.dumps({"text": " ".join(words)}) + "\n")
+    with open(folder / "eval.jsonl", "w", encoding="utf-8") as out:
+        for _ in range(EVAL_ROWS):  # the evaluating factory's held-out set
+            words = [rng.choice(WORDS) for _ in range(rng.randint(10, 20))]
             out.write(json.dumps({"text": " ".join(words)}) + "\n")
     script = folder / "job.py"
     script.write_text(SCRIPT, encoding="utf-8")

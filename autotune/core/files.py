@@ -15,6 +15,14 @@ def write_atomic(path: Path, text: str) -> None:
     write_all_atomic({path: text})
 
 
+def append_line(path: Path, line: str) -> None:
+    """Append one line and flush it to the file: a reader sees every line written before
+    the process died."""
+    with path.open("a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+
+
 def write_all_atomic(texts: dict[Path, str]) -> None:
     """Write several files that belong together (an export and its sidecar): each is
     written in full beside its target first, and only then are they renamed over their

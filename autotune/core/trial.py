@@ -11,6 +11,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from autotune.core.enums import DeviceKind, Outcome, Precision, Task
+from autotune.core.rehearsal import Rehearsal
 
 if TYPE_CHECKING:
     from autotune.core.parity import Parity
@@ -146,6 +147,10 @@ class TrialConfig:
     # >0: a parity run (core/parity.py): train this many steps on learnable data and
     # record the held-out loss curve; no timing
     parity_steps: int = 0
+    # Not empty: a rehearsal (core/rehearsal.py) of the run's memory events: "evaluate",
+    # "save" (bools), "fields" (the run's evaluation and save settings), "eval_samples"
+    # (a stand-in's synthetic evaluation set)
+    rehearsal: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Adaptive measurement (core/schedule.py): warm-up until steady (at most
     # warmup_steps), measure until rankable against the incumbent (at most
     # measure_steps). incumbent_s: the best cost so far, a step time, or with
@@ -292,6 +297,8 @@ class TrialRecord:
     result: TrialResult  # pooled over the confirmation runs, when there are any
     runs: int = 1
     parity: Parity | None = None  # its training parity with the user's recipe, when judged
+    # Its rehearsal of the run's evaluation and save (core/rehearsal.py), when rehearsed
+    rehearsal: Rehearsal | None = None
     # Its confirmation runs made in interleaved rounds beside other finalists: (round,
     # the run's quiet step time), compared round by round (core/stats.paired_ratio)
     rounds: tuple[tuple[int, float], ...] = ()

@@ -28,7 +28,6 @@ def worst_case(
 ) -> tuple[TrialResult, Any]:
     """Warm-up + measured optimizer steps on worst-case batches: the peak and the speed.
     Returns the result and the model trained (the factory's, for a user's job)."""
-    from autotune.probe.data import WorstCaseDataset
     from autotune.probe.timing import StepTimer
 
     by_time = config.min_measure_s > 0
@@ -43,25 +42,7 @@ def worst_case(
         schedule=schedule,
     )
     fields = {**recipe, **probe_only_arguments(config, steps)}
-    if config.model.trainer:  # the user's job: every batch from their longest samples
-        from autotune.hf.job import longest_samples
-        from autotune.probe.job import factory_trainer
-
-        trainer = factory_trainer(config, fields, [timer])
-        trainer.train_dataset = longest_samples(
-            trainer.train_dataset, steps * config.global_batch_size, config.global_batch_size
-        )
-    else:
-        dataset = WorstCaseDataset(
-            task=config.model.task,
-            length=steps * config.global_batch_size,
-            seq_len=config.seq_len,
-            target_len=config.target_len,
-            vocab_size=config.model.vocab_size,
-            num_labels=int(config.model.config.get("num_labels", 2)),
-            seed=config.seed,
-        )
-        trainer = plain_trainer(fields, model, dataset, _packed(config), [timer])
+    trainer = worst_case_trainer(config, fields, model, [timer], steps)
     timer.attach(trainer)
     losses = StepLosses(trainer, config.candidate.gradient_accumulation_steps)
     tick = time.perf_counter()
@@ -111,6 +92,35 @@ class StepLosses:
         whole = len(values) // self.accumulation * self.accumulation
         a = self.accumulation
         return tuple(round(sum(values[i : i + a]), 6) for i in range(0, whole, a))
+
+
+def worst_case_trainer(
+    config: TrialConfig, fields: dict[str, Any], model: Any, callbacks: list[Any], steps: int
+) -> Any:
+    """A Trainer with `fields` whose every batch is a worst case for `steps` steps: the
+    user's job (their factory's) on their longest samples, or the stand-in `model` on
+    synthetic sequences at the longest length."""
+    from autotune.probe.data import WorstCaseDataset
+
+    if config.model.trainer:
+        from autotune.hf.job import longest_samples
+        from autotune.probe.job import factory_trainer
+
+        trainer = factory_trainer(config, fields, callbacks)
+        trainer.train_dataset = longest_samples(
+            trainer.train_dataset, steps * config.global_batch_size, config.global_batch_size
+        )
+        return trainer
+    dataset = WorstCaseDataset(
+        task=config.model.task,
+        length=steps * config.global_batch_size,
+        seq_len=config.seq_len,
+        target_len=config.target_len,
+        vocab_size=config.model.vocab_size,
+        num_labels=int(config.model.config.get("num_labels", 2)),
+        seed=config.seed,
+    )
+    return plain_trainer(fields, model, dataset, _packed(config), callbacks)
 
 
 def plain_trainer(

@@ -86,6 +86,13 @@ def _train(
     zero_init = _zero_init(config, recipe)  # alive while the model is built
     model = _model(config, index, phases, baseline)
     del zero_init
+    if config.rehearsal:
+        from autotune.probe._rehearse import rehearse
+
+        tick = time.perf_counter()
+        result = rehearse(config, model, recipe, index)
+        phases["train"] = time.perf_counter() - tick
+        return result.replace(baseline=dict(baseline))
     if config.parity_steps:
         from autotune.probe._parity import parity_run
 

@@ -37,6 +37,7 @@ class StudyAttr(enum.StrEnum):
     SPEC = "autotune_spec"
     IDENTITY = "autotune_identity"
     DESCRIPTION = "description"
+    REHEARSALS = "autotune_rehearsals"  # core.rehearsal.Rehearsal by trial number
     PARITY = "autotune_parity"  # core.parity.ParityState: the reference, runs, verdicts
     PARITY_PLAN = "autotune_parity_plan"  # tuning.time_plan.ParityPlan: --parity auto's
 

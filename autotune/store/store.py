@@ -25,6 +25,7 @@ from autotune.core.enums import Outcome
 from autotune.core.errors import StudyError
 from autotune.core.files import write_atomic
 from autotune.core.parity_state import ParityPlan, ParityState
+from autotune.core.rehearsal import Rehearsal
 from autotune.core.spec import SearchSpec
 from autotune.core.stats import combine, pooled, quiet_step_s
 from autotune.core.trial import Candidate, TrialRecord, TrialResult, Verdict
@@ -181,6 +182,7 @@ class StudyStore:
                         (int(trial.user_attrs[Attr.ROUND]), step_s)
                     )
         state = self.parity()
+        rehearsed = self.rehearsals()
         found = []
         for trial in finished:
             if Attr.CONFIRMS in trial.user_attrs:
@@ -195,7 +197,8 @@ class StudyStore:
                     combine(first, extra),
                     sum(run.pooled_runs for run in pooled(first, extra)),
                     state.verdict(candidate) if state else None,
-                    tuple(sorted(rounds.get(trial.number, []))),
+                    rehearsal=rehearsed.get(trial.number),
+                    rounds=tuple(sorted(rounds.get(trial.number, []))),
                 )
             )
         return _coordination.one_per_config(found)
@@ -211,6 +214,18 @@ class StudyStore:
         self.study.set_user_attr(StudyAttr.PARITY, state.to_json())
 
     @transient_retry
+    def rehearsals(self) -> dict[int, Rehearsal]:
+        """The study's rehearsals, by the trial rehearsed."""
+        raw = self.study.user_attrs.get(StudyAttr.REHEARSALS, {})
+        return {int(n): Rehearsal.from_json(text) for n, text in raw.items()}
+
+    @transient_retry
+    def save_rehearsal(self, number: int, rehearsal: Rehearsal) -> None:
+        """Keep a trial's rehearsal in the study (show and a rerun read it)."""
+        raw = dict(self.study.user_attrs.get(StudyAttr.REHEARSALS, {}))
+        raw[str(number)] = rehearsal.to_json()
+        self.study.set_user_attr(StudyAttr.REHEARSALS, raw)
+
     def parity_plan(self) -> ParityPlan | None:
         """The parity runs' length --parity auto planned for this study, if it has."""
         raw = self.study.user_attrs.get(StudyAttr.PARITY_PLAN)

@@ -47,6 +47,9 @@ class SearchLimits:
     reuse: bool = True
     # --sampler model: an additive model of step time proposes, and may stop the search
     propose: bool = False
+    # Before the export, the selected config rehearses the run's evaluation and checkpoint
+    # save under the budget (tuning/rehearsal.py)
+    rehearse: bool = False
 
 
 class Observer(Protocol):

@@ -80,6 +80,8 @@ class SearchOptions:
     measure_steps: int | None = None  # timed steps a probe, at most; None: by the budget
     fixed_steps: bool = False  # time exactly warmup + measure steps, every probe
     fork_server: bool = True  # fork probes from a pre-imported server
+    # before the export, rehearse the run's evaluation and checkpoint save under the budget
+    rehearse: bool = True
     reuse: bool = True  # take over what another study in the storage measured alike
     # -- storage and workers
     study_name: str | None = None  # None: from the model's name
@@ -112,6 +114,7 @@ class SearchOptions:
             parity_auto=self.parity == "auto" and self.parity_steps is None,
             objective=Objective(self.objective),
             fork_server=self.fork_server,
+            rehearse=self.rehearse,
             adaptive=not self.fixed_steps,
             reuse=self.reuse,
             propose=self.sampler == "model",

@@ -43,9 +43,11 @@ from autotune.tuning.parity import (
     reference_candidate,
     run_s,
 )
+from autotune.tuning.rehearsal import RunEvents, rehearse_selected
 from autotune.tuning.selection import (
     compare,
     duel_pair,
+    exportable,
     fitting,
     incumbent_cost,
     keeping_twin,
@@ -144,10 +146,14 @@ class SearchRun:
                 " (the rest is for confirmation)" if limits.confirm_top else ""
             )
         expected = probe_wall_s(recs)
-        if end is not None and (left := end.left()) is not None and expected > left:
+        events = RunEvents.of(self.spec)
+        # the rehearsal before the export takes about a probe's time: it is left its time
+        rehearsal = expected if limits.rehearse and (events.evaluate or events.save) else 0.0
+        if end is not None and (left := end.left()) is not None and expected + rehearsal > left:
+            also = " and the rehearsal" if rehearsal else ""
             return (
-                f"time budget spent: a probe takes about {format_duration(expected)} and "
-                f"{format_duration(left)} is left"
+                f"time budget spent: a probe{also} takes about "
+                f"{format_duration(expected + rehearsal)} and {format_duration(left)} is left"
             )
         top = limits.confirm_top if limits.parity_top is None else limits.parity_top
         if (
@@ -324,7 +330,7 @@ class SearchRun:
             if deadline.passed():
                 break
             fits = fitting(self.store.records(), self.spec.fit_limit_bytes)
-            pool = [r for r in fits if not (r.parity and r.parity.blocks_export)]
+            pool = [r for r in fits if exportable(r)]
             # The config selection would export first (--objective efficiency may pick
             # one the throughput ranking puts lower), then the fastest.
             chosen = select_for(self.spec, pool, self.limits.objective)
@@ -353,7 +359,7 @@ class SearchRun:
         runs = 0
         for _ in range(MAX_ROUNDS):  # a pair that changes as rounds come in: bounded too
             fits = fitting(self.store.records(), self.spec.fit_limit_bytes)
-            pool = [r for r in fits if not (r.parity and r.parity.blocks_export)]
+            pool = [r for r in fits if exportable(r)]
             pair = duel_pair(self.spec, pool, self.limits.objective)
             if pair is None:
                 return runs
@@ -526,9 +532,13 @@ def run_search(
             if run.limits.parity_check:  # within the time budget: exploring left them room
                 check = ParityCheck(run, run.limits)
                 check.settle(deadline)
+            if run.limits.rehearse:  # before confirming: exploring left it its time
+                rehearse_selected(run, deadline)
             run.confirm(deadline)
             if check is not None:  # confirmation may have reordered the finalists
                 check.settle(deadline)
+            if run.limits.rehearse:  # and so the config to export
+                rehearse_selected(run, deadline)
     finally:
         launcher.close()
     return SearchReport(

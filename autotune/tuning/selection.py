@@ -69,9 +69,7 @@ def select_best(
     With the `recipe`'s arithmetic, a tie goes to a config that keeps it, and a change of
     it that parity did not verify (`unchecked`, `unverified`) is taken only where its gain
     over the best config that keeps it is significant (`unverified_gain`)."""
-    pool = [
-        r for r in fitting(records, fit_limit_bytes) if not (r.parity and r.parity.blocks_export)
-    ]
+    pool = [r for r in fitting(records, fit_limit_bytes) if exportable(r)]
     if not pool:
         return None
     chosen = _best_of(pool, objective, train_steps, recipe)
@@ -82,6 +80,14 @@ def select_best(
         return chosen  # nothing keeps their arithmetic: the change, unverified, and said so
     alternative = _best_of(keeping, objective, train_steps, recipe)
     return chosen if significant(chosen, alternative, objective) else alternative
+
+
+def exportable(record: TrialRecord) -> bool:
+    """Whether a config that fits may be exported: parity does not block it and its
+    rehearsal (where run) did not fail."""
+    if record.parity is not None and record.parity.blocks_export:
+        return False
+    return record.rehearsal is None or record.rehearsal.failed is None
 
 
 def select_for(
@@ -205,7 +211,7 @@ def unverified_note(spec: SearchSpec, records: Sequence[TrialRecord], chosen: Tr
     keeping = [
         r
         for r in fitting(records, spec.fit_limit_bytes)
-        if Arithmetic.of(r.candidate) == recipe and not (r.parity and r.parity.blocks_export)
+        if Arithmetic.of(r.candidate) == recipe and exportable(r)
     ]
     if not keeping:
         return (
@@ -295,7 +301,7 @@ def incumbent_cost(
         cost
         for r in fitting(records, fit_limit_bytes)
         if r.result.concurrent == concurrent
-        and not (r.parity and r.parity.blocks_export)
+        and exportable(r)
         and (cost := record_cost(r, train_steps, objective)) is not None
     ]
     return min(costs) if costs else None
@@ -335,6 +341,16 @@ def _peak(record: TrialRecord) -> float:
 def nothing_fits(recs: list[TrialRecord], spec: SearchSpec) -> NoFitError:
     """The one-line report when no config fits: the smallest peak seen and what to try."""
     fits = fitting(recs, spec.fit_limit_bytes)
+    failed = [r for r in fits if r.rehearsal is not None and r.rehearsal.failed is not None]
+    if failed:  # they train within the budget, but their run's other events do not
+        first = failed[0]
+        assert first.rehearsal is not None
+        return NoFitError(
+            f"{len(failed)} config(s) train within the budget but fail the rehearsal of "
+            f"your run's evaluation and save; trial {first.number}'s "
+            f"{first.rehearsal.describe()}; raise --memory-budget, or change the settings "
+            "of that event in --base-args"
+        )
     if fits:  # they fit, but none learns like the recipe
         return NoFitError(
             f"every config that fits ({len(fits)}) learns differently from your recipe "

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.enums import Objective, Task
-from autotune.core.errors import ExportError
+from autotune.core.errors import ExportError, NoFitError
 from autotune.core.files import write_all_atomic
 from autotune.core.parity import changes
 from autotune.core.parity_state import ParityState
@@ -82,7 +82,7 @@ def export_best(
     The arguments are exactly what the probe ran (`recipe`). `validate` parses them with
     HfArgumentParser first (the search does, with transformers loaded); `autotune export`
     writes what the probe already ran, without importing transformers."""
-    arguments = recipe(spec, record.candidate)
+    arguments = {**recipe(spec, record.candidate), **evaluation_arguments(record)}
     kept = previous_export(output, force=force)
     # the user's own run (output_dir, max_steps, ...) and what they added to an earlier
     # export stay
@@ -134,7 +134,15 @@ def export_selected(
     force: bool = False,
     parity: ParityState | None = None,
 ) -> TrialRecord | None:
-    """Select the best of a study's records and export it; None when nothing fits."""
+    """Select the best of a study's records and export it; None when nothing fits.
+    NoFitError where a rehearsal found the user's evaluation fits at no evaluation
+    batch (no config's would: none is exported)."""
+    hopeless = next((r for r in records if r.rehearsal and r.rehearsal.hopeless), None)
+    if hopeless is not None and hopeless.rehearsal is not None:
+        raise NoFitError(
+            f"trial {hopeless.number} trains within the budget, but its "
+            f"{hopeless.rehearsal.describe()}"
+        )
     best = select_for(spec, records, objective)
     if best is None:
         return None
@@ -175,7 +183,23 @@ def parity_summary(
         "unverified_gain": unverified_note(spec, records, record),
         "tolerance": state.tolerance.describe() if state and state.tolerance else None,
         "steps": state.steps if state else None,
+        "rehearsal": record.rehearsal.describe() if record.rehearsal else NOT_REHEARSED,
     }
+
+
+NOT_REHEARSED = "rehearsal: not run (--no-rehearse, or no time left within the budget)"
+
+
+def evaluation_arguments(record: TrialRecord) -> dict[str, Any]:
+    """The evaluation settings its rehearsal tuned (the user's did not fit), exported
+    with the config; {} where theirs fit or it was not rehearsed."""
+    found = record.rehearsal
+    if found is None or not found.tuned or found.failed is not None:
+        return {}
+    tuned: dict[str, Any] = {"per_device_eval_batch_size": found.eval_batch}
+    if found.eval_accumulation is not None:
+        tuned["eval_accumulation_steps"] = found.eval_accumulation
+    return tuned
 
 
 NOT_CHECKED = "training parity not checked (searched with --parity off)"

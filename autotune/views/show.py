@@ -63,6 +63,8 @@ def _why(record: TrialRecord, spec: SearchSpec) -> str:
     r = record.result
     if record.parity and record.parity.blocks_export:
         return record.parity.figures()
+    if record.rehearsal is not None and record.rehearsal.failed is not None:
+        return record.rehearsal.describe()
     if r.outcome == Outcome.OOM:
         at = f" at {format_size(r.peak_memory_bytes)}" if r.peak_memory_bytes else ""
         return f"OOM{at} of {format_size(spec.fit_limit_bytes)}"

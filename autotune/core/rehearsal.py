@@ -1,0 +1,123 @@
+"""The rehearsal of a run's memory events: what the user's run does besides training
+steps, run once under the same memory limit before a config is exported.
+
+A probe measures training steps. The user's run also evaluates (with `compute_metrics`
+the Trainer keeps every batch's logits until `eval_accumulation_steps`), saves
+checkpoints (the optimizer state too; under ZeRO-3 the full weights gathered) and may
+resume from one. The rehearsal trains a step (so the optimizer state is held, as at the
+run's first evaluation), evaluates, saves and resumes, each an event whose peak is
+recorded; an out-of-memory names the event it happened in. The child writes each
+event's start and end to `EVENTS_NAME` as it goes, so an event that killed the process
+is named too.
+
+Pure: the child (probe/_rehearse.py) writes the events, the parent (tuning/rehearsal.py)
+plans the runs and tunes the evaluation batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+EVENTS_NAME = "rehearsal.jsonl"
+EVENTS = ("train", "evaluation", "save", "resume")
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One event of a rehearsal: how it ended and the process's peak after it."""
+
+    name: str
+    outcome: str  # "ok", "oom", "error", "skipped" (with why), "not reached"
+    peak_bytes: int | None = None
+    reason: str = ""
+    done: float | None = None  # the evaluation: the share of its batches done (a failure)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rehearsal:
+    """A config's rehearsal: its events, and the evaluation settings it ran with (the
+    tuned ones, where the user's did not fit)."""
+
+    events: tuple[Event, ...]
+    eval_batch: int | None = None  # per_device_eval_batch_size it evaluated with
+    eval_accumulation: int | None = None  # eval_accumulation_steps it evaluated with
+    tuned: bool = False  # the evaluation settings are not the user's: exported with it
+    # the evaluation does not fit at any evaluation batch: no config's would
+    hopeless: bool = False
+    note: str = ""  # what was tried, or what would fit when nothing did
+
+    @property
+    def failed(self) -> Event | None:
+        return next((e for e in self.events if e.outcome in ("oom", "error")), None)
+
+    @property
+    def passed(self) -> bool:
+        return self.failed is None and any(e.outcome == "ok" for e in self.events)
+
+    def describe(self) -> str:
+        """One line: what ran and its peaks, or which event failed at what peak."""
+        failed = self.failed
+        if failed is not None:
+            peak = f" at a peak of {_gib(failed.peak_bytes)}" if failed.peak_bytes else ""
+            what = "out of memory" if failed.outcome == "oom" else f"failed ({failed.reason})"
+            through = f", {failed.done:.0%} of the way through" if failed.done else ""
+            line = f"rehearsal: {what} at {failed.name}{peak}{through}"
+        else:
+            parts = [
+                f"{e.name} {_gib(e.peak_bytes)}" if e.outcome == "ok" else f"{e.name} {e.reason}"
+                for e in self.events
+                if e.outcome != "not reached"
+            ]
+            line = "rehearsal: fits (" + "; ".join(parts) + ")"
+        return line + (f"; {self.note}" if self.note else "")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Rehearsal:
+        raw = json.loads(text)
+        events = tuple(Event(**e) for e in raw.pop("events"))
+        return cls(events=events, **raw)
+
+
+def read_events(text: str, *, failure: str, peak_bytes: int | None = None) -> tuple[Event, ...]:
+    """The events the child wrote (a JSON object a line: `{"event", "state", ...}`). An
+    event started and never ended is the one the process failed in, as `failure` says
+    ("oom" or "error": how the run ended), at the process's `peak_bytes` (read after it
+    failed; else the peak when the event started)."""
+    started: dict[str, dict[str, Any]] = {}
+    done: dict[str, Event] = {}
+    progress: dict[str, float] = {}
+    for line in text.splitlines():
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by the process dying
+        name, state = str(raw.get("event", "")), raw.get("state")
+        if state == "start":
+            started[name] = raw
+        elif state == "progress":
+            progress[name] = float(raw.get("done", 0.0))
+        elif state == "end":
+            done[name] = Event(name, "ok", raw.get("peak_bytes"))
+        elif state == "skipped":
+            done[name] = Event(name, "skipped", reason=str(raw.get("reason", "")))
+        elif state in ("oom", "error"):
+            done[name] = Event(name, state, raw.get("peak_bytes"), str(raw.get("reason", "")))
+    events = []
+    for name in EVENTS:
+        if name in done:
+            events.append(done[name])
+        elif name in started:
+            peak = peak_bytes or started[name].get("peak_bytes")
+            events.append(Event(name, failure, peak, done=progress.get(name, 0.0)))
+        else:
+            events.append(Event(name, "not reached"))
+    return tuple(events)
+
+
+def _gib(value: int | None) -> str:
+    return f"{(value or 0) / 2**30:.2f} GiB"

@@ -1,0 +1,134 @@
+"""A rehearsal in the child (core/rehearsal.py): one training step on worst-case
+batches; at its end, as the user's run does at `eval_steps` and `save_steps`, one
+evaluation pass over their evaluation data with their collator, `compute_metrics` and
+evaluation settings (a stand-in: synthetic samples at the worst-case length), and a
+checkpoint save with their save settings; then a resume from that checkpoint, one more
+step, as a restarted run reads it back. Each event's start and end, with the process's
+peak memory, are written to `EVENTS_NAME` as they happen: an event the process dies in
+is the one started and never ended."""
+
+from __future__ import annotations
+
+import gc
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from autotune.core.enums import Outcome
+from autotune.core.files import append_line
+from autotune.core.rehearsal import EVENTS_NAME
+from autotune.core.trial import TrialConfig, TrialResult
+from autotune.probe import device as hardware
+from autotune.probe._train import probe_only_arguments, worst_case_trainer
+
+EVAL_OFFSET = 10_000_000  # synthetic evaluation samples: clear of the training ones
+
+
+class Events(TrainerCallback):
+    """At the first step's end, asks the Trainer for the evaluation and the save its
+    run makes at `eval_steps` and `save_steps` (its own strategies stay "no": a job with
+    no evaluation dataset is still built), and writes each event's start and end, with
+    the peak so far, as the Trainer reaches them."""
+
+    def __init__(self, config: TrialConfig, index: int, *, evaluate: bool, save: bool) -> None:
+        self.path = Path(config.trial_dir) / EVENTS_NAME
+        self.kind, self.index = config.device_kind, index
+        self.evaluate, self.save = evaluate, save
+        self.predicted = 0  # evaluation batches done
+
+    def mark(self, event: str, state: str, **extra: Any) -> None:
+        peak = hardware.peak_memory_bytes(self.kind, self.index)
+        line = {"event": event, "state": state, "peak_bytes": peak, **extra}
+        append_line(self.path, json.dumps(line))
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step != 1:
+            return
+        self.mark("train", "end")
+        control.should_evaluate, control.should_save = self.evaluate, self.save
+        if self.evaluate:
+            self.mark("evaluation", "start")
+        elif self.save:
+            self.mark("save", "start")
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.mark("evaluation", "end")
+        if self.save:
+            self.mark("save", "start")
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.mark("save", "end")
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The evaluation's progress at each tenth of its batches: an out-of-memory late
+        in the pass is the kept logits piling up, not one batch's forward."""
+        loader = kwargs.get("eval_dataloader")
+        total = len(loader) if loader is not None and hasattr(loader, "__len__") else 0
+        self.predicted += 1
+        if total and self.predicted * 10 // total != (self.predicted - 1) * 10 // total:
+            self.mark("evaluation", "progress", done=round(self.predicted / total, 3))
+
+
+def rehearse(config: TrialConfig, model: Any, recipe: dict[str, Any], index: int) -> TrialResult:
+    plan = config.rehearsal
+    out = Path(config.trial_dir) / "rehearsal"
+    evaluate, save = bool(plan.get("evaluate")), bool(plan.get("save"))
+    fields = {
+        **recipe,
+        **probe_only_arguments(config, 1),
+        **plan.get("fields", {}),
+        "output_dir": str(out),
+        "eval_strategy": "no",
+        "save_strategy": "no",
+        "load_best_model_at_end": False,
+    }
+    events = Events(config, index, evaluate=evaluate, save=save)
+    try:
+        trainer = worst_case_trainer(config, fields, model, [events], 2)
+        if evaluate and not config.model.trainer:
+            trainer.eval_dataset = _synthetic_eval(config, int(plan.get("eval_samples", 0)))
+        if evaluate and trainer.eval_dataset is None:
+            events.mark("evaluation", "skipped", reason="your job has no evaluation dataset")
+            events.evaluate = False
+        keeps = trainer.compute_metrics is not None and not trainer.args.prediction_loss_only
+        append_line(events.path, json.dumps({"logits_kept": keeps}))
+        events.mark("train", "start")
+        trainer.train()
+        model = trainer.model
+        del trainer
+        gc.collect()
+        if save:
+            _resume(config, events, fields, model, out / "checkpoint-1")
+        return TrialResult(Outcome.OK, reason="rehearsed")
+    finally:  # a checkpoint holds the weights and the optimizer state: not the study's
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _resume(
+    config: TrialConfig, events: Events, fields: dict[str, Any], model: Any, checkpoint: Path
+) -> None:
+    """A new Trainer (the user's factory builds their model again) reads the checkpoint
+    back, optimizer state included, and trains one more step."""
+    events.mark("resume", "start")
+    trainer = worst_case_trainer(config, {**fields, "max_steps": 2}, model, [], 2)
+    trainer.train(resume_from_checkpoint=str(checkpoint))
+    del trainer
+    events.mark("resume", "end")
+
+
+def _synthetic_eval(config: TrialConfig, samples: int) -> Any:
+    from autotune.probe.data import WorstCaseDataset
+
+    return WorstCaseDataset(
+        task=config.model.task,
+        length=max(1, samples),
+        seq_len=config.seq_len,
+        target_len=config.target_len,
+        vocab_size=config.model.vocab_size,
+        num_labels=int(config.model.config.get("num_labels", 2)),
+        seed=config.seed,
+        offset=EVAL_OFFSET,
+    )

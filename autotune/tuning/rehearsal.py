@@ -1,0 +1,238 @@
+"""Before a config is exported it rehearses the user's run's other memory events
+(core/rehearsal.py) under the same budget, in its own process: their evaluation and
+their checkpoint save, then a resume. A config that fails is not exported (the next
+selected is rehearsed, up to `REHEARSALS`); the search says which event failed at what
+peak.
+
+The evaluation batch is tuned here: the user's `per_device_eval_batch_size` and
+`eval_accumulation_steps` where they fit; else, where the Trainer keeps the logits
+(their `compute_metrics`) on a GPU, accumulation that moves them off the device each
+step, then half the batch at a time, down to an eighth. Evaluation settings do not
+change the training's arithmetic: no parity run is needed, and the tuned ones are
+exported with the config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.core.enums import DeviceKind, Outcome
+from autotune.core.rehearsal import EVENTS_NAME, Event, Rehearsal, read_events
+from autotune.core.spec import SearchSpec
+from autotune.core.trial import TrialRecord
+from autotune.core.units import format_duration
+from autotune.tuning.selection import select_for
+
+if TYPE_CHECKING:
+    from autotune.tuning.deadline import Deadline
+    from autotune.tuning.run import SearchRun
+
+REHEARSALS = 3  # configs rehearsed at most, the selected first
+DEFAULT_EVAL_BATCH = 8  # TrainingArguments' per_device_eval_batch_size
+STAND_IN_EVAL_BATCHES = 2  # a stand-in's synthetic evaluation set, in batches
+HALVINGS = 3  # evaluation batches tried below the user's: half, a quarter, an eighth
+# An evaluation out of memory this far through its batches: the kept logits piling up
+LATE = 0.5
+# The run's fields a rehearsal runs with: its evaluation and its saving
+EVALUATION_FIELDS = (
+    "per_device_eval_batch_size",
+    "eval_accumulation_steps",
+    "prediction_loss_only",
+    "eval_do_concat_batches",
+    "batch_eval_metrics",
+    "include_for_metrics",
+)
+SAVE_FIELDS = ("save_only_model", "save_safetensors")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunEvents:
+    """What the user's run does besides training, read from their arguments."""
+
+    evaluate: bool
+    save: bool
+    fields: dict[str, Any]
+    why_not: tuple[str, ...] = ()  # the events their run does not have, and why
+
+    @classmethod
+    def of(cls, spec: SearchSpec) -> RunEvents:
+        theirs = {**spec.base_arguments, **spec.kept_arguments}
+        evaluate = str(theirs.get("eval_strategy", "no")) != "no"
+        save = str(theirs.get("save_strategy", "steps")) != "no"  # the Trainer saves by default
+        why = (
+            *(() if evaluate else ("evaluation: your run does not evaluate (eval_strategy no)",)),
+            *(() if save else ("save: your run saves no checkpoint (save_strategy no)",)),
+        )
+        fields = {k: theirs[k] for k in (*EVALUATION_FIELDS, *SAVE_FIELDS) if k in theirs}
+        return cls(evaluate, save, fields, why)
+
+
+def plan_line(spec: SearchSpec) -> str:
+    """The search's first lines: what the rehearsal will run before the export."""
+    run = RunEvents.of(spec)
+    if not run.evaluate and not run.save:
+        return "rehearsal: none (your run neither evaluates nor saves checkpoints)"
+    what = " and ".join(
+        w
+        for w, on in (("your evaluation", run.evaluate), ("a checkpoint save and resume", run.save))
+        if on
+    )
+    return (
+        f"rehearsal: before the export, the config to export runs {what} under the budget "
+        "(about a probe's time, reserved from exploring)"
+    )
+
+
+def rehearse_selected(run: SearchRun, deadline: Deadline) -> None:
+    """Rehearse the config selection would export; one that fails is out, and the next
+    selected is rehearsed, up to `REHEARSALS`, within the time budget."""
+    events = RunEvents.of(run.spec)
+    if not events.evaluate and not events.save:
+        return
+    for _ in range(REHEARSALS):
+        chosen = select_for(run.spec, run.store.records(), run.limits.objective)
+        if chosen is None or chosen.rehearsal is not None:
+            return
+        left = deadline.left()
+        if left is not None and expected_s(chosen) > left:
+            run.observer.on_plan(
+                f"rehearsal: not run (about {format_duration(expected_s(chosen))}, "
+                f"{format_duration(left)} of the time budget left): trial {chosen.number} "
+                "is exported unrehearsed"
+            )
+            return
+        found = rehearse(run, chosen, events, deadline)
+        run.store.save_rehearsal(chosen.number, found)
+        run.observer.on_plan(f"trial {chosen.number}: {found.describe()}")
+        if found.hopeless:  # their evaluation fits at no batch: no other config's will
+            return
+
+
+def expected_s(record: TrialRecord) -> float:
+    """A rehearsal takes about what the config's probe took (a child, a model built,
+    a few steps; an evaluation pass and a save instead of the measured steps)."""
+    return record.result.phases_s.get("wall", 0.0) or record.result.phases_s.get("total", 0.0)
+
+
+def rehearse(
+    run: SearchRun, record: TrialRecord, events: RunEvents, deadline: Deadline
+) -> Rehearsal:
+    """Rehearse `record`; where its evaluation runs out of memory, tune the evaluation
+    batch: on a GPU, where the Trainer keeps the logits, accumulation that moves them to
+    the host each step; then the largest of half the user's batch, a quarter, an eighth
+    that fits. Where none does and the evaluation failed late in its pass with logits
+    kept, they pile up whatever the batch: `hopeless`, and said what would fit."""
+    theirs = int(events.fields.get("per_device_eval_batch_size", DEFAULT_EVAL_BATCH))
+    their_accumulation = events.fields.get("eval_accumulation_steps")
+    tried: list[str] = []
+
+    def attempt(batch: int, accumulation: Any) -> tuple[Rehearsal, bool]:
+        fields = {**events.fields, "per_device_eval_batch_size": batch}
+        if accumulation is not None:
+            fields["eval_accumulation_steps"] = accumulation
+        found, logits_kept = _run(run, record, events, fields, batch)
+        tuned = (batch, accumulation) != (theirs, their_accumulation)
+        found = dataclasses.replace(
+            found, eval_batch=batch, eval_accumulation=accumulation, tuned=tuned
+        )
+        if _evaluation_oom(found):
+            tried.append(
+                f"evaluation batch {batch}" + (f" x{accumulation}" if accumulation else "")
+            )
+        return found, logits_kept
+
+    found, logits_kept = attempt(theirs, their_accumulation)
+    if not _evaluation_oom(found):
+        return found
+    accumulation = their_accumulation
+    if logits_kept and accumulation is None and run.spec.device.kind == DeviceKind.CUDA:
+        accumulation = 1  # on the CPU the logits are in host memory already
+        found, _ = attempt(theirs, accumulation)
+        if not _evaluation_oom(found):
+            return dataclasses.replace(found, note=_tried(tried))
+    for batch in _halves(theirs):  # the largest that fits, from half of theirs
+        left = deadline.left()
+        if left is not None and expected_s(record) > left:
+            return dataclasses.replace(
+                found, note=f"{_tried(tried)}; no time left to try a smaller evaluation batch"
+            )
+        found, _ = attempt(batch, accumulation)
+        if not _evaluation_oom(found):
+            return dataclasses.replace(found, note=_tried(tried))
+    failed = found.failed
+    late = failed is not None and (failed.done or 0.0) >= LATE
+    why = (
+        "the logits your compute_metrics keeps pile up with the evaluation set, whatever the batch"
+        if late and logits_kept
+        else "a smaller batch than these might"
+    )
+    return dataclasses.replace(
+        found,
+        hopeless=late and logits_kept,
+        note=f"{_tried(tried)}: {why}; set prediction_loss_only=true, or reduce the logits "
+        "kept (preprocess_logits_for_metrics, e.g. an argmax)",
+    )
+
+
+def _halves(batch: int) -> list[int]:
+    """Half the batch, a quarter, an eighth (at least 1; the largest first): an evaluation
+    that fails at an eighth of its batch is not one batch's forward."""
+    return sorted({max(1, batch // 2**k) for k in range(1, HALVINGS + 1)} - {batch}, reverse=True)
+
+
+def _evaluation_oom(found: Rehearsal) -> bool:
+    failed = found.failed
+    return failed is not None and failed.name == "evaluation" and failed.outcome == "oom"
+
+
+def _run(
+    run: SearchRun, record: TrialRecord, events: RunEvents, fields: dict[str, Any], batch: int
+) -> tuple[Rehearsal, bool]:
+    """One rehearsal child: its events, and whether the Trainer kept the logits."""
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{batch}"
+    config = run.trial_config(
+        record.number, record.candidate, f"{record.number}-rehearsal-{stamp}", concurrent=1
+    )
+    plan = {
+        "evaluate": events.evaluate,
+        "save": events.save,
+        "fields": fields,
+        "eval_samples": STAND_IN_EVAL_BATCHES * batch,
+    }
+    config = dataclasses.replace(config, rehearsal=plan)
+    result = run.launcher.run(config, timeout_s=run.limits.trial_timeout_s)
+    text = _read(Path(config.trial_dir) / EVENTS_NAME)
+    failure = "oom" if result.outcome == Outcome.OOM else "error"
+    found = read_events(text, failure=failure, peak_bytes=result.peak_memory_bytes)
+    if result.outcome not in (Outcome.OK, Outcome.OOM) and not any(
+        e.outcome in ("oom", "error") for e in found
+    ):  # failed before any event (building the job): say so on the first
+        found = (Event("train", "error", reason=result.reason), *found[1:])
+    return Rehearsal(found), _logits_kept(text)
+
+
+def _logits_kept(text: str) -> bool:
+    """Whether the child's Trainer keeps every evaluation batch's logits (a
+    compute_metrics, and not prediction_loss_only)."""
+    for line in text.splitlines():
+        try:
+            if json.loads(line).get("logits_kept"):
+                return True
+        except json.JSONDecodeError:
+            continue
+    return False
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return ""
+
+
+def _tried(tried: list[str]) -> str:
+    return f"out of memory with {'; '.join(tried)}" if tried else ""

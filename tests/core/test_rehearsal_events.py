@@ -1,0 +1,59 @@
+"""The rehearsal's events as the child writes them and the user reads them."""
+
+from __future__ import annotations
+
+import json
+
+from autotune.core.rehearsal import Event, Rehearsal, read_events
+
+GIB = 2**30
+
+
+def lines(*raw: dict[str, object]) -> str:
+    return "\n".join(json.dumps(r) for r in raw)
+
+
+def test_the_event_started_and_never_ended_is_the_one_that_failed() -> None:
+    text = (
+        lines(
+            {"logits_kept": True},
+            {"event": "train", "state": "start", "peak_bytes": GIB},
+            {"event": "train", "state": "end", "peak_bytes": GIB},
+            {"event": "evaluation", "state": "start", "peak_bytes": 2 * GIB},
+        )
+        + '\n{"event": "evaluation", "sta'
+    )  # a line cut short as the process died
+    events = read_events(text, failure="oom")
+    assert [(e.name, e.outcome) for e in events] == [
+        ("train", "ok"),
+        ("evaluation", "oom"),
+        ("save", "not reached"),
+        ("resume", "not reached"),
+    ]
+    found = Rehearsal(events)
+    assert found.failed == Event("evaluation", "oom", 2 * GIB, done=0.0) and not found.passed
+    assert found.describe() == "rehearsal: out of memory at evaluation at a peak of 2.00 GiB"
+    # the peak read after the process failed, and how far the evaluation had got
+    late = text + "\n" + lines({"event": "evaluation", "state": "progress", "done": 0.7})
+    failed = Rehearsal(read_events(late, failure="oom", peak_bytes=3 * GIB)).failed
+    assert failed == Event("evaluation", "oom", 3 * GIB, done=0.7)
+    assert Rehearsal((failed,)).describe().endswith("at a peak of 3.00 GiB, 70% of the way through")
+
+
+def test_a_rehearsal_that_fits_says_each_events_peak_and_what_it_skipped() -> None:
+    text = lines(
+        {"event": "evaluation", "state": "skipped", "reason": "your job has no evaluation dataset"},
+        {"event": "train", "state": "start", "peak_bytes": GIB},
+        {"event": "train", "state": "end", "peak_bytes": GIB},
+        {"event": "save", "state": "start", "peak_bytes": GIB},
+        {"event": "save", "state": "end", "peak_bytes": GIB + GIB // 2},
+        {"event": "resume", "state": "start", "peak_bytes": GIB + GIB // 2},
+        {"event": "resume", "state": "end", "peak_bytes": 2 * GIB},
+    )
+    found = Rehearsal(read_events(text, failure="error"), eval_batch=16, tuned=True)
+    assert found.passed
+    assert found.describe() == (
+        "rehearsal: fits (train 1.00 GiB; evaluation your job has no evaluation dataset; "
+        "save 1.50 GiB; resume 2.00 GiB)"
+    )
+    assert Rehearsal.from_json(found.to_json()) == found
