@@ -273,6 +273,15 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         help="Measured steps of a confirmation run [default: 2 x --measure-steps].",
     ),
     click.option(
+        "--confirm-rounds",
+        type=click.IntRange(0),
+        default=4,
+        show_default=True,
+        help="Paired rounds, at most, between the two finalists the export hinges on "
+        "(timed back to back, the order alternating) while their runs cannot tell them "
+        "apart; the first confirmations count as one. Below 2: none.",
+    ),
+    click.option(
         "--parity",
         type=click.Choice(["auto", "on", "quick", "off"]),
         default="auto",

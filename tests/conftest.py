@@ -351,10 +351,12 @@ def searched_study(
         "2",
         "--measure-steps",
         "3",
-        # the recipe and a finalist trained side by side, for their reuse and the report:
-        # a quick check's 4 steps (parity's 20-step verdicts have their own tests)
+        # parity from the probes' own losses (the 20-step runs have their own tests)
         "--parity",
         "quick",
+        # one confirmation a finalist, which these tests count (paired rounds: their own)
+        "--confirm-rounds",
+        "0",
         "--quiet",
     ]
     done = autotune(work, *argv)

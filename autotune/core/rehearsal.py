@@ -83,7 +83,9 @@ class Rehearsal:
         return cls(events=events, **raw)
 
 
-def read_events(text: str, *, failure: str, peak_bytes: int | None = None) -> tuple[Event, ...]:
+def read_events(
+    text: str, *, failure: str, peak_bytes: int | None = None, reason: str = ""
+) -> tuple[Event, ...]:
     """The events the child wrote (a JSON object a line: `{"event", "state", ...}`). An
     event started and never ended is the one the process failed in, as `failure` says
     ("oom" or "error": how the run ended), at the process's `peak_bytes` (read after it
@@ -113,7 +115,8 @@ def read_events(text: str, *, failure: str, peak_bytes: int | None = None) -> tu
             events.append(done[name])
         elif name in started:
             peak = peak_bytes or started[name].get("peak_bytes")
-            events.append(Event(name, failure, peak, done=progress.get(name, 0.0)))
+            why = "" if failure == "oom" else reason
+            events.append(Event(name, failure, peak, why, done=progress.get(name, 0.0)))
         else:
             events.append(Event(name, "not reached"))
     return tuple(events)

@@ -100,7 +100,9 @@ def rehearse(config: TrialConfig, model: Any, recipe: dict[str, Any], index: int
         model = trainer.model
         del trainer
         gc.collect()
-        if save:
+        if save and "deepspeed" in fields:  # one process cannot start a second engine
+            events.mark("resume", "skipped", reason="not rehearsed under DeepSpeed")
+        elif save:
             _resume(config, events, fields, model, out / "checkpoint-1")
         return TrialResult(Outcome.OK, reason="rehearsed")
     finally:  # a checkpoint holds the weights and the optimizer state: not the study's

@@ -71,6 +71,9 @@ class SearchOptions:
     seed: int = 0  # of the sampler, and of the probes' weights and data
     confirm_top: int = 3  # finalists measured again, longer (0: none)
     confirm_steps: int | None = None  # measured steps of a confirmation; None: 2 x measure
+    # paired rounds (the first confirmations' included) between the two finalists the
+    # export hinges on, while they cannot be told apart; below 2: none
+    confirm_rounds: int = 4
     # auto: 20-step runs where the time budget affords them, else quick; on: always 20
     # steps, never an unverified export; quick: the probes' own losses, whose passing
     # configs are exported marked unverified; off
@@ -106,6 +109,7 @@ class SearchOptions:
             trial_timeout_s=self.trial_timeout,
             confirm_top=self.confirm_top,
             confirm_steps=self.confirm_steps or 2 * measure_steps,
+            confirm_rounds=self.confirm_rounds,
             parity_check=self.parity != "off",
             parity_steps=0
             if self.parity == "off"

@@ -207,7 +207,9 @@ def _run(
     result = run.launcher.run(config, timeout_s=run.limits.trial_timeout_s)
     text = _read(Path(config.trial_dir) / EVENTS_NAME)
     failure = "oom" if result.outcome == Outcome.OOM else "error"
-    found = read_events(text, failure=failure, peak_bytes=result.peak_memory_bytes)
+    found = read_events(
+        text, failure=failure, peak_bytes=result.peak_memory_bytes, reason=result.reason
+    )
     if result.outcome not in (Outcome.OK, Outcome.OOM) and not any(
         e.outcome in ("oom", "error") for e in found
     ):  # failed before any event (building the job): say so on the first

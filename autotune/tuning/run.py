@@ -58,8 +58,6 @@ from autotune.tuning.selection import (
 )
 from autotune.tuning.time_plan import plan_parity
 
-MAX_ROUNDS = 6  # paired rounds between two close finalists, at most
-
 
 class SearchRun:
     """One searching process on one study."""
@@ -355,9 +353,9 @@ class SearchRun:
         """Paired, interleaved rounds (A B, then B A) between the two finalists the export
         hinges on (`duel_pair`), while their measurements cannot tell them apart, until
         the rounds' interval says which is faster or that they tie (`settled`), for at
-        most `MAX_ROUNDS` rounds and as far as the time budget allows. Returns runs."""
-        runs = 0
-        for _ in range(MAX_ROUNDS):  # a pair that changes as rounds come in: bounded too
+        most --confirm-rounds rounds and as far as the time budget allows. Returns runs."""
+        runs, most = 0, self.limits.confirm_rounds
+        for _ in range(most if most >= 2 else 0):  # a pair that changes: bounded too
             fits = fitting(self.store.records(), self.spec.fit_limit_bytes)
             pool = [r for r in fits if exportable(r)]
             pair = duel_pair(self.spec, pool, self.limits.objective)
@@ -369,7 +367,7 @@ class SearchRun:
             left = deadline.left()
             if (
                 settled(ratio)
-                or together >= MAX_ROUNDS
+                or together >= most
                 or (left is not None and self._confirm_s(a) + self._confirm_s(b) > left)
             ):
                 if together >= 2 and ratio is not None:
