@@ -65,7 +65,7 @@ class RunEvents:
         save = str(theirs.get("save_strategy", "steps")) != "no"  # the Trainer saves by default
         why = (
             *(() if evaluate else ("evaluation: your run does not evaluate (eval_strategy no)",)),
-            *(() if save else ("save: your run saves no checkpoint (save_strategy no)",)),
+            *(() if save else ("save: your run saves no checkpoints (save_strategy no)",)),
         )
         fields = {k: theirs[k] for k in (*EVALUATION_FIELDS, *SAVE_FIELDS) if k in theirs}
         return cls(evaluate, save, fields, why)
@@ -81,9 +81,10 @@ def plan_line(spec: SearchSpec) -> str:
         for w, on in (("your evaluation", run.evaluate), ("a checkpoint save and resume", run.save))
         if on
     )
+    skipped = "".join(f"; no {why}" for why in run.why_not)
     return (
         f"rehearsal: before the export, the config to export runs {what} under the budget "
-        "(about a probe's time, reserved from exploring)"
+        f"(about a probe's time, reserved from exploring){skipped}"
     )
 
 
