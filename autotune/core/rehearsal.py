@@ -53,6 +53,13 @@ class Rehearsal:
         return next((e for e in self.events if e.outcome in ("oom", "error")), None)
 
     @property
+    def blocks_export(self) -> bool:
+        """An event ran out of memory: the config is not exported. Another failure (an
+        error in the user's metric, a timeout) is the job's, not the config's: said."""
+        failed = self.failed
+        return failed is not None and failed.outcome == "oom"
+
+    @property
     def passed(self) -> bool:
         return self.failed is None and any(e.outcome == "ok" for e in self.events)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ class Events(TrainerCallback):
         self.predicted = 0  # evaluation batches done
 
     def mark(self, event: str, state: str, **extra: Any) -> None:
+        if os.environ.get("RANK", "0") != "0":  # a DDP run: rank 0 writes the events
+            return
         peak = hardware.peak_memory_bytes(self.kind, self.index)
         line = {"event": event, "state": state, "peak_bytes": peak, **extra}
         append_line(self.path, json.dumps(line))
@@ -55,6 +58,7 @@ class Events(TrainerCallback):
             self.mark("save", "start")
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.predicted = 0  # a dict of evaluation sets: each its own pass
         self.mark("evaluation", "end")
         if self.save:
             self.mark("save", "start")
@@ -93,11 +97,17 @@ def rehearse(config: TrialConfig, model: Any, recipe: dict[str, Any], index: int
         if evaluate and trainer.eval_dataset is None:
             events.mark("evaluation", "skipped", reason="your job has no evaluation dataset")
             events.evaluate = False
-        keeps = trainer.compute_metrics is not None and not trainer.args.prediction_loss_only
-        append_line(events.path, json.dumps({"logits_kept": keeps}))
+        args = trainer.args
+        keeps = trainer.compute_metrics is not None and not (
+            args.prediction_loss_only or getattr(args, "batch_eval_metrics", False)
+        )
+        if os.environ.get("RANK", "0") == "0":
+            append_line(events.path, json.dumps({"logits_kept": keeps}))
         events.mark("train", "start")
         trainer.train()
-        model = trainer.model
+        # the stand-in's model trains on; the user's factory builds theirs again, and the
+        # first must be gone by then, as in a restarted run
+        model = None if config.model.trainer else trainer.model
         del trainer
         gc.collect()
         if save and "deepspeed" in fields:  # one process cannot start a second engine

@@ -226,6 +226,7 @@ class StudyStore:
         raw[str(number)] = rehearsal.to_json()
         self.study.set_user_attr(StudyAttr.REHEARSALS, raw)
 
+    @transient_retry
     def parity_plan(self) -> ParityPlan | None:
         """The parity runs' length --parity auto planned for this study, if it has."""
         raw = self.study.user_attrs.get(StudyAttr.PARITY_PLAN)

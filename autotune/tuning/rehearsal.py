@@ -109,8 +109,8 @@ def rehearse_selected(run: SearchRun, deadline: Deadline) -> None:
         found = rehearse(run, chosen, events, deadline)
         run.store.save_rehearsal(chosen.number, found)
         run.observer.on_plan(f"trial {chosen.number}: {found.describe()}")
-        if found.hopeless:  # their evaluation fits at no batch: no other config's will
-            return
+        if found.hopeless or not found.blocks_export:  # passed; or what failed is the
+            return  # job's (an error, a timeout) or fits at no batch: no other config helps
 
 
 def expected_s(record: TrialRecord) -> float:
@@ -135,7 +135,7 @@ def rehearse(
         fields = {**events.fields, "per_device_eval_batch_size": batch}
         if accumulation is not None:
             fields["eval_accumulation_steps"] = accumulation
-        found, logits_kept = _run(run, record, events, fields, batch)
+        found, logits_kept = _run(run, record, events, fields, deadline)
         tuned = (batch, accumulation) != (theirs, their_accumulation)
         found = dataclasses.replace(
             found, eval_batch=batch, eval_accumulation=accumulation, tuned=tuned
@@ -171,11 +171,14 @@ def rehearse(
         if late and logits_kept
         else "a smaller batch than these might"
     )
+    advice = (
+        "; set prediction_loss_only=true, or reduce the logits kept "
+        "(preprocess_logits_for_metrics, e.g. an argmax)"
+        if logits_kept
+        else ""
+    )
     return dataclasses.replace(
-        found,
-        hopeless=late and logits_kept,
-        note=f"{_tried(tried)}: {why}; set prediction_loss_only=true, or reduce the logits "
-        "kept (preprocess_logits_for_metrics, e.g. an argmax)",
+        found, hopeless=late and logits_kept, note=f"{_tried(tried)}: {why}{advice}"
     )
 
 
@@ -191,9 +194,15 @@ def _evaluation_oom(found: Rehearsal) -> bool:
 
 
 def _run(
-    run: SearchRun, record: TrialRecord, events: RunEvents, fields: dict[str, Any], batch: int
+    run: SearchRun,
+    record: TrialRecord,
+    events: RunEvents,
+    fields: dict[str, Any],
+    deadline: Deadline,
 ) -> tuple[Rehearsal, bool]:
-    """One rehearsal child: its events, and whether the Trainer kept the logits."""
+    """One rehearsal child, timed out where the budget ends: its events, and whether
+    the Trainer kept the logits."""
+    batch = int(fields["per_device_eval_batch_size"])
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{batch}"
     config = run.trial_config(
         record.number, record.candidate, f"{record.number}-rehearsal-{stamp}", concurrent=1
@@ -205,16 +214,18 @@ def _run(
         "eval_samples": STAND_IN_EVAL_BATCHES * batch,
     }
     config = dataclasses.replace(config, rehearsal=plan)
-    result = run.launcher.run(config, timeout_s=run.limits.trial_timeout_s)
+    left = deadline.left()
+    timeout = run.limits.trial_timeout_s if left is None else min(run.limits.trial_timeout_s, left)
+    result = run.launcher.run(config, timeout_s=max(1.0, timeout))
     text = _read(Path(config.trial_dir) / EVENTS_NAME)
     failure = "oom" if result.outcome == Outcome.OOM else "error"
     found = read_events(
         text, failure=failure, peak_bytes=result.peak_memory_bytes, reason=result.reason
     )
-    if result.outcome not in (Outcome.OK, Outcome.OOM) and not any(
-        e.outcome in ("oom", "error") for e in found
-    ):  # failed before any event (building the job): say so on the first
-        found = (Event("train", "error", reason=result.reason), *found[1:])
+    if result.outcome != Outcome.OK and not any(e.outcome in ("oom", "error") for e in found):
+        # failed before any event (building the job or its model): said on the first
+        why = "" if failure == "oom" else result.reason
+        found = (Event("train", failure, result.peak_memory_bytes, why), *found[1:])
     return Rehearsal(found), _logits_kept(text)
 
 

@@ -355,7 +355,7 @@ class SearchRun:
         the rounds' interval says which is faster or that they tie (`settled`), for at
         most --confirm-rounds rounds and as far as the time budget allows. Returns runs."""
         runs, most = 0, self.limits.confirm_rounds
-        for _ in range(most if most >= 2 else 0):  # a pair that changes: bounded too
+        for _ in range(most + 1 if most >= 2 else 0):  # a pair that changes: bounded too
             fits = fitting(self.store.records(), self.spec.fit_limit_bytes)
             pool = [r for r in fits if exportable(r)]
             pair = duel_pair(self.spec, pool, self.limits.objective)

@@ -87,7 +87,7 @@ def exportable(record: TrialRecord) -> bool:
     rehearsal (where run) did not fail."""
     if record.parity is not None and record.parity.blocks_export:
         return False
-    return record.rehearsal is None or record.rehearsal.failed is None
+    return record.rehearsal is None or not record.rehearsal.blocks_export
 
 
 def select_for(
@@ -143,8 +143,8 @@ def _tied(fastest: TrialRecord, record: TrialRecord, band: float) -> bool:
     """Whether `record` is within the noise of the fastest: by the rounds they ran in
     side by side where they have two, else within the fastest's noise band."""
     paired = paired_ratio(fastest.rounds, record.rounds)
-    if paired is not None and record is not fastest:
-        return paired.low <= 1.0
+    if paired is not None and record is not fastest:  # a tie: an edge the rounds do not
+        return paired.low <= 1.0 + MIN_NOISE  # show beyond 1%, as without them
     return ranked_sps(record) >= ranked_sps(fastest) * (1.0 - band)
 
 
@@ -341,7 +341,7 @@ def _peak(record: TrialRecord) -> float:
 def nothing_fits(recs: list[TrialRecord], spec: SearchSpec) -> NoFitError:
     """The one-line report when no config fits: the smallest peak seen and what to try."""
     fits = fitting(recs, spec.fit_limit_bytes)
-    failed = [r for r in fits if r.rehearsal is not None and r.rehearsal.failed is not None]
+    failed = [r for r in fits if r.rehearsal is not None and r.rehearsal.blocks_export]
     if failed:  # they train within the budget, but their run's other events do not
         first = failed[0]
         assert first.rehearsal is not None

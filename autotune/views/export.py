@@ -138,7 +138,8 @@ def export_selected(
     NoFitError where a rehearsal found the user's evaluation fits at no evaluation
     batch (no config's would: none is exported)."""
     hopeless = next((r for r in records if r.rehearsal and r.rehearsal.hopeless), None)
-    if hopeless is not None and hopeless.rehearsal is not None:
+    passed = any(r.rehearsal is not None and r.rehearsal.passed for r in records)
+    if hopeless is not None and hopeless.rehearsal is not None and not passed:
         raise NoFitError(
             f"trial {hopeless.number} trains within the budget, but its "
             f"{hopeless.rehearsal.describe()}"
@@ -187,14 +188,17 @@ def parity_summary(
     }
 
 
-NOT_REHEARSED = "rehearsal: not run (--no-rehearse, or no time left within the budget)"
+NOT_REHEARSED = (
+    "rehearsal: not run for this config (--no-rehearse, no time left within the budget, "
+    "or the configs rehearsed before it failed: see `autotune show`)"
+)
 
 
 def evaluation_arguments(record: TrialRecord) -> dict[str, Any]:
     """The evaluation settings its rehearsal tuned (the user's did not fit), exported
     with the config; {} where theirs fit or it was not rehearsed."""
     found = record.rehearsal
-    if found is None or not found.tuned or found.failed is not None:
+    if found is None or not found.tuned or found.blocks_export:
         return {}
     tuned: dict[str, Any] = {"per_device_eval_batch_size": found.eval_batch}
     if found.eval_accumulation is not None:

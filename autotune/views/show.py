@@ -63,7 +63,7 @@ def _why(record: TrialRecord, spec: SearchSpec) -> str:
     r = record.result
     if record.parity and record.parity.blocks_export:
         return record.parity.figures()
-    if record.rehearsal is not None and record.rehearsal.failed is not None:
+    if record.rehearsal is not None and record.rehearsal.blocks_export:
         return record.rehearsal.describe()
     if r.outcome == Outcome.OOM:
         at = f" at {format_size(r.peak_memory_bytes)}" if r.peak_memory_bytes else ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from autotune.core.rehearsal import Event, Rehearsal, read_events
@@ -57,3 +58,18 @@ def test_a_rehearsal_that_fits_says_each_events_peak_and_what_it_skipped() -> No
         "save 1.50 GiB; resume 2.00 GiB)"
     )
     assert Rehearsal.from_json(found.to_json()) == found
+
+
+def test_only_running_out_of_memory_keeps_a_config_from_the_export() -> None:
+    """An error in the user's metric or a timeout is the job's, the same for every
+    config: said with the export, not a reason to export another config."""
+    from helpers import cand, rec
+
+    from autotune.tuning.selection import exportable
+
+    oom = Rehearsal((Event("train", "ok", GIB), Event("evaluation", "oom", 2 * GIB)))
+    error = Rehearsal((Event("train", "ok", GIB), Event("evaluation", "error", GIB, "KeyError")))
+    assert oom.blocks_export and not error.blocks_export and not error.passed
+    assert "failed (KeyError) at evaluation" in error.describe()
+    assert not exportable(dataclasses.replace(rec(0, cand(8)), rehearsal=oom))
+    assert exportable(dataclasses.replace(rec(0, cand(8)), rehearsal=error))
