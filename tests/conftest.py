@@ -300,11 +300,24 @@ def probes_running(work: Path, *, trials_only: bool = False) -> list[int]:
     return found
 
 
+# A search whose test is about something else leaves out the phases with tests of their
+# own (the rehearsal: tests/tuning/test_rehearsal.py; paired rounds:
+# tests/tuning/test_stop_rules.py) unless it names them, as it names --parity or
+# --confirm-top: `autotune` below.
+
+
 def autotune(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The real CLI, in a process of its own, offline (forked from an interpreter that has
-    imported what it imports: tests/cli_fork.py)."""
+    imported what it imports: tests/cli_fork.py). A search runs no rehearsal and no
+    paired rounds unless its arguments ask for them."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return run_cli(list(args), cwd=cwd, env=env, timeout=900)
+    argv = list(args)
+    if argv[:1] == ["search"] and "--help" not in argv:
+        if not {"--rehearse", "--no-rehearse"} & set(argv):
+            argv.append("--no-rehearse")
+        if "--confirm-rounds" not in argv:
+            argv += ["--confirm-rounds", "0"]
+    return run_cli(argv, cwd=cwd, env=env, timeout=900)
 
 
 @pytest.fixture(scope="session")
@@ -354,9 +367,6 @@ def searched_study(
         # parity from the probes' own losses (the 20-step runs have their own tests)
         "--parity",
         "quick",
-        # one confirmation a finalist, which these tests count (paired rounds: their own)
-        "--confirm-rounds",
-        "0",
         "--quiet",
     ]
     done = autotune(work, *argv)

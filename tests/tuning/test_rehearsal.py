@@ -19,6 +19,7 @@ from job_script import BASE_ARGS, write_job
 pytestmark = pytest.mark.slow
 
 ONE_CONFIG = [
+    "--rehearse",
     "--device",
     "cpu",
     "--lever",
