@@ -164,6 +164,12 @@ def rehearse(
         found, _ = attempt(batch, accumulation)
         if not _evaluation_oom(found):
             return dataclasses.replace(found, note=_tried(tried))
+    return _none_fits(found, tried, logits_kept)
+
+
+def _none_fits(found: Rehearsal, tried: list[str], logits_kept: bool) -> Rehearsal:
+    """The rehearsal at the smallest batch tried, saying why none fit: where it failed
+    late in the pass with logits kept, they pile up whatever the batch (`hopeless`)."""
     failed = found.failed
     late = failed is not None and (failed.done or 0.0) >= LATE
     why = (
