@@ -222,7 +222,9 @@ def worker_search_args(max_trials: int) -> list[str]:
     """A small search on ./tiny (8 configs) for the tests that run several workers. These
     test coordination, and some share one PostgreSQL server: --no-reuse keeps one test's
     study from taking over what another's measured. No parity runs (the recipe and the
-    winner trained again, side by side): tests/tuning/test_parity_search.py tests them."""
+    winner trained again, side by side), no rehearsal and no paired rounds: each has
+    tests of its own (tests/tuning/test_parity_search.py, test_rehearsal.py,
+    test_stop_rules.py)."""
     return [
         "search",
         "--model",
@@ -230,6 +232,9 @@ def worker_search_args(max_trials: int) -> list[str]:
         "--device",
         "cpu",
         "--no-reuse",
+        "--no-rehearse",
+        "--confirm-rounds",
+        "0",
         *PLAIN_LEVERS,
         "--global-batch-size",
         "16",

@@ -17,12 +17,15 @@ from conftest import PLAIN_LEVERS, TINY_GPT2, autotune, probes_running, write_mo
 
 pytestmark = pytest.mark.slow
 
-ARGV = [
+ARGV = [  # no rehearsal, no paired rounds: the interrupts are caught in probes and parity
     "search",
     "--model",
     "./tiny",
     "--device",
     "cpu",
+    "--no-rehearse",
+    "--confirm-rounds",
+    "0",
     *PLAIN_LEVERS,
     "--global-batch-size",
     "16",
