@@ -38,11 +38,13 @@ def search(
 
     Args:
         job: your Trainer factory, a function `make_trainer(args) -> Trainer` defined at
-            the top level of a module or script (each probe imports it again and calls it
-            with the candidate's arguments; keep the call to `autotune.search` under
-            `if __name__ == "__main__":`); or "FILE.py:FUNCTION"; or a model name (a
-            local folder holding config.json, a hub id, a bundled preset) to tune a
-            stand-in built from its config.
+            the top level of a module, a script or a notebook cell (each probe loads it
+            again and calls it with the candidate's arguments: a script's by importing
+            it, so keep the call to `autotune.search` under `if __name__ == "__main__":`;
+            a notebook's is pickled by value with what it uses, into
+            `studies/factories/`); or "FILE.py:FUNCTION"; or a model name (a local
+            folder holding config.json, a hub id, a bundled preset) to tune a stand-in
+            built from its config.
         base_args: your arguments: a JSON file, a dict, or the arguments object itself
             (a `TrainingArguments`, `SFTConfig`, ...); the global batch, the lengths and
             every field not tuned come from it.
@@ -61,7 +63,7 @@ def search(
     `autotune.core.errors.AutotuneError` (a `UsageError` for bad input) with the
     one-line message the CLI prints.
     """
-    options = _normalised(job, options)
+    options = _normalised(job, options, Path(studies_dir))
     with tempfile.TemporaryDirectory(prefix="autotune-base-args-") as scratch:
         asked = SearchOptions(
             base_args=_base_args_file(base_args, Path(scratch), options),
@@ -72,9 +74,12 @@ def search(
         return search_command(asked, studies_dir=Path(studies_dir))
 
 
-def _normalised(job: str | Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
+def _normalised(
+    job: str | Callable[..., Any], options: dict[str, Any], studies_dir: Path
+) -> dict[str, Any]:
     """The keyword options as SearchOptions' fields: lists as tuples, paths as Paths, the
-    job as --trainer (a function, "FILE.py:FUNCTION") or --model (a name)."""
+    job as --trainer (a function, "FILE.py:FUNCTION") or --model (a name); a function
+    defined in a notebook is pickled under `studies_dir`."""
     fields = {f.name for f in dataclasses.fields(SearchOptions)}
     unknown = sorted(set(options) - fields | ({"model", "trainer"} & set(options)))
     if unknown:
@@ -93,7 +98,7 @@ def _normalised(job: str | Callable[..., Any], options: dict[str, Any]) -> dict[
     if "objective" in options:
         options["objective"] = Objective(options["objective"])
     if callable(job):
-        options["trainer"] = reference_of(job)
+        options["trainer"] = reference_of(job, studies_dir)
     elif ":" in job and not Path(job).exists():  # FILE.py:FUNCTION, package.module:FUNCTION
         options["trainer"] = job
     else:
@@ -120,12 +125,19 @@ def _base_args_file(given: Any, scratch: Path, options: dict[str, Any]) -> Path 
 
 
 def load(
-    study: str, *, storage: str | None = None, studies_dir: str | Path = "studies"
+    study: str,
+    *,
+    storage: str | None = None,
+    studies_dir: str | Path = "studies",
+    objective: str | None = None,
 ) -> dict[str, Any]:
     """The arguments of a study's best config (your --base-args fields with the tuned
-    ones in place), as the export writes them: `SFTConfig(**autotune.load("my-job"))`."""
+    ones in place), as the export writes them: `SFTConfig(**autotune.load("my-job"))`.
+    The best by the objective the study was searched for, unless `objective` names the
+    other ("throughput": the fastest that fits; "efficiency": samples/s per GiB)."""
     url = resolve_storage(storage, Path(studies_dir))
-    best, spec, _ = best_of_study(study_name=study, storage=url, objective=Objective.THROUGHPUT)
+    goal = _parsed(objective, Objective, "objective") if objective else None
+    best, spec, _ = best_of_study(study_name=study, storage=url, objective=goal)
     return recipe(spec, best.candidate)
 
 

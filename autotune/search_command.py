@@ -93,6 +93,7 @@ def _prepare_and_search(
         notes.append(rehearsal_line(spec))
     _ensure_sqlite_folder(url)
     store = prepare_store(spec=spec, study_name=name, storage=url, sampler=o.sampler)
+    store.save_objective(o.objective)
     claim_folder(folder, name, url)
     limits = o.limits(spec.measure_steps)
     with searching(folder):  # export and show say what they read is the best so far
@@ -132,7 +133,9 @@ def _job_name(o: SearchOptions) -> str:
     if o.model:
         return o.model
     location = (o.trainer or "").rpartition(":")[0]
-    return Path(location).stem if location.endswith(".py") else location.rsplit(".", 1)[-1]
+    if location.endswith((".py", ".pkl")):  # a script, or a notebook's pickled factory
+        return Path(location).stem
+    return location.rsplit(".", 1)[-1]
 
 
 def _data(o: SearchOptions, folder: Path) -> DataOptions | None:

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str | bytes) -> None:
     """Write a file so that readers see the old content or the new, never half of it.
 
     A symlink keeps pointing where it did (its target is what gets rewritten), and an
@@ -23,7 +23,7 @@ def append_line(path: Path, line: str) -> None:
         f.flush()
 
 
-def write_all_atomic(texts: dict[Path, str]) -> None:
+def write_all_atomic(texts: dict[Path, str | bytes]) -> None:
     """Write several files that belong together (an export and its sidecar): each is
     written in full beside its target first, and only then are they renamed over their
     targets, so a full disk leaves every old file as it was, not one new beside one old."""
@@ -45,15 +45,15 @@ def write_all_atomic(texts: dict[Path, str]) -> None:
                 tmp.unlink()
 
 
-def _stage(tmp: Path, target: Path, text: str) -> None:
+def _stage(tmp: Path, target: Path, text: str | bytes) -> None:
     """`text` written and synced to `tmp`, with `target`'s mode and owner if it exists."""
     try:
         before: os.stat_result | None = target.stat()
     except FileNotFoundError:
         before = None
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if before else 0o666)
-    with open(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
+    with open(fd, "wb") as handle:
+        handle.write(text.encode("utf-8") if isinstance(text, str) else text)
         handle.flush()
         os.fsync(handle.fileno())
     if before is not None:

@@ -157,7 +157,8 @@ class SearchSpec:
         what = f"{self.model.name} ({self.model.task})"
         if self.model.trainer:  # the user's job: their factory, and what trains in it
             location, _, function = self.model.trainer.rpartition(":")
-            what = f"{location.rsplit('/', 1)[-1]}:{function} training {what}"
+            where = "your session's" if location.endswith(".pkl") else location.rsplit("/", 1)[-1]
+            what = f"{where}:{function} training {what}"
         if self.model.adapter:
             what += f" with a LoRA adapter (r={self.model.adapter.get('r', 8)})"
         if self.trainable_parameters:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import UsageError
+from autotune.core.files import write_atomic
 
 DEFAULT_ARGS_CLASS = "transformers.TrainingArguments"
 # What `--args-class` may name by a short name (the full dotted name always works)
@@ -31,6 +32,11 @@ ARGS_CLASSES = {
 # Fields whose value the factory must leave as autotune passed them: a Trainer built on
 # other arguments would train another config than the one measured
 SCRIPT_PREFIX = "autotune_user_"  # the module name a --trainer script is imported as
+# A factory defined in a notebook or another interactive session has no file to import it
+# from: it is pickled by value (cloudpickle, as Ray, Dask and submitit ship functions)
+# into studies/factories/<name>.pkl, and the reference names that file
+PICKLED = ".pkl"
+FACTORIES_FOLDER = "factories"
 # What autotune sets per candidate (and the run length a probe owns): a factory that
 # builds its Trainer with other values, or changes them in `args`, trains something else
 CHECKED_FIELDS = (
@@ -60,10 +66,11 @@ def split_reference(reference: str) -> tuple[str, str]:
 
 
 def resolve_reference(reference: str) -> str:
-    """The reference as probes will load it: a script's path made absolute, so a probe
-    started in another directory finds it; FactoryError when the file is missing."""
+    """The reference as probes will load it: a script's (or a pickled factory's) path
+    made absolute, so a probe started in another directory finds it; FactoryError when
+    the file is missing."""
     location, name = split_reference(reference)
-    if not location.endswith(".py"):
+    if not location.endswith((".py", PICKLED)):
         return reference
     path = Path(location).expanduser()
     if not path.is_file():
@@ -71,31 +78,52 @@ def resolve_reference(reference: str) -> str:
     return f"{path.resolve()}:{name}"
 
 
-def reference_of(factory: Callable[..., Any]) -> str:
-    """The reference of a Python function, for probes to import it again: its module's
-    name, or its script's path when it was defined in the script being run."""
+def reference_of(factory: Callable[..., Any], studies_dir: Path) -> str:
+    """The reference of a Python function, for probes to load it again: its module's
+    name, or its script's path when it was defined in the script being run; one defined
+    in a notebook or an interactive session is pickled by value under `studies_dir`."""
     name = getattr(factory, "__qualname__", "")
     if not callable(factory) or not name.isidentifier():  # a lambda, a method, a partial
         raise FactoryError(
-            f"autotune.search() needs a function defined at the top level of a module or "
-            f"script (probes import it again in their own process); got {factory!r}"
+            f"autotune.search() needs a function defined at the top level of a module, "
+            f"script or notebook cell (probes load it again in their own process); got "
+            f"{factory!r}"
         )
     module = factory.__module__
     if module == "__main__" or module.startswith(SCRIPT_PREFIX):  # a script: by its path
-        path = getattr(sys.modules[module], "__file__", None)
-        if path is None:
-            raise FactoryError(
-                "a factory defined in an interactive session cannot be imported by the "
-                "probes; define it in a .py file and pass it, or --trainer FILE.py:FUNCTION"
-            )
+        found = sys.modules.get(module)
+        path = getattr(found, "__file__", None)
+        if path is None or getattr(found, name, None) is not factory:
+            return _pickled(factory, name, studies_dir)  # a notebook cell, a prompt
         return f"{Path(path).resolve()}:{name}"
     return f"{module}:{name}"
+
+
+def _pickled(factory: Callable[..., Any], name: str, studies_dir: Path) -> str:
+    """Write the factory by value, with what it uses of its session, to
+    studies/factories/<name>.pkl (replaced whole on every search) and name that file."""
+    import cloudpickle
+
+    try:
+        data = cloudpickle.dumps(factory)
+    except Exception as exc:  # pickle raises TypeError, PicklingError, AttributeError...
+        raise FactoryError(
+            f"your factory {name} is defined in this session, so it is sent to the probes "
+            f"by value, and what it uses could not be pickled ({type(exc).__name__}: "
+            f"{exc}); build that inside {name}, or define {name} in a .py file"
+        ) from None
+    path = (studies_dir / FACTORIES_FOLDER / f"{name}{PICKLED}").resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, data)
+    return f"{path}:{name}"
 
 
 def load_factory(reference: str) -> Callable[..., Any]:
     """Import the module or script and return its function; FactoryError if either is
     missing (an exception the module raises while importing propagates)."""
     location, name = split_reference(reference)
+    if location.endswith(PICKLED):
+        return _unpickled(Path(location), name)
     if location.endswith(".py"):
         module = _import_script(Path(location))
     else:
@@ -111,6 +139,23 @@ def load_factory(reference: str) -> Callable[..., Any]:
     factory = getattr(module, name, None)
     if not callable(factory):
         raise FactoryError(f"--trainer {reference}: {location} has no function {name!r}")
+    return factory  # type: ignore[no-any-return]
+
+
+def _unpickled(path: Path, name: str) -> Callable[..., Any]:
+    """A factory pickled by value (`_pickled`); FactoryError when the file is missing."""
+    import cloudpickle
+
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise FactoryError(
+            f"--trainer {path}:{name}: the pickled factory is gone; run autotune.search() "
+            "with your function again"
+        ) from None
+    factory = cloudpickle.loads(data)
+    if not callable(factory):
+        raise FactoryError(f"--trainer {path}:{name}: the file holds no function")
     return factory  # type: ignore[no-any-return]
 
 

@@ -3,6 +3,8 @@ arguments class, and what a factory must return."""
 
 from __future__ import annotations
 
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -88,10 +90,29 @@ def test_the_arguments_class_is_asked_then_annotated_then_training_arguments(
 
 def test_a_function_is_referenced_so_a_probe_can_import_it_again(script: Path) -> None:
     loaded = load_factory(f"{script}:typed")
-    assert reference_of(loaded) == f"{script.resolve()}:typed"  # a script: by its path
-    assert reference_of(split_reference) == "autotune.hf.factory:split_reference"
+    studies = script.parent / "studies"
+    assert reference_of(loaded, studies) == f"{script.resolve()}:typed"  # a script: its path
+    assert reference_of(split_reference, studies) == "autotune.hf.factory:split_reference"
     with pytest.raises(FactoryError, match="defined at the top level"):
-        reference_of(lambda args: args)
+        reference_of(lambda args: args, studies)
+    assert not studies.exists()  # nothing pickled for what can be imported
+
+
+def test_a_function_defined_in_a_session_travels_by_value(tmp_path: Path) -> None:
+    # as a notebook cell defines it: in __main__, which has no file to import again
+    session: dict[str, object] = {"__name__": "__main__", "SCALE": 3}
+    exec("def make_trainer(args):\n    return args * SCALE\n", session)
+    factory = session["make_trainer"]
+    assert getattr(sys.modules["__main__"], "make_trainer", None) is not factory
+    reference = reference_of(factory, tmp_path / "studies")  # type: ignore[arg-type]
+    pickled = tmp_path / "studies" / "factories" / "make_trainer.pkl"
+    assert reference == f"{pickled.resolve()}:make_trainer"
+    assert resolve_reference(reference) == reference
+    assert load_factory(reference)(2) == 6  # with what it uses of its session (SCALE)
+    session["LOCK"] = threading.Lock()
+    exec("def locked(args):\n    return LOCK\n", session)
+    with pytest.raises(FactoryError, match=r"sent to the probes by value.*cannot pickle"):
+        reference_of(session["locked"], tmp_path / "studies")  # type: ignore[arg-type]
 
 
 def test_a_factory_must_return_a_trainer_built_on_its_arguments(tmp_path: Path) -> None:
