@@ -26,20 +26,27 @@ def resolve_storage(storage: str | None, studies_dir: Path) -> str:
 
 
 def best_of_study(
-    *, study_name: str, storage: str, objective: Objective
+    *, study_name: str, storage: str, objective: Objective | None
 ) -> tuple[TrialRecord, SearchSpec, list[TrialRecord]]:
+    """The study's selected trial by `objective` (None: the one it was searched for)."""
     store = StudyStore.load(url=storage, name=study_name)
     recs = store.records()
-    best = select_for(store.spec, recs, objective)
+    best = select_for(store.spec, recs, objective or store.objective())
     if best is None:
         raise NoFitError(f"study {study_name!r} has no trial that ran ok within the budget")
     return best, store.spec, recs
 
 
 def export_command(
-    *, study_name: str, storage: str, output: Path, objective: Objective, force: bool = False
+    *,
+    study_name: str,
+    storage: str,
+    output: Path,
+    objective: Objective | None,
+    force: bool = False,
 ) -> Path:
-    """Write the study's best config as TrainingArguments JSON (+ sidecar)."""
+    """Write the study's best config as TrainingArguments JSON (+ sidecar), selected by
+    `objective` (None: the one the study was searched for)."""
     from autotune.views.export import export_selected
 
     store = StudyStore.load(url=storage, name=study_name)
@@ -48,7 +55,7 @@ def export_command(
         spec=store.spec,
         study_name=study_name,
         output=output,
-        objective=objective,
+        objective=objective or store.objective(),
         validate=False,
         force=force,
         parity=store.parity(),
@@ -95,7 +102,7 @@ def merge_command(
     *,
     study_name: str,
     storage: str,
-    objective: Objective,
+    objective: Objective | None,
     merge_into: Path,
     for_device: DeviceKind | None = None,
 ) -> tuple[dict[str, tuple[Any, Any]], list[str]]:
@@ -126,7 +133,11 @@ def merge_command(
 
 
 def flags_command(
-    *, study_name: str, storage: str, objective: Objective, for_device: DeviceKind | None = None
+    *,
+    study_name: str,
+    storage: str,
+    objective: Objective | None,
+    for_device: DeviceKind | None = None,
 ) -> tuple[str, list[str]]:
     """The tuned fields as command-line flags for HfArgumentParser scripts, and notes."""
     from autotune.hf.training_args import cli_flags
@@ -136,13 +147,15 @@ def flags_command(
     return cli_flags(tuned), notes
 
 
-def show_command(*, study_name: str, storage: str, objective: Objective) -> Any:
-    """The study's rows, best first (views.show prints them)."""
+def show_command(*, study_name: str, storage: str, objective: Objective | None) -> Any:
+    """The study's rows, best first by `objective` (None: the one the study was searched
+    for); views.show prints them."""
     from autotune.views.export import parity_summary
     from autotune.views.show import StudyView, trial_rows
 
     store = StudyStore.load(url=storage, name=study_name)
     records, state = store.records(), store.parity()
+    objective = objective or store.objective()
     best = select_for(store.spec, records, objective)
     changed = None
     if best is not None:
@@ -151,13 +164,18 @@ def show_command(*, study_name: str, storage: str, objective: Objective) -> Any:
     return StudyView(study_name, store.spec, rows, changed, objective)
 
 
-def report_command(*, study_name: str, storage: str, output_dir: Path) -> list[Path]:
+def report_command(
+    *, study_name: str, storage: str, output_dir: Path, objective: Objective | None = None
+) -> list[Path]:
+    """The study's HTML page and charts, its best by `objective` (None: the one the
+    study was searched for)."""
     from autotune.views.report import write_report
     from autotune.views.show import trial_rows
 
     store = StudyStore.load(url=storage, name=study_name)
     recs = store.records()
-    rows = trial_rows(recs, store.spec, Objective.THROUGHPUT)
+    objective = objective or store.objective()
+    rows = trial_rows(recs, store.spec, objective)
     state = store.parity()
     recipe = state.reference if state else None
     return write_report(
@@ -167,6 +185,7 @@ def report_command(*, study_name: str, storage: str, output_dir: Path) -> list[P
         study_name=study_name,
         output_dir=output_dir,
         recipe=recipe,
+        objective=objective,
     )
 
 
@@ -179,12 +198,36 @@ def dashboard_command(*, study_name: str, storage: str, host: str, port: int) ->
 
     store = StudyStore.load(url=storage, name=study_name)
     study_id = stored_id(store.storage, store.study)
-    print(
-        f"optuna-dashboard for study {study_name!r} in {mask(storage)}: "
-        f"http://{host}:{port}/dashboard/studies/{study_id}",
-        flush=True,
-    )
+    for line in dashboard_lines(study_name, mask(storage), host, port, study_id):
+        print(line, flush=True)
     run_server(storage, host=host, port=port)
+
+
+def dashboard_lines(
+    study_name: str, storage: str, host: str, port: int, study_id: int
+) -> list[str]:
+    """What `dashboard` says before it serves: where, how to reach it from another
+    machine, what it serves and what a trial's two values are."""
+    import ipaddress
+
+    url = f"http://{host}:{port}/dashboard/studies/{study_id}"
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    reach = (
+        f"it listens on {host} only: from another machine, forward the port with "
+        f"`ssh -L {port}:localhost:{port} THIS_HOST` and open the same URL there"
+        if loopback
+        else f"it listens on {host}, without authentication"
+    )
+    return [
+        f"optuna-dashboard for study {study_name!r} in {storage}: {url}",
+        reach,
+        "it serves every study in that storage; each trial holds two values: samples/s "
+        "(higher is better) and peak memory in GiB (lower), with the budget as a constraint",
+        "Ctrl-C stops it",
+    ]
 
 
 def estimate_command(

@@ -40,6 +40,7 @@ class StudyAttr(enum.StrEnum):
     REHEARSALS = "autotune_rehearsals"  # core.rehearsal.Rehearsal by trial number
     PARITY = "autotune_parity"  # core.parity.ParityState: the reference, runs, verdicts
     PARITY_PLAN = "autotune_parity_plan"  # tuning.time_plan.ParityPlan: --parity auto's
+    OBJECTIVE = "autotune_objective"  # the last search's --objective: what review selects by
 
 
 CONSTRAINT_NAME = "peak_over_limit_gib"

@@ -21,7 +21,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 from optuna_dashboard import save_note
 
-from autotune.core.enums import Outcome
+from autotune.core.enums import Objective, Outcome
 from autotune.core.errors import StudyError
 from autotune.core.files import write_atomic
 from autotune.core.parity_state import ParityPlan, ParityState
@@ -212,6 +212,16 @@ class StudyStore:
     @transient_retry
     def save_parity(self, state: ParityState) -> None:
         self.study.set_user_attr(StudyAttr.PARITY, state.to_json())
+
+    @transient_retry
+    def objective(self) -> Objective:
+        """What the study's last search selected by (throughput for one stored before the
+        objective was kept): show, export, report and autotune.load select by it too."""
+        return Objective(self.study.user_attrs.get(StudyAttr.OBJECTIVE, Objective.THROUGHPUT))
+
+    @transient_retry
+    def save_objective(self, objective: Objective) -> None:
+        self.study.set_user_attr(StudyAttr.OBJECTIVE, str(objective))
 
     @transient_retry
     def rehearsals(self) -> dict[int, Rehearsal]:

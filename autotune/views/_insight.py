@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from autotune.core.enums import Outcome
+from autotune.core.enums import Objective, Outcome
 from autotune.core.parity import Change, changes
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
@@ -27,6 +27,7 @@ class Insight:
     changes: tuple[Change, ...]  # against the user's recipe (the parity reference)
     probes: int  # runs launched, confirmations included
     probe_seconds: float  # their wall time, summed
+    objective: Objective = Objective.THROUGHPUT  # what `best` was selected by
 
 
 def pareto_front(records: Sequence[TrialRecord], fit_limit_bytes: int) -> list[TrialRecord]:
@@ -47,18 +48,28 @@ def pareto_front(records: Sequence[TrialRecord], fit_limit_bytes: int) -> list[T
 
 
 def insight(
-    records: Sequence[TrialRecord], spec: SearchSpec, recipe: Candidate | None = None
+    records: Sequence[TrialRecord],
+    spec: SearchSpec,
+    recipe: Candidate | None = None,
+    objective: Objective = Objective.THROUGHPUT,
 ) -> Insight:
-    """`recipe`: the reference the study's parity runs used (default: the one they would)."""
-    best = select_for(spec, records)
+    """`recipe`: the reference the study's parity runs used (default: the one they would);
+    `objective`: what the best is selected by."""
+    best = select_for(spec, records, objective)
     reference, name = baseline(spec, records, None)
     recipe = recipe or reference_candidate(spec, records)
     band = noise_band(best) if best else 0.0
-    top = ranked_sps(best) if best else 0.0  # ranked as selection ranks: by the quiet steps
+
+    def score(record: TrialRecord) -> float:  # ranked as selection ranks: the quiet steps
+        if objective == Objective.EFFICIENCY:
+            return ranked_sps(record) / max(record.result.peak_memory_bytes or 1, 1)
+        return ranked_sps(record)
+
+    top = score(best) if best else 0.0
     ties = tuple(
         r.number
         for r in fitting(records, spec.fit_limit_bytes)
-        if best is not None and ranked_sps(r) >= top * (1 - band)
+        if best is not None and score(r) >= top * (1 - band)
     )
     # what this study ran: reused figures (with their confirmations) cost it nothing
     measured = [
@@ -73,6 +84,7 @@ def insight(
         changes=tuple(changes(recipe, best.candidate)) if best else (),
         probes=sum(r.runs for r in measured),
         probe_seconds=sum(_seconds(r) * r.runs for r in measured),
+        objective=objective,
     )
 
 

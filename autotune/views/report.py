@@ -13,6 +13,7 @@ import html
 from collections.abc import Sequence
 from pathlib import Path
 
+from autotune.core.enums import Objective
 from autotune.core.files import write_atomic
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
@@ -37,10 +38,12 @@ def write_report(
     study_name: str,
     output_dir: Path,
     recipe: Candidate | None = None,
+    objective: Objective = Objective.THROUGHPUT,
 ) -> list[Path]:
-    """Write <study>.report.html and its three PNGs; returns their paths."""
+    """Write <study>.report.html and its three PNGs, the best selected by `objective`;
+    returns their paths."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    found = insight(records, spec, recipe)
+    found = insight(records, spec, recipe, objective)
     ranked = output_dir / f"{study_name}.ranked.png"
     tradeoff = output_dir / f"{study_name}.tradeoff.png"
     by_batch = output_dir / f"{study_name}.by-batch.png"
@@ -49,7 +52,7 @@ def write_report(
     plot_by_batch(records, by_batch)
     page = output_dir / f"{study_name}.report.html"
     images = [ranked, tradeoff, by_batch]
-    write_atomic(page, _html(records, rows, spec, study_name, images, recipe))
+    write_atomic(page, _html(records, rows, spec, study_name, images, found))
     return [page, ranked, tradeoff, by_batch]
 
 
@@ -74,9 +77,12 @@ def _headline(found: Insight, spec: SearchSpec) -> str:
             f"noise (±{100 * found.band:.0f}%); among ties one that keeps your recipe's "
             "precision and optimizer wins, then the least memory.</p>"
         )
+    per_gib = ""
+    if found.objective == Objective.EFFICIENCY and peak:
+        per_gib = f" ({sps / (peak / 2**30):.2f} samples/s per GiB of peak: the best per memory)"
     return (
         f"<p class='big'><b>Selected: trial {best.number}</b>, "
-        f"{html.escape(best.candidate.describe())}: {sps:.2f} samples/s{versus}; peak "
+        f"{html.escape(best.candidate.describe())}: {sps:.2f} samples/s{per_gib}{versus}; peak "
         f"{format_size(peak)} of a {format_size(spec.memory_budget_bytes)} budget"
         f"{'; confirmed in ' + str(best.runs) + ' runs' if best.runs > 1 else ''}.</p>{tie}"
     )
@@ -167,9 +173,8 @@ def _html(
     spec: SearchSpec,
     study_name: str,
     images: list[Path],
-    recipe: Candidate | None = None,
+    found: Insight,
 ) -> str:
-    found = insight(records, spec, recipe)
     name = html.escape(study_name)
     first, *rest = images
     return f"""<!doctype html>

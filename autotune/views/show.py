@@ -49,6 +49,8 @@ class TrialRow:
     # The analytic estimate of the peak (the job as held, the process as measured), set
     # beside the measured one: how far the model of memory is from this job
     predicted_peak_gib: float | None = None
+    # samples/s per GiB of peak: what --objective efficiency selects by
+    samples_per_s_per_gib: float | None = None
 
 
 def explain(record: TrialRecord, spec: SearchSpec) -> str:
@@ -103,6 +105,9 @@ def trial_rows(
                 tokens_per_s=_round(r.tokens_per_s, 1),
                 peak_memory_gib=_round(peak / GIB if peak else None, 3),
                 predicted_peak_gib=_round(predicted / GIB if predicted else None, 3),
+                samples_per_s_per_gib=_round(
+                    r.samples_per_s / (peak / GIB) if r.samples_per_s and peak else None, 3
+                ),
                 budget_used_pct=_round(100 * peak / spec.memory_budget_bytes if peak else None, 1),
                 step_time_spread_pct=_round(
                     100 * r.step_time_spread if r.step_time_spread is not None else None, 1
@@ -159,10 +164,18 @@ def data_lines(spec: SearchSpec) -> list[str]:
     return lines
 
 
-def render_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) -> Table:
+def render_table(
+    rows: Sequence[TrialRow],
+    spec: SearchSpec,
+    study_name: str,
+    objective: Objective = Objective.THROUGHPUT,
+) -> Table:
     table = Table(title=f"{study_name}: {spec.describe()}", title_justify="left")
     real = spec.data is not None
-    columns = ["trial", "config", "outcome", "samples/s", "real tokens/s" if real else "tokens/s"]
+    per_gib = objective == Objective.EFFICIENCY
+    columns = ["trial", "config", "outcome", "samples/s"]
+    columns += ["samples/s per GiB"] if per_gib else []
+    columns += ["real tokens/s" if real else "tokens/s"]
     columns += ["pad", "worst-case samples/s"] if real else []
     timed = spec.train_steps > 0 or any(row.one_time_s for row in rows)
     columns += ["setup s"] if timed else []
@@ -176,6 +189,7 @@ def render_table(rows: Sequence[TrialRow], spec: SearchSpec, study_name: str) ->
             row.config,
             row.outcome,
             _fmt(row.samples_per_s, ".2f"),
+            *([_fmt(row.samples_per_s_per_gib, ".2f")] if per_gib else []),
             _fmt(row.tokens_per_s, ".0f"),
         ]
         if real:
@@ -207,7 +221,7 @@ def print_table(
     console = Console(highlight=False, width=200, markup=False)
     for line in data_lines(spec):
         console.print(line)
-    console.print(render_table(rows, spec, study_name))
+    console.print(render_table(rows, spec, study_name, objective))
     console.print(
         "* the config export writes; parity: whether it learns like your recipe "
         "(same-arithmetic: only the batch split, checkpointing or a fused kernel differ); "
@@ -218,6 +232,11 @@ def print_table(
         console.print(
             "samples/s and real tokens/s: real batches of your data, padded per micro-batch, "
             "at the median step, by which configs are ranked; peak memory: worst-case batches"
+        )
+    elif objective == Objective.EFFICIENCY:
+        console.print(
+            "the * has the most samples/s per GiB of peak memory (objective efficiency): "
+            "the best throughput per memory"
         )
     elif objective == Objective.THROUGHPUT:
         console.print(

@@ -22,6 +22,7 @@ from conftest import (
 )
 from transformers import HfArgumentParser, TrainingArguments
 
+import autotune as autotune_api
 from autotune.probe._train import CPU_WINDOW_STEPS
 
 pytestmark = pytest.mark.slow
@@ -378,6 +379,20 @@ def test_the_search_options_reach_the_probes_and_the_export(tmp_path: Path) -> N
     assert summary["best"]["runs"] == 2 and summary["best"]["measured_steps"] == 2 + 3
     assert not (tmp_path / "studies" / "tiny" / "forkserver.log").exists()  # fresh processes
     assert set(limits_in_force(tmp_path).values()) == {summary["fit_limit_bytes"]}
+    # the study keeps its objective: show, report, export and autotune.load select by it
+    chosen = summary["best"]["trial"]
+    shown = json.loads(autotune(tmp_path, "show", "--study", "tiny", "--format", "json").stdout)
+    best = next(t for t in shown["trials"] if t["best"])
+    per_gib = [t["samples_per_s_per_gib"] for t in shown["trials"] if t["outcome"] == "ok"]
+    assert best["trial"] == chosen and best["samples_per_s_per_gib"] == max(per_gib)
+    table = autotune(tmp_path, "show", "--study", "tiny").stdout
+    assert "samples/s per GiB" in table and "objective efficiency" in table
+    assert autotune(tmp_path, "report", "--study", "tiny").returncode == 0
+    assert f"Selected: trial {chosen}</b>" in (tmp_path / "studies/tiny.report.html").read_text()
+    assert autotune(tmp_path, "export", "--study", "tiny", "--output", "again.json").returncode == 0
+    exported = json.loads((tmp_path / "again.json").read_text())
+    loaded = autotune_api.load("tiny", studies_dir=tmp_path / "studies")
+    assert loaded == exported == json.loads((tmp_path / "studies/tiny.best.json").read_text())
 
 
 @pytest.mark.slow
