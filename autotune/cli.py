@@ -14,7 +14,7 @@ import click
 from rich.console import Console
 
 from autotune.cli_types import (
-    OBJECTIVE,
+    STUDY_OBJECTIVE,
     TABLE_OR_JSON,
     GroupedCommand,
     ListType,
@@ -54,10 +54,13 @@ def search(**options: Any) -> None:
         click.echo(outcome_json(outcome))
         return
     console = Console(highlight=False, soft_wrap=True, markup=False)
+    sps, peak = best.result.samples_per_s or 0.0, best.result.peak_memory_bytes or 0
+    per_gib = ""
+    if asked.objective == Objective.EFFICIENCY and peak:
+        per_gib = f" ({sps / (peak / 2**30):.2f} samples/s per GiB: the best per memory)"
     console.print(
-        f"best: trial {best.number}: {best.candidate.describe()}: "
-        f"{best.result.samples_per_s:.2f} samples/s, peak "
-        f"{format_size(best.result.peak_memory_bytes or 0)}"
+        f"best: trial {best.number}: {best.candidate.describe()}: {sps:.2f} samples/s, "
+        f"peak {format_size(peak)}{per_gib}"
     )
     from autotune.views.summary import change_lines, finish_lines, versus_line
 
@@ -109,7 +112,10 @@ def estimate(fmt: str, **options: Any) -> None:
 @cli.command()
 @study_options
 @click.option(
-    "--output", type=click.Path(path_type=Path), help="[default: studies/<study>.best.json]"
+    "--output",
+    type=click.Path(path_type=Path),
+    help="[default: studies/<study>.best.json; with another --storage than the default, "
+    "studies/<study>-<storage key>.best.json]",
 )
 @click.option(
     "--format",
@@ -135,7 +141,7 @@ def estimate(fmt: str, **options: Any) -> None:
     help="With --merge-into or --format cli: the device your run trains on, when it is not "
     "the one the study was tuned on (device-specific fields such as use_cpu follow it).",
 )
-@OBJECTIVE
+@STUDY_OBJECTIVE
 def export(
     study_name: str,
     storage: str | None,
@@ -144,7 +150,7 @@ def export(
     merge_into: Path | None,
     force: bool,
     for_device: str | None,
-    objective: str,
+    objective: str | None,
 ) -> None:
     """Write the best config of a stored study as TrainingArguments JSON."""
     from autotune import commands
@@ -157,7 +163,7 @@ def export(
     if output is not None and merge_into is not None:
         raise click.UsageError("give --output (a new file) or --merge-into (your file), not both")
     url = commands.resolve_storage(storage, DEFAULT_STUDIES)
-    goal = Objective(objective)
+    goal = Objective(objective) if objective else None  # None: the study's
     target = DeviceKind(for_device) if for_device else None
     if for_device and fmt != "cli" and merge_into is None:
         raise click.UsageError(
@@ -211,8 +217,8 @@ def _still_searching(folder: Path) -> list[str]:
 @cli.command()
 @study_options
 @TABLE_OR_JSON
-@OBJECTIVE
-def show(study_name: str, storage: str | None, fmt: str, objective: str) -> None:
+@STUDY_OBJECTIVE
+def show(study_name: str, storage: str | None, fmt: str, objective: str | None) -> None:
     """Every trial of a study, best first, and why each non-ok trial failed."""
     from autotune import commands
     from autotune.views.show import print_view
@@ -220,7 +226,7 @@ def show(study_name: str, storage: str | None, fmt: str, objective: str) -> None
     view = commands.show_command(
         study_name=study_name,
         storage=commands.resolve_storage(storage, DEFAULT_STUDIES),
-        objective=Objective(objective),
+        objective=Objective(objective) if objective else None,
     )
     print_view(view, fmt)
 
@@ -234,7 +240,8 @@ def show(study_name: str, storage: str | None, fmt: str, objective: str) -> None
     show_default=True,
     help="Where the HTML page and the PNG charts go.",
 )
-def report(study_name: str, storage: str | None, output_dir: Path) -> None:
+@STUDY_OBJECTIVE
+def report(study_name: str, storage: str | None, output_dir: Path, objective: str | None) -> None:
     """An HTML page and PNG charts: throughput against memory, and by batch size."""
     from autotune import commands
 
@@ -242,6 +249,7 @@ def report(study_name: str, storage: str | None, output_dir: Path) -> None:
         study_name=study_name,
         storage=commands.resolve_storage(storage, DEFAULT_STUDIES),
         output_dir=output_dir,
+        objective=Objective(objective) if objective else None,
     ):
         click.echo(f"wrote {path}")
 

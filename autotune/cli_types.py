@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from autotune.core.enums import Objective, Precision, SamplerName, Task, values
+from autotune.core.space import DEFAULT_OPTIMIZERS
 from autotune.core.units import parse_duration, parse_size
 from autotune.tuning.options import SearchOptions
 
@@ -79,7 +80,17 @@ OBJECTIVE = click.option(
     default="throughput",
     show_default=True,
     type=click.Choice(values(Objective)),
-    help="throughput: the fastest config that fits; efficiency: samples/s per GiB.",
+    help="throughput: the fastest config that fits; efficiency: the most samples/s per "
+    "GiB of peak memory (the best throughput per memory).",
+)
+
+
+# show, export and report: the objective the study was searched for, unless asked
+STUDY_OBJECTIVE = click.option(
+    "--objective",
+    type=click.Choice(values(Objective)),
+    help="Select by this objective instead of the one the study was searched for "
+    "(throughput: the fastest that fits; efficiency: samples/s per GiB of peak).",
 )
 
 
@@ -106,7 +117,7 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         metavar="FILE.py:FUNCTION",
         help="Your own job: a function that takes the training arguments and returns your "
         "Trainer (or SFTTrainer, ...); every probe trains what it builds. Also "
-        "package.module:FUNCTION.",
+        "package.module:FUNCTION. Give --trainer or --model, not both.",
     ),
     click.option(
         "--model",
@@ -197,7 +208,13 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         "quantized (no autocast: each layer in its weights' dtype). Precision changes the "
         "training arithmetic: leave out what your recipe must not use.",
     ),
-    click.option("--optimizers", type=ListType(), help="TrainingArguments optim names."),
+    click.option(
+        "--optimizers",
+        type=ListType(),
+        help="TrainingArguments optim names [default: those installed of "
+        f"{', '.join(DEFAULT_OPTIMIZERS)}; with --trainer also your own optim, and "
+        "bitsandbytes' paged and 8-bit ones for a quantized base].",
+    ),
     click.option(
         "--activation-checkpointing",
         "--checkpointing",
@@ -346,11 +363,19 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         is_flag=True,
         help="Time every probe for exactly --warmup-steps + --measure-steps steps.",
     ),
-    click.option("--study", "study_name", help="Study name [default: from the model name]."),
+    click.option(
+        "--study",
+        "study_name",
+        help="The study's name, which show, export, report and a rerun take "
+        "[default: from the model's name, or your script's or module's].",
+    ),
     click.option(
         "--storage",
         help="Optuna storage URL, e.g. postgresql://user@host/db to share the study between "
-        "machines [default: sqlite:///studies/autotune.db].",
+        "machines [default: $AUTOTUNE_STORAGE (kept out of `ps`), else "
+        "sqlite:///studies/autotune.db]. A busy storage is retried for "
+        "$AUTOTUNE_STORAGE_PATIENCE_S (60 s); a searching process records a heartbeat "
+        "every $AUTOTUNE_HEARTBEAT_S (10 s), and a trial silent for three is a dead worker's.",
     ),
     click.option(
         "--parallel",
@@ -375,7 +400,8 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option(
         "--output",
         type=click.Path(path_type=Path),
-        help="Where to write the tuned arguments JSON [default: studies/<study>.best.json].",
+        help="Where to write the tuned arguments JSON [default: studies/<study>.best.json; "
+        "with another --storage than the default, studies/<study>-<storage key>.best.json].",
     ),
     OBJECTIVE,
     click.option(
@@ -403,11 +429,11 @@ def search_options(command: Callable[..., Any]) -> Callable[..., Any]:
 HEADINGS = {
     "trainer": "Common",
     "args_class": "Advanced: your job",
-    "target_len": "Advanced: the workload",
     "dataset": "Advanced: your data",
     "precisions": "Advanced: what to try",
     "max_trials": "Advanced: how to search",
-    "study_name": "Advanced: storage and workers",
+    "global_batch_size": "Advanced: the workload",
+    "storage": "Advanced: storage and workers",
     "quiet": "Advanced: output",
 }
 

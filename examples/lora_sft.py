@@ -2,7 +2,8 @@
 """A LoRA fine-tune with TRL's SFTTrainer, as you would write it, with the one function
 autotune needs: `make_trainer(args) -> SFTTrainer`. Offline: `prepare` writes a small
 model (saved with save_pretrained, loaded back with from_pretrained), a tokenizer and
-a jsonl dataset under $LORA_SFT_DIR (default ./lora-sft).
+a jsonl dataset under $LORA_SFT_DIR (default ./lora-sft). It needs TRL and PEFT:
+`pip install -e ".[peft]"`.
 
     python examples/lora_sft.py prepare
     autotune search --trainer examples/lora_sft.py:make_trainer \\
@@ -108,10 +109,13 @@ def train(arguments_file: str) -> None:
 
 def tune() -> None:
     """The search from Python: the function itself, your arguments as an SFTConfig."""
+    import torch
+
     import autotune
 
     with open(Path(__file__).with_name("lora_sft.json"), encoding="utf-8") as file:
-        base = SFTConfig(**json.load(file), use_cpu=True)
+        # SFTConfig defaults to bf16, which needs use_cpu on a machine without a GPU
+        base = SFTConfig(**json.load(file), use_cpu=not torch.cuda.is_available())
     outcome = autotune.search(make_trainer, base_args=base, memory_budget="4GiB", time_budget="5m")
     args = outcome.arguments()  # an SFTConfig, as `train` reads it from the file
     optim = getattr(args.optim, "value", args.optim)

@@ -3,8 +3,8 @@
 TrainingArguments from a JSON file, such as the one `autotune search` exports.
 
     python examples/train_with_args.py studies/mt5-small.best.json
-    python examples/train_with_args.py studies/tiny.best.json --model_name_or_path path/to/model
-    python examples/train_with_args.py studies/tiny.best.json --attn_implementation eager
+    python examples/train_with_args.py studies/mt5-small.best.json --model_name_or_path ./model
+    python examples/train_with_args.py studies/mt5-small.best.json --attn_implementation eager
 
 Nothing in it knows about autotune: the exported JSON holds only TrainingArguments
 fields. Model and data arguments come from their own dataclasses, as usual; here the

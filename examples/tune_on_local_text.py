@@ -75,8 +75,6 @@ def tune(work: Path, max_trials: int) -> None:
         "search",
         "--model",
         "./model",
-        "--device",
-        "cpu",
         "--dataset",
         "corpus.txt",
         "--tokenizer",

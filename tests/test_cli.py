@@ -164,6 +164,17 @@ def test_the_dashboard_refuses_the_network_without_allow_remote(
     assert code == 2 and "--allow-remote" in err and "without authentication" in err
 
 
+def test_the_dashboard_says_how_to_reach_it_what_it_serves_and_what_a_trial_holds() -> None:
+    from autotune.commands import dashboard_lines
+
+    here = "\n".join(dashboard_lines("s", "sqlite:///studies/autotune.db", "127.0.0.1", 8080, 3))
+    assert "http://127.0.0.1:8080/dashboard/studies/3" in here
+    assert "listens on 127.0.0.1 only" in here and "ssh -L 8080:localhost:8080" in here
+    assert "every study in that storage" in here and "samples/s" in here and "peak memory" in here
+    remote = "\n".join(dashboard_lines("s", "sqlite:///x.db", "0.0.0.0", 9000, 1))
+    assert "ssh -L" not in remote and "without authentication" in remote
+
+
 def test_parallel_cpu_probes_cannot_share_more_memory_than_the_machine_has(
     capsys: pytest.CaptureFixture[str], in_tmp: Path
 ) -> None:
@@ -335,11 +346,8 @@ def test_search_help_groups_its_options(capsys: pytest.CaptureFixture[str]) -> N
     assert positions == sorted(positions) and "Other options:" not in out
     common = out[out.index("Common:") : out.index("Advanced: the workload:")]
     # the few options most searches set, first, and no more than 8 of them
-    assert [o for o in ("--model", "--memory-budget", "--time-budget") if o in common] == [
-        "--model",
-        "--memory-budget",
-        "--time-budget",
-    ]
+    common_ones = ("--model", "--memory-budget", "--time-budget", "--objective", "--study")
+    assert [o for o in common_ones if o in common] == list(common_ones)
     assert common.count("\n  --") <= 8 and "30m]" in common
     for lever in (
         "torch_compile",

@@ -39,16 +39,17 @@ class SearchOptions:
     base_args: Path | None = None  # your TrainingArguments JSON: batch, lengths, fields
     memory_budget: int | None = None  # bytes one training process may use; None: all
     time_budget: float | None = None  # seconds for the whole search; None: the default
-    global_batch_size: int | None = None  # kept exactly; None: --base-args', else 32
-    seq_len: int | None = None  # the longest input; None: --base-args', the data's, 512
+    objective: Objective = Objective.THROUGHPUT  # or efficiency: samples/s per GiB
+    study_name: str | None = None  # None: from the model's name
     output: Path | None = None  # the export; None: studies/<study>.best.json
     # -- the workload
+    global_batch_size: int | None = None  # kept exactly; None: --base-args', else 32
+    seq_len: int | None = None  # the longest input; None: --base-args', the data's, 512
     target_len: int | None = None  # the longest target (seq2seq)
     train_steps: int | None = None  # your run's steps: rank by time to finish it
     task: str = "auto"  # seq2seq, causal-lm, masked-lm, classification; auto: the config's
     device: str = "auto"  # auto, cpu, cuda, cuda:N
     headroom: float = 0.05  # share of the budget kept free for fragmentation in long runs
-    objective: Objective = Objective.THROUGHPUT  # or efficiency: samples/s per GiB
     # -- your job
     args_class: str | None = None  # the factory's arguments class, when not annotated
     lora: str | None = None  # "r=16,alpha=32,targets=q_proj,v_proj": a LoRA stand-in
@@ -87,7 +88,6 @@ class SearchOptions:
     rehearse: bool = True
     reuse: bool = True  # take over what another study in the storage measured alike
     # -- storage and workers
-    study_name: str | None = None  # None: from the model's name
     storage: str | None = None  # an Optuna storage URL; None: sqlite under studies/
     parallel: int = 1  # CPU: this many probes at a time, the cores split between them
     devices: tuple[str, ...] | None = None  # CUDA: one worker per listed GPU
