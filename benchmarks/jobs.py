@@ -64,6 +64,7 @@ def prepare(work: Path, quick: bool) -> Path:
 def search(work: Path, study: str, job: list[str], options: list[str]) -> dict[str, Any]:
     started = time.monotonic()
     done = autotune(work, "search", *job, "--study", study, *options)
+    (work / f"{study}.search.log").write_text(done.stdout + done.stderr)  # what it said
     if done.returncode != 0:
         raise SystemExit(f"{study} search failed:\n{done.stderr[-3000:]}")
     shown = json.loads(autotune(work, "show", "--study", study, "--format", "json").stdout)
@@ -143,7 +144,8 @@ def _markdown(figures: dict[str, Any]) -> str:
     return (
         f"\n## The jobs users bring ({figures['date']}, {figures['machine']})\n\n"
         f"`python benchmarks/jobs.py`: one bf16-stored Llama checkpoint (~58M parameters), "
-        f"searched three ways in one run under {figures['budget']} and "
+        f"searched as {', '.join(figures['jobs'])} in one run on {figures['device']} under "
+        f"{figures['budget']} and "
         f"`--time-budget {figures['time_budget']}` each. Estimate/peak: the analytic "
         "estimate before any probe (weights as held) over each probe's measured peak.\n\n"
         "| job | pick | samples/s | peak | estimate / peak: median (range) | probes | "
