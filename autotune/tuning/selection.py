@@ -214,9 +214,15 @@ def unverified_note(spec: SearchSpec, records: Sequence[TrialRecord], chosen: Tr
         if Arithmetic.of(r.candidate) == recipe and exportable(r)
     ]
     if not keeping:
+        tried = any(
+            Arithmetic.of(r.candidate) == recipe
+            for r in records
+            if r.result.outcome != Outcome.SKIPPED
+        )
+        why = "fits" if tried else "was measured before the time budget ran out"
         return (
             "exported without verified parity: no config that keeps your recipe's "
-            "precision and optimizer fits"
+            f"precision and optimizer {why}"
         )
     other = _best_of(keeping, Objective.THROUGHPUT, spec.train_steps, recipe)
     ratio = compare(chosen, other)

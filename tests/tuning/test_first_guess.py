@@ -137,3 +137,23 @@ def test_a_first_guess_runs_where_nothing_has_ruled_it_out(tmp_path: Path) -> No
         space.candidate(8, "fp32", False, "adamw_torch"),
         space.candidate(32, "fp32", False, "adamw_torch_fused"),
     ]
+
+
+def test_the_users_recipe_is_the_first_probe(tmp_path: Path) -> None:
+    """A recipe of theirs is probed before the plain default and the fast guess: every
+    change is weighed against it, and a short budget may allow a single probe (a
+    1-minute QLoRA search on an H100 probed only the plain default, and exported a
+    change of their precision and optimizer)."""
+    space = SearchSpace(
+        global_batch_size=16,
+        micro_batches=(8, 16),
+        fallback_batches=(1, 2, 4),
+        precisions=("fp32", "bf16"),
+        checkpointing=(False,),
+        optimizers=("adamw_torch", "adamw_torch_fused", "adafactor"),
+    )
+    recipe = {"per_device_train_batch_size": 8, "bf16": True, "optim": "adafactor"}
+    spec = dataclasses.replace(SPEC, space=space, parameters=10_000, recipe_settings=recipe)
+    launcher = OutOfMemory()
+    search(tmp_path, spec, launcher)
+    assert launcher.ran[0] == space.candidate(8, "bf16", False, "adafactor")

@@ -150,6 +150,11 @@ def test_the_export_says_why_an_unverified_change_was_taken() -> None:
     assert line.startswith("exported without verified parity for its gain: 2.0")
     assert "trial 0 (batch 8x8 fp32 no-ckpt adamw_torch), the best that keeps" in line
     assert unverified_note(SPEC, [yours, far], yours) == ""
+    # with no config of the recipe's arithmetic fitting: measured out of memory, or never
+    # measured (a budget that ran out first) are not the same news
+    oom = rec(3, cand(8), Outcome.OOM, peak_gib=5.0)
+    assert unverified_note(SPEC, [oom, far], far).endswith("precision and optimizer fits")
+    assert unverified_note(SPEC, [far], far).endswith("was measured before the time budget ran out")
 
 
 def test_an_unverified_best_has_its_arithmetic_keeping_twin_probed_next() -> None:
