@@ -70,6 +70,7 @@ def test_a_lora_sft_job_is_searched_through_its_factory_and_exported_as_sftconfi
         "1",
         "--parity",
         "quick",
+        "--rehearse",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     calls = _calls(job)[before:]
