@@ -104,11 +104,12 @@ def failing_precision(precision: str, records: Sequence[TrialRecord]) -> str:
     reasons: dict[str, list[int]] = {}
     for r in ran:
         reasons.setdefault(r.result.reason, []).append(r.number)
-    numbers = next((n for n in reasons.values() if len(n) >= 2), None)
-    if numbers is None:
+    alike = next(((r, n) for r, n in reasons.items() if len(n) >= 2), None)
+    if alike is None:
         return ""
-    first = ran[0].result.reason.splitlines()[0][:80] if ran[0].result.reason else "an error"
-    return f"{precision} failed alike in trials {numbers[0]} and {numbers[1]} ({first})"
+    reason, numbers = alike
+    said = reason.splitlines()[0][:80] if reason else "an error"
+    return f"{precision} failed alike in trials {numbers[0]} and {numbers[1]} ({said})"
 
 
 # Optimizers that hold no more memory than another, all else the same. AdamW keeps 8
