@@ -331,6 +331,21 @@ def probe_curve(losses: tuple[float, ...], steps: int) -> Curve:
     return Curve(tuple(enumerate(losses[:steps], start=1)), steps=steps)
 
 
+def on_scale_of(reference: tuple[float, ...], losses: tuple[float, ...]) -> tuple[float, ...]:
+    """`losses` rescaled to the reference's first loss. Every probe's first loss is read
+    before any update, from the same weights on the same batch, so the two differ by
+    rounding alone, or by a constant factor where the Trainer scales the loss of an
+    accumulated step as the model does not (mT5 takes the Trainer's item count and
+    ignores it: at 8x2 every step's loss reads twice the 16x1's). The rescaled curve
+    keeps what parity judges, how the loss falls from there."""
+    if not (reference and losses) or not all(math.isfinite(x) for x in (reference[0], losses[0])):
+        return losses
+    if reference[0] <= 0 or losses[0] <= 0:
+        return losses
+    scale = reference[0] / losses[0]
+    return tuple(x * scale for x in losses)
+
+
 def judge_probes(
     reference: tuple[float, ...], run: tuple[float, ...], twin: tuple[float, ...] = ()
 ) -> tuple[Parity, Tolerance | None]:
@@ -341,7 +356,9 @@ def judge_probes(
 
     A probe is too short to verify a change (and its losses are on the batches it
     trains on, not held out): within the tolerance it is `unverified`, never `ok`; off
-    it, or NaN, it is `diverged`; too few steps, `unchecked`."""
+    it, or NaN, it is `diverged`; too few steps, `unchecked`. Each curve is read on the
+    reference's scale (`on_scale_of`): how its loss falls, not the factor a split's
+    accumulation puts on it."""
     lengths = [len(reference), len(run), *([len(twin)] if len(twin) >= MIN_PROBE_STEPS else [])]
     steps = min(lengths)
     if steps < MIN_PROBE_STEPS:
@@ -353,8 +370,9 @@ def judge_probes(
         )
         return short, None
     ref = probe_curve(reference, steps)
-    tol = tolerance(ref, probe_curve(twin, steps) if len(twin) >= steps else None)
-    verdict = judge(ref, probe_curve(run, steps), tol)
+    twin_curve = probe_curve(on_scale_of(reference, twin), steps) if len(twin) >= steps else None
+    tol = tolerance(ref, twin_curve)
+    verdict = judge(ref, probe_curve(on_scale_of(reference, run), steps), tol)
     if verdict.status in (Status.OK, Status.UNVERIFIED):
         verdict = dataclasses.replace(
             verdict,

@@ -236,6 +236,24 @@ def test_a_probe_of_the_same_arithmetic_passes_unverified_and_an_optimizer_chang
     assert short.status == Status.UNCHECKED and "a verdict reads at least 3" in short.reason
 
 
+def test_probes_whose_losses_the_trainer_scales_by_their_accumulation_pair_from_their_start() -> (
+    None
+):
+    """mT5 takes the Trainer's item count and ignores it, so at 8x2 every step's loss
+    reads twice the 16x1's (seen in the README's main job: bf16 at 16x1 judged against
+    the fp32 reference at 8x2 read as diverged, -49% of its progress). From the same
+    weights on the same first batch the first losses must agree: curves are compared
+    from there, so the split passes and a real change of learning is still seen."""
+    doubled = tuple(2 * v for v in PROBE)  # the reference at 8x2, the run at 16x1
+    alike, _ = judge_probes(doubled, PROBE, doubled)
+    assert alike.status == Status.UNVERIFIED, alike.figures()
+    assert alike.reference_final_loss is not None and alike.final_loss is not None
+    assert abs(alike.final_loss / alike.reference_final_loss - 1) < 0.01  # on one scale
+    faster = (6.14, 5.5, 5.0, 4.6, 4.3, 4.1, 3.9, 3.8)  # twice the progress of PROBE
+    seen, _ = judge_probes(doubled, faster, doubled)
+    assert seen.status == Status.DIVERGED and "learns faster" in seen.reason
+
+
 def test_probe_parity_takes_the_recipes_probe_as_reference_and_its_other_split_as_twin() -> None:
     """The study's records alone decide: the recipe's arithmetic at another split
     calibrates, each other arithmetic's longest probe is judged; no run is needed."""
