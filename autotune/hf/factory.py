@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
+
 from autotune.core.errors import UsageError
 from autotune.core.files import write_atomic
 
@@ -102,8 +104,6 @@ def reference_of(factory: Callable[..., Any], studies_dir: Path) -> str:
 def _pickled(factory: Callable[..., Any], name: str, studies_dir: Path) -> str:
     """Write the factory by value, with what it uses of its session, to
     studies/factories/<name>.pkl (replaced whole on every search) and name that file."""
-    import cloudpickle
-
     try:
         data = cloudpickle.dumps(factory)
     except Exception as exc:  # pickle raises TypeError, PicklingError, AttributeError...
@@ -144,8 +144,6 @@ def load_factory(reference: str) -> Callable[..., Any]:
 
 def _unpickled(path: Path, name: str) -> Callable[..., Any]:
     """A factory pickled by value (`_pickled`); FactoryError when the file is missing."""
-    import cloudpickle
-
     try:
         data = path.read_bytes()
     except FileNotFoundError:

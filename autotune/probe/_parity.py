@@ -181,19 +181,8 @@ def _data(config: TrialConfig, needed: int) -> tuple[Any, Any, Any]:
         collator = RealBatches(task=config.model.task, pad_token_id=config.pad_token_id)
         return train, held, collator
 
-    def learnable(length: int, offset: int) -> WorstCaseDataset:
-        return WorstCaseDataset(
-            task=config.model.task,
-            length=length,
-            seq_len=config.seq_len,
-            target_len=config.target_len,
-            vocab_size=config.model.vocab_size,
-            num_labels=int(config.model.config.get("num_labels", 2)),
-            seed=config.seed,
-            offset=offset,
-        )
-
-    return learnable(needed, 0), learnable(EVAL_SAMPLES, 10_000_000), _stack
+    held = WorstCaseDataset.of(config, EVAL_SAMPLES, offset=10_000_000)
+    return WorstCaseDataset.of(config, needed), held, _stack
 
 
 def _stack(features: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -134,13 +134,4 @@ def _resume(
 def _synthetic_eval(config: TrialConfig, samples: int) -> Any:
     from autotune.probe.data import WorstCaseDataset
 
-    return WorstCaseDataset(
-        task=config.model.task,
-        length=max(1, samples),
-        seq_len=config.seq_len,
-        target_len=config.target_len,
-        vocab_size=config.model.vocab_size,
-        num_labels=int(config.model.config.get("num_labels", 2)),
-        seed=config.seed,
-        offset=EVAL_OFFSET,
-    )
+    return WorstCaseDataset.of(config, max(1, samples), offset=EVAL_OFFSET)

@@ -111,15 +111,7 @@ def worst_case_trainer(
             trainer.train_dataset, steps * config.global_batch_size, config.global_batch_size
         )
         return trainer
-    dataset = WorstCaseDataset(
-        task=config.model.task,
-        length=steps * config.global_batch_size,
-        seq_len=config.seq_len,
-        target_len=config.target_len,
-        vocab_size=config.model.vocab_size,
-        num_labels=int(config.model.config.get("num_labels", 2)),
-        seed=config.seed,
-    )
+    dataset = WorstCaseDataset.of(config, steps * config.global_batch_size)
     return plain_trainer(fields, model, dataset, _packed(config), callbacks)
 
 

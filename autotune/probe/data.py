@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from autotune.core.enums import Task
+from autotune.core.trial import TrialConfig
 
 
 class RealBatches:
@@ -91,6 +92,20 @@ class WorstCaseDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
     ALPHABET = 64
     FOLLOW = 0.75
+
+    @classmethod
+    def of(cls, config: TrialConfig, length: int, offset: int = 0) -> WorstCaseDataset:
+        """`length` samples of the probe's model, lengths and seed, from `offset` on."""
+        return cls(
+            task=config.model.task,
+            length=length,
+            seq_len=config.seq_len,
+            target_len=config.target_len,
+            vocab_size=config.model.vocab_size,
+            num_labels=int(config.model.config.get("num_labels", 2)),
+            seed=config.seed,
+            offset=offset,
+        )
 
     def __init__(
         self,
