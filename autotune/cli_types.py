@@ -10,6 +10,8 @@ from typing import Any
 
 import click
 
+from autotune.core import checkpointing
+from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import Objective, Precision, SamplerName, Task, values
 from autotune.core.space import DEFAULT_OPTIMIZERS
 from autotune.core.units import parse_duration, parse_size
@@ -219,8 +221,8 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         "--activation-checkpointing",
         "--checkpointing",
         "checkpointing",
-        type=ListType(("on", "off")),
-        help="Activation (gradient) checkpointing to try: on, off or on,off [default: on,off].",
+        type=ListType(tuple(level.value for level in Checkpointing)),
+        help=checkpointing.HELP,
     ),
     click.option(
         "--lever",

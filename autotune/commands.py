@@ -242,6 +242,7 @@ def estimate_command(
     optimizers: tuple[str, ...] | None,
 ) -> Any:
     """The memory estimate per precision/optimizer/checkpointing; runs nothing."""
+    from autotune.core import checkpointing
     from autotune.core.space import derive_space
     from autotune.hf.models import count_parameters, max_positions, resolve_model
     from autotune.hf.training_args import available_optimizers
@@ -251,14 +252,16 @@ def estimate_command(
     model_spec = resolve_model(model, task=task)
     device_info = detect_device(device)
     seq = seq_len or min(512, max_positions(model_spec.config) or 512)
+    counted = count_parameters(model_spec)
+    levels, _ = checkpointing.offered(counted.checkpoint_layers, device_info.kind)
     space = derive_space(
         device_info,
         global_batch_size=batch,
         precisions=precisions,
         optimizers=optimizers,
+        checkpointing=levels,
         installed_optimizers=available_optimizers(),
     )
-    counted = count_parameters(model_spec)
     return estimate_rows(model_spec, device_info.kind, space, counted, batch, seq, target_len)
 
 

@@ -52,7 +52,7 @@ DIMENSIONS = {
 MEMORY_FREE = {"train_sampling_strategy", "dataloader_num_workers"}
 
 
-def cand(batch: int, precision: str = "fp32", ckpt: bool = False) -> Candidate:
+def cand(batch: int, precision: str = "fp32", ckpt: bool | str = False) -> Candidate:
     return SPACE.candidate(batch, precision, ckpt, "adamw_torch")
 
 

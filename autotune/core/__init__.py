@@ -6,6 +6,7 @@ re-exports its public names eagerly. Every module is used by other packages.
 
 from __future__ import annotations
 
+from autotune.core.checkpointing import Checkpointing
 from autotune.core.dataset import DataSpec, LengthStats
 from autotune.core.device import DeviceInfo, measuring_environment, supported_precisions
 from autotune.core.enums import DeviceKind, Objective, Outcome, Precision, SamplerName, Task, values
@@ -74,6 +75,7 @@ __all__ = [
     "AutotuneError",
     "Candidate",
     "Change",
+    "Checkpointing",
     "Curve",
     "DataSpec",
     "DeviceInfo",

@@ -37,6 +37,8 @@ class JobFacts:
     # The factory turned activation checkpointing on although the arguments it was given
     # said off (prepare_model_for_kbit_training does): the Trainer never turns it off
     forced_checkpointing: bool = False
+    # The layers checkpointing grades (hf.models.checkpoint_layers); None: not gradable
+    checkpoint_layers: int | None = None
     samples: int | None = None  # the train dataset's samples, when it has a length
     tokens: int | None = None  # their tokens, when it exposes them
     # The tuned fields of the user's own arguments as their class builds them (its

@@ -104,15 +104,8 @@ def changes(reference: Candidate, candidate: Candidate) -> list[Change]:
     if split != ref_split:
         found.append(Change("batch split", ref_split, split, True))
     if candidate.activation_checkpointing != reference.activation_checkpointing:
-        on = {True: "on", False: "off"}
-        found.append(
-            Change(
-                "checkpointing",
-                on[reference.activation_checkpointing],
-                on[candidate.activation_checkpointing],
-                True,
-            )
-        )
+        before, after = reference.activation_checkpointing, candidate.activation_checkpointing
+        found.append(Change("checkpointing", str(before), str(after), True))
     if candidate.train_sampling_strategy != reference.train_sampling_strategy:
         found.append(
             Change(

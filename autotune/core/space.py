@@ -12,6 +12,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from autotune.core.checkpointing import Checkpointing
 from autotune.core.device import DeviceInfo, supported_precisions
 from autotune.core.enums import DeviceKind, Precision
 from autotune.core.errors import SpaceError
@@ -33,7 +34,7 @@ class SearchSpace:
     micro_batches: tuple[int, ...]  # multiples of 8 dividing the global batch
     fallback_batches: tuple[int, ...]  # 1, 2, 4 dividing it: only once 8 cannot fit
     precisions: tuple[Precision, ...]
-    checkpointing: tuple[bool, ...]
+    checkpointing: tuple[Checkpointing, ...]  # the levels searched, in order
     optimizers: tuple[str, ...]
     samplings: tuple[str, ...] = ("random",)  # + group_by_length when a dataset is given
     # Each lever (trial.LEVERS) with the values searched, the plain one first (a lever the
@@ -48,6 +49,8 @@ class SearchSpace:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precisions", tuple(Precision(p) for p in self.precisions))
+        levels = sorted({Checkpointing.of(c) for c in self.checkpointing}, key=lambda c: c.rank)
+        object.__setattr__(self, "checkpointing", tuple(levels))
         object.__setattr__(self, "levers", tuple((str(n), tuple(v)) for n, v in self.levers))
         not_offered = tuple((str(n), str(why)) for n, why in self.not_offered)
         object.__setattr__(self, "not_offered", not_offered)
@@ -64,7 +67,7 @@ class SearchSpace:
         self,
         batch: int,
         precision: str,
-        checkpointing: bool,
+        checkpointing: Checkpointing | bool,
         optim: str,
         sampling: str = "",
         **levers: Any,
@@ -74,7 +77,7 @@ class SearchSpace:
             per_device_train_batch_size=batch,
             gradient_accumulation_steps=self.global_batch_size // batch,
             precision=Precision(precision),
-            activation_checkpointing=checkpointing,
+            activation_checkpointing=Checkpointing.of(checkpointing),
             optim=optim,
             train_sampling_strategy=sampling or self.samplings[0],  # "": the plain one
             **{**plain, **levers},
@@ -132,7 +135,7 @@ def derive_space(
     global_batch_size: int,
     precisions: Sequence[str] | None = None,
     optimizers: Sequence[str] | None = None,
-    checkpointing: Sequence[bool] | None = None,
+    checkpointing: Sequence[Checkpointing | bool] | None = None,
     samplings: Sequence[str] = ("random",),
     installed_optimizers: Sequence[str],
     levers: Sequence[tuple[str, Sequence[Any]]] = (),
@@ -167,7 +170,7 @@ def derive_space(
         micro_batches=regular,
         fallback_batches=fallback,
         precisions=chosen_prec,
-        checkpointing=tuple(dict.fromkeys(checkpointing or (False, True))),
+        checkpointing=tuple(checkpointing or (Checkpointing.OFF, Checkpointing.ON)),
         optimizers=chosen_opt,
         samplings=tuple(samplings),
         levers=tuple((name, tuple(values)) for name, values in levers),
@@ -234,7 +237,7 @@ def seed_candidates(
     plain = [p for p in (Precision.FP32, Precision.AS_LOADED) if p in space.precisions]
     fp = plain[0] if plain else space.precisions[0]
     plain_opt = "adamw_torch" if "adamw_torch" in space.optimizers else space.optimizers[0]
-    no_ckpt = False if False in space.checkpointing else space.checkpointing[0]
+    no_ckpt = space.checkpointing[0]  # off, unless the job forces it on
     seeds.append(space.candidate(default_batch, fp, no_ckpt, plain_opt))
     mixed = [p for p in ("bf16", "fp16") if p in space.precisions]
     native = device.kind == DeviceKind.CUDA or (device.native_bf16 and "bf16" in mixed)

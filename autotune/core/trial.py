@@ -10,6 +10,7 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
+from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import DeviceKind, Outcome, Precision, Task
 from autotune.core.rehearsal import Rehearsal
 
@@ -24,7 +25,7 @@ class Candidate:
     per_device_train_batch_size: int
     gradient_accumulation_steps: int
     precision: Precision
-    activation_checkpointing: bool
+    activation_checkpointing: Checkpointing  # graded: core/checkpointing.py
     optim: str
     # TrainingArguments.train_sampling_strategy; searched only when --dataset is given
     train_sampling_strategy: str = "random"
@@ -39,6 +40,8 @@ class Candidate:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", Precision(self.precision))
+        level = Checkpointing.of(self.activation_checkpointing)
+        object.__setattr__(self, "activation_checkpointing", level)
 
     @property
     def family(self) -> tuple[object, ...]:
@@ -56,7 +59,7 @@ class Candidate:
         return {name: getattr(self, name) for name in LEVERS}
 
     def describe(self) -> str:
-        ckpt = "ckpt" if self.activation_checkpointing else "no-ckpt"
+        ckpt = self.activation_checkpointing.label
         return (
             f"batch {self.per_device_train_batch_size}x{self.gradient_accumulation_steps} "
             f"{self.precision} {ckpt} {self.optim}"

@@ -44,6 +44,7 @@ def job_facts(trainer: Any) -> JobFacts:
         frozen_bytes=counted.frozen_bytes,
         quantization=quantization_settings(base),
         forced_checkpointing=checkpointing(base),
+        checkpoint_layers=counted.checkpoint_layers,
         samples=_length(trainer.train_dataset),
         own_optimizer=type(trainer.optimizer).__name__ if trainer.optimizer is not None else "",
         tokens=sum(lengths) if lengths else None,

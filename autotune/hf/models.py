@@ -135,6 +135,9 @@ class ParameterCount:
     # bf16 checkpoint's frozen base, about half for a 4-bit one (scales included); 0 when
     # every parameter trains
     frozen_bytes: int = 0
+    # The layers activation checkpointing grades (core/checkpointing.py); None where the
+    # installed transformers cannot checkpoint one layer in N
+    checkpoint_layers: int | None = None
 
 
 def count_parameters(spec: ModelSpec) -> ParameterCount:
@@ -167,7 +170,23 @@ def parameter_count(model: Any) -> ParameterCount:
         int(max(sizes, default=0)),
         trainable=int(trainable) if partial else 0,
         frozen_bytes=frozen if partial else 0,
+        checkpoint_layers=checkpoint_layers(model),
     )
+
+
+def checkpoint_layers(model: Any) -> int | None:
+    """The layers `every_n_layers` counts (transformers' GradientCheckpointingLayer
+    modules, in order); None where the installed transformers has no every_n_layers."""
+    import inspect
+
+    from transformers import PreTrainedModel
+
+    enable = getattr(PreTrainedModel, "activation_checkpointing_enable", None)
+    if enable is None or "every_n_layers" not in inspect.signature(enable).parameters:
+        return None
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return sum(1 for m in model.modules() if isinstance(m, GradientCheckpointingLayer))
 
 
 def held_bytes(parameter: Any) -> int:

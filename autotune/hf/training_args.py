@@ -22,6 +22,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import DeviceKind, Precision
 from autotune.core.errors import AutotuneError, UsageError
 from autotune.core.spec import SearchSpec
@@ -51,17 +52,19 @@ def tuned_arguments(
     device_kind: DeviceKind,
     checkpointing_field: str = CHECKPOINTING_FIELDS[0],
     tf32_kept: bool = False,
+    checkpointing_kwargs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The TrainingArguments fields a candidate sets: what the probe runs and export writes.
 
     `tf32_kept`: the user's recipe turns TF32 on; under fp16 and bf16, where TF32 is not
-    the precision searched but what the matmuls left in 32 bits use, theirs is kept."""
+    the precision searched but what the matmuls left in 32 bits use, theirs is kept.
+    `checkpointing_kwargs`: the recipe's own, kept beside the level's (core/checkpointing.py)."""
     args: dict[str, Any] = {
         "per_device_train_batch_size": candidate.per_device_train_batch_size,
         "gradient_accumulation_steps": candidate.gradient_accumulation_steps,
         "fp16": candidate.precision == Precision.FP16,
         "bf16": candidate.precision == Precision.BF16,
-        checkpointing_field: candidate.activation_checkpointing,
+        **candidate.activation_checkpointing.arguments(checkpointing_field, checkpointing_kwargs),
         "optim": candidate.optim,
         "train_sampling_strategy": candidate.train_sampling_strategy,
     }
@@ -91,6 +94,7 @@ def study_arguments(spec: SearchSpec, candidate: Candidate) -> dict[str, Any]:
         device_kind=spec.device.kind,
         checkpointing_field=spec.checkpointing_field,
         tf32_kept=spec.recipe_settings.get("tf32") is True,
+        checkpointing_kwargs=spec.recipe_settings.get(f"{spec.checkpointing_field}_kwargs"),
     )
 
 
@@ -105,7 +109,7 @@ def _tuned_fields() -> frozenset[str]:
         8,
         1,
         Precision.FP32,
-        False,
+        Checkpointing.OFFLOAD,
         "adamw_torch",
         torch_compile=True,
         use_liger_kernel=True,

@@ -24,6 +24,7 @@ import optuna
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import Outcome
 from autotune.core.paths import pid_alive
 from autotune.core.trial import Candidate, TrialRecord
@@ -68,7 +69,9 @@ def worker_identity() -> dict[str, object]:
 
 def claim_key(candidate: Candidate) -> str:
     c = candidate
-    key = f"{c.per_device_train_batch_size}|{c.precision}|{c.activation_checkpointing}|{c.optim}"
+    level = c.activation_checkpointing  # off and on as keys read before the grades
+    ckpt = bool(level) if level in (Checkpointing.OFF, Checkpointing.ON) else level
+    key = f"{c.per_device_train_batch_size}|{c.precision}|{ckpt}|{c.optim}"
     if c.train_sampling_strategy != "random":
         key += f"|{c.train_sampling_strategy}"
     # every lever away from its plain default (a key without levers reads as before)

@@ -11,6 +11,7 @@ from typing import Any
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 
+from autotune.core.checkpointing import Checkpointing
 from autotune.core.space import SearchSpace
 from autotune.core.trial import Candidate
 
@@ -19,7 +20,9 @@ def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
     found: dict[str, BaseDistribution] = {
         "per_device_train_batch_size": CategoricalDistribution(list(space.all_batches)),
         "precision": CategoricalDistribution([str(p) for p in space.precisions]),
-        "activation_checkpointing": CategoricalDistribution(list(space.checkpointing)),
+        "activation_checkpointing": CategoricalDistribution(
+            [_checkpointing(c, space) for c in space.checkpointing]
+        ),
         "optim": CategoricalDistribution(list(space.optimizers)),
     }
     if len(space.samplings) > 1:  # a dimension only when the user's data is given
@@ -34,7 +37,7 @@ def candidate_params(candidate: Candidate, space: SearchSpace | None = None) -> 
     params: dict[str, Any] = {
         "per_device_train_batch_size": candidate.per_device_train_batch_size,
         "precision": str(candidate.precision),
-        "activation_checkpointing": candidate.activation_checkpointing,
+        "activation_checkpointing": _checkpointing(candidate.activation_checkpointing, space),
         "optim": candidate.optim,
     }
     if space is not None and len(space.samplings) > 1:
@@ -44,12 +47,22 @@ def candidate_params(candidate: Candidate, space: SearchSpace | None = None) -> 
     return params
 
 
+def _checkpointing(level: Checkpointing, space: SearchSpace | None) -> bool | str:
+    """A level as a param: a bool in a space of off and on alone, as every study held it
+    before checkpointing was graded (Optuna refuses a param whose choices change, so
+    those studies still resume), else the level's name."""
+    levels = set(space.checkpointing) if space is not None else {level}
+    if levels <= {Checkpointing.OFF, Checkpointing.ON}:
+        return bool(level)
+    return str(level)
+
+
 def candidate_of(space: SearchSpace, params: dict[str, Any]) -> Candidate:
     levers = {name: params[name] for name in space.varied_levers if name in params}
     return space.candidate(
         int(params["per_device_train_batch_size"]),
         str(params["precision"]),
-        bool(params["activation_checkpointing"]),
+        Checkpointing.of(params["activation_checkpointing"]),
         str(params["optim"]),
         str(params.get("train_sampling_strategy", "random")),
         **levers,

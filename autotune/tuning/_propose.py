@@ -234,7 +234,7 @@ def memory_free(
     only the configs whose own twin fits kept checkpointing to the largest batches, where
     the model could not tell its cost from the batch's, and the causal LM's replays then
     missed the best (4x4 bf16, which fits) for 2x8 (0.836)."""
-    if True not in spec.space.checkpointing or False not in spec.space.checkpointing:
+    if not any(spec.space.checkpointing) or all(spec.space.checkpointing):
         return False
     measured: dict[Candidate, bool] = {}
     for record in records:

@@ -72,8 +72,11 @@ def skip_reason(
     ]
     oom = min(implying, key=lambda r: r.candidate.per_device_train_batch_size, default=None)
     if oom is not None:
-        batch = oom.candidate.per_device_train_batch_size
-        lighter = f" with {oom.candidate.optim}" if oom.candidate.optim != candidate.optim else ""
+        found = oom.candidate
+        batch = found.per_device_train_batch_size
+        lighter = f" with {found.optim}" if found.optim != candidate.optim else ""
+        if found.activation_checkpointing != candidate.activation_checkpointing:
+            lighter += f" {found.activation_checkpointing.label}"
         return Skip(f"skipped: batch {batch}{lighter} OOM in trial {oom.number}", implies_oom=True)
     failing = failing_precision(candidate.precision, records)
     if failing:
@@ -127,7 +130,8 @@ LIGHTER: dict[str, frozenset[str]] = {
 
 def oom_implies(oom: Candidate, candidate: Candidate) -> bool:
     """Whether `oom` running out of memory says `candidate` does too: a larger batch of
-    its family, or the same batch or larger with an optimizer that holds more (LIGHTER)."""
+    its family, or the same batch or larger with an optimizer that holds more (LIGHTER)
+    or less activation checkpointing."""
     batch, at = oom.per_device_train_batch_size, candidate.per_device_train_batch_size
     if oom.family == candidate.family:
         return batch < at
@@ -135,8 +139,8 @@ def oom_implies(oom: Candidate, candidate: Candidate) -> bool:
 
 
 def smallest_oom(candidate: Candidate, records: Sequence[TrialRecord]) -> TrialRecord | None:
-    """The smallest batch measured out of memory of the candidate's family, or of its
-    twin with an optimizer that holds no more memory (LIGHTER)."""
+    """The smallest batch measured out of memory of the candidate's family, or of a twin
+    that holds no more memory (a lighter optimizer, more checkpointing)."""
     ooms = [
         r
         for r in records
@@ -147,11 +151,15 @@ def smallest_oom(candidate: Candidate, records: Sequence[TrialRecord]) -> TrialR
 
 
 def _lighter_twin(oom: Candidate, candidate: Candidate) -> bool:
-    """`oom`'s family is the candidate's but for a lighter optimizer (any batch)."""
-    return (
-        oom.optim in LIGHTER.get(candidate.optim, frozenset())
-        and dataclasses.replace(oom, optim=candidate.optim).family == candidate.family
-    )
+    """`oom`'s family is the candidate's but for an optimizer that holds less (LIGHTER),
+    or a level of checkpointing that frees more (core/checkpointing.py: memory is
+    monotone along the levels), or both (any batch)."""
+    if oom.family == candidate.family:
+        return False
+    lighter = oom.optim == candidate.optim or oom.optim in LIGHTER.get(candidate.optim, ())
+    level, at = oom.activation_checkpointing, candidate.activation_checkpointing
+    twin = dataclasses.replace(oom, optim=candidate.optim, activation_checkpointing=at)
+    return lighter and level.rank >= at.rank and twin.family == candidate.family
 
 
 def fallback_open(

@@ -5,6 +5,7 @@ their job fixes, and what identifies the job a study searched."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from autotune.core.enums import DeviceKind, Task
@@ -87,6 +88,7 @@ def job_counts(job: JobFacts) -> ParameterCount:
         job.largest,
         trainable=trainable,
         frozen_bytes=job.frozen_bytes if trainable else 0,
+        checkpoint_layers=job.checkpoint_layers,
     )
 
 
@@ -120,23 +122,21 @@ def job_optimizers(
     return tuple(dict.fromkeys(wanted))
 
 
-def job_checkpointing(
-    asked: tuple[bool, ...] | None, job: JobFacts | None
-) -> tuple[tuple[bool, ...] | None, str]:
-    """Checkpointing as the job allows it, and why it is fixed: a factory that turns it
-    on itself (prepare_model_for_kbit_training) runs every candidate checkpointed, since
-    the Trainer never turns it off, so only 'on' is true of what a probe runs."""
+def job_checkpointing(asked: Sequence[str] | None, job: JobFacts | None) -> str:
+    """Why checkpointing off is not offered ("" where it is): a factory that turns it on
+    itself (prepare_model_for_kbit_training) runs every candidate checkpointed, since
+    the Trainer never turns it off; it re-grades it (every N layers, offload)."""
     if job is None or not job.forced_checkpointing:
-        return asked, ""
-    if asked == (False,):
+        return ""
+    if asked and all(level == "off" for level in asked):
         raise UsageError(
             "--checkpointing off: your factory turns activation checkpointing on itself "
             "(prepare_model_for_kbit_training does), so no probe could run without it; "
             "drop --checkpointing, or pass use_gradient_checkpointing=False there"
         )
-    return (True,), (
+    return (
         "your factory turns it on itself (prepare_model_for_kbit_training does) and the "
-        "Trainer never turns it off: every probe runs checkpointed"
+        "Trainer never turns it off: every probe runs checkpointed, at the level searched"
     )
 
 

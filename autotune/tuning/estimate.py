@@ -11,7 +11,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from autotune.core.enums import Task
+from autotune.core.checkpointing import Checkpointing
+from autotune.core.enums import DeviceKind, Task
 from autotune.core.errors import UsageError
 from autotune.core.space import SearchSpace
 from autotune.core.trial import Candidate, ModelSpec
@@ -185,11 +186,18 @@ def trained(parameters: int, trainable: int, embedding: int) -> tuple[int, int]:
 
 
 def activation_bytes(
-    config: dict[str, Any], task: str, candidate: Candidate, seq_len: int, target_len: int
+    config: dict[str, Any],
+    task: str,
+    candidate: Candidate,
+    seq_len: int,
+    target_len: int,
+    device_kind: str = "cpu",
 ) -> int:
     """Activations of one micro-batch (Korthikanti et al. 2022, per layer, 16-bit:
-    s*b*h*(34 + 5*a*s/h)), doubled in fp32; with checkpointing only each layer's input
-    is kept, plus one layer recomputed. Logits and their gradient in fp32 on top."""
+    s*b*h*(34 + 5*a*s/h)), doubled in fp32; a checkpointed layer keeps only its input
+    (in host memory when offloaded), plus one layer recomputed at a time
+    (core/checkpointing.py grades which layers). Logits and their gradient in fp32 on
+    top."""
     h = _first(config, "hidden_size", "d_model", "n_embd", default=768)
     layers = _first(config, "num_hidden_layers", "num_layers", "n_layer", default=12)
     heads = _first(config, "num_attention_heads", "num_heads", "n_head", default=12)
@@ -200,18 +208,21 @@ def activation_bytes(
     def layer(s: int, attended: int) -> int:
         return s * b * h * (34 + 5 * heads * attended // h) * scale
 
-    stacks = [(layers, layer(seq_len, seq_len), seq_len)]
+    stacks = [(0, layers, layer(seq_len, seq_len), seq_len)]
     out_len = seq_len
     if task == Task.SEQ2SEQ:
         decoder_layers = _first(config, "num_decoder_layers", default=layers)
-        stacks.append((decoder_layers, layer(target_len, target_len + seq_len), target_len))
+        stacks.append((layers, decoder_layers, layer(target_len, target_len + seq_len), target_len))
         out_len = target_len
+    level = candidate.activation_checkpointing
+    # offloaded, the checkpointed layers' inputs are held in host memory, not the device's
+    saved = 0 if level == Checkpointing.OFFLOAD and device_kind == DeviceKind.CUDA else 1
     total = 0
-    for count, per_layer, s in stacks:
-        if candidate.activation_checkpointing:
-            total += count * 2 * s * b * h * scale + per_layer
-        else:
-            total += count * per_layer
+    for first, count, per_layer, s in stacks:
+        kept = level.kept_layers(first, count)
+        total += kept * per_layer + (count - kept) * 2 * s * b * h * scale * saved
+        if kept < count:  # the layer being recomputed
+            total += per_layer
     logits = 0 if task == Task.CLASSIFICATION else 12 * b * out_len * vocab
     return total + logits
 
@@ -242,7 +253,7 @@ def breakdown(
         weights=weight_bytes(parameters, candidate.precision, trainable, frozen_bytes) // w,
         gradients=t * GRADIENT_BYTES // g,
         optimizer_state=optimizer_state(t, candidate.optim, e) // o,
-        activations=activation_bytes(config, task, candidate, seq_len, target_len),
+        activations=activation_bytes(config, task, candidate, seq_len, target_len, device_kind),
         step=step,
         embedding_grads=0
         if frozen
@@ -362,7 +373,7 @@ def estimate_rows(
     rows = []
     for precision in space.precisions:
         for optim in space.optimizers:
-            for ckpt in (False, True):
+            for ckpt in space.checkpointing:
                 candidate = space.candidate(batch, precision, ckpt, optim)
                 b = breakdown(
                     counted.total,

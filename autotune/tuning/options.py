@@ -63,7 +63,8 @@ class SearchOptions:
     # -- what to try
     precisions: tuple[str, ...] | None = None  # None: every one the device supports
     optimizers: tuple[str, ...] | None = None  # None: those installed of the usual five
-    checkpointing: tuple[str, ...] | None = None  # "on", "off"; None: both
+    # levels by name (core/checkpointing.py); None: every level offered
+    checkpointing: tuple[str, ...] | None = None
     levers: tuple[str, ...] = ()  # "NAME=V[,V]": fix or narrow a lever
     # -- how to search
     max_trials: int = 20  # probes in the whole study, a resumed one's included

@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import Objective, Outcome
 from autotune.core.parity import (
     EVAL_SAMPLES,
@@ -59,9 +60,9 @@ def reference_candidate(spec: SearchSpec, records: Sequence[TrialRecord]) -> Can
     arithmetic = recipe_arithmetic(spec)
     precision = arithmetic.precision
     optim = str(settings.get("optim", "adamw_torch"))
-    ckpt = bool(settings.get(spec.checkpointing_field, False))
+    ckpt = Checkpointing.from_arguments(settings, spec.checkpointing_field)
     if ckpt not in spec.space.checkpointing:  # their job turns it on whatever they say
-        ckpt = spec.space.checkpointing[0]
+        ckpt = min(spec.space.checkpointing, key=lambda c: abs(c.rank - ckpt.rank))
     per_process = spec.space.global_batch_size
     micro = settings.get("per_device_train_batch_size")
     if isinstance(micro, int) and per_process % micro == 0:
@@ -76,17 +77,20 @@ def reference_candidate(spec: SearchSpec, records: Sequence[TrialRecord]) -> Can
         for r in fitting(records, spec.fit_limit_bytes)
         if Arithmetic.of(r.candidate) == arithmetic
     ]
-    if fits:  # the largest micro-batch that fits, without checkpointing where it fits so
+    if fits:  # the largest micro-batch that fits, at their checkpointing where it fits so
         best = max(
-            fits, key=lambda c: (c.per_device_train_batch_size, c.activation_checkpointing == ckpt)
+            fits,
+            key=lambda c: (
+                c.per_device_train_batch_size,
+                -abs(c.activation_checkpointing.rank - ckpt.rank),
+            ),
         )
         return spec.space.candidate(
             best.per_device_train_batch_size, precision, best.activation_checkpointing, optim
         )
     smallest = min(spec.space.micro_batches)
-    return spec.space.candidate(
-        smallest, precision, ckpt or True in spec.space.checkpointing, optim
-    )
+    on = Checkpointing.ON if Checkpointing.ON in spec.space.checkpointing else ckpt
+    return spec.space.candidate(smallest, precision, ckpt or on, optim)
 
 
 def twin_of(spec: SearchSpec, reference: Candidate) -> Candidate | None:

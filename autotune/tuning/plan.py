@@ -7,9 +7,11 @@ only when all of that (and the worker layout) holds is the user's dataset tokeni
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from autotune.core import checkpointing
 from autotune.core.dataset import DataSpec
 from autotune.core.device import DeviceInfo, supported_precisions
 from autotune.core.enums import DeviceKind, Precision, Task
@@ -97,8 +99,9 @@ def build_spec(
         device_info = dataclasses.replace(device_info, index=int(layout.devices[0]))
     per_process = batch // layout.nproc_per_node
     recipe = job_recipe(job, base.recipe)
-    space = _space(o, base, recipe, model_spec, job, device_info, per_process, layout, dataset)
     counted = job_counts(job) if job else _count(model_spec)
+    space = _space(o, base, recipe, model_spec, job, device_info, per_process, layout, dataset)
+    space = _graded(space, o.checkpointing, counted.checkpoint_layers, device_info.kind, job)
     _check_budget(counted, space, budget, layout.nproc_per_node, device_info.kind)
     data = None
     if dataset is not None:  # the first write: every check above has passed
@@ -130,6 +133,32 @@ def build_spec(
         train_steps=_train_steps(o.train_steps, base),
     )
     return spec, slots
+
+
+def _graded(
+    space: SearchSpace,
+    asked: Sequence[str] | None,
+    layers: int | None,
+    kind: DeviceKind,
+    job: JobFacts | None,
+) -> SearchSpace:
+    """The space with the checkpointing levels the model and device offer (and why not
+    the others), narrowed to those asked for; a job that turns checkpointing on itself
+    runs every level but off (the Trainer re-grades it, never turns it off)."""
+    levels, why = checkpointing.offered(layers, kind)
+    if job is not None and job.forced_checkpointing:
+        levels = tuple(level for level in levels if level)
+    if asked:
+        try:
+            wanted = checkpointing.parse(asked)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        missing = [w for w in wanted if w not in levels]
+        if missing:
+            said = dict(why).get(f"checkpointing {missing[0]}", "not offered here")
+            raise UsageError(f"--checkpointing {missing[0]}: {said}; offered: {', '.join(levels)}")
+        levels = wanted
+    return dataclasses.replace(space, checkpointing=levels, not_offered=(*space.not_offered, *why))
 
 
 def _check_budget(
@@ -194,8 +223,7 @@ def _space(
         nproc_per_node=layout.nproc_per_node,
         own_deepspeed=bool(base.carried.get("deepspeed")),
     )
-    asked = tuple(c == "on" for c in o.checkpointing) if o.checkpointing else None
-    checkpointing, fixed_why = job_checkpointing(asked, job)
+    fixed_why = job_checkpointing(o.checkpointing, job)
     installed = available_optimizers()
     offers_fp16 = Precision.FP16 in supported_precisions(device)
     optimizers = job_optimizers(o.optimizers, installed, recipe, job) if job else o.optimizers
@@ -204,7 +232,6 @@ def _space(
         global_batch_size=per_process_batch,
         precisions=o.precisions,
         optimizers=optimizers,
-        checkpointing=checkpointing,
         samplings=SAMPLINGS if dataset else (str(recipe.get("train_sampling_strategy", "random")),),
         installed_optimizers=installed,
         levers=levers,

@@ -396,7 +396,7 @@ def plain_default(records: Sequence[TrialRecord], spec: SearchSpec) -> TrialReco
     batch."""
     space = spec.space
     precision = Precision.AS_LOADED if Precision.AS_LOADED in space.precisions else Precision.FP32
-    checkpointed = False not in space.checkpointing  # forced on by the user's job
+    checkpointed = space.checkpointing[0]  # off, unless the user's job forces it on
     wanted = (precision, "adamw_torch", checkpointed, space.micro_batches[0])
     for r in records:
         c = r.candidate

@@ -42,7 +42,7 @@ def print_estimate(estimate: Estimate) -> None:
         table.add_row(
             str(c.precision),
             c.optim,
-            "on" if c.activation_checkpointing else "off",
+            str(c.activation_checkpointing),
             f"{b.static / e.parameters:.0f}",
             format_size(b.weights),
             format_size(b.gradients),

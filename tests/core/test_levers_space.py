@@ -88,3 +88,21 @@ def test_every_setting_of_a_candidate_is_in_its_claim_key() -> None:
     for name, (_, other) in DIMENSIONS.items():
         keys.add(claim_key(dataclasses.replace(plain, **{name: other})))
     assert len(keys) == len(DIMENSIONS) + 1
+
+
+def test_a_study_of_checkpointing_off_and_on_resumes_as_it_was_recorded() -> None:
+    """Before the levels, checkpointing was a bool: a space of off and on alone keeps
+    the identity, params and claim keys those studies hold; graded ones name levels."""
+    assert SPEC.identity()["space"]["checkpointing"] == [False, True]
+    assert distributions(SPACE)["activation_checkpointing"].choices == (False, True)
+    on = SPACE.candidate(8, "fp32", True, "adamw_torch")
+    assert candidate_params(on, SPACE)["activation_checkpointing"] is True
+    assert candidate_of(SPACE, {**candidate_params(on, SPACE)}) == on
+    graded = dataclasses.replace(SPACE, checkpointing=("off", "every-2", "on"))
+    spec = dataclasses.replace(SPEC, space=graded)
+    assert list(spec.identity()["space"]["checkpointing"]) == ["off", "every-2", "on"]
+    half = graded.candidate(8, "fp32", "every-2", "adamw_torch")
+    assert candidate_params(half, graded)["activation_checkpointing"] == "every-2"
+    assert candidate_of(graded, candidate_params(half, graded)) == half
+    assert claim_key(half) == "8|fp32|every-2|adamw_torch"
+    assert SearchSpec.from_json(spec.to_json()) == spec

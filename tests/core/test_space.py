@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.core.checkpointing import Checkpointing
 from autotune.core.device import DeviceInfo, supported_precisions
 from autotune.core.errors import SpaceError
 from autotune.core.space import SearchSpace, batch_choices, derive_space, seed_candidates
@@ -69,7 +70,7 @@ def test_options_narrow_each_dimension() -> None:
     )
     assert space.precisions == ("fp32", "bf16")
     assert space.optimizers == ("adamw_torch", "adafactor")
-    assert space.checkpointing == (False,)
+    assert space.checkpointing == (Checkpointing.OFF,)
     # "probe n of N" counts this: every regular config, each once
     regular = list(space.candidates(include_fallback=False))
     assert space.size == len(regular) == len(set(regular)) == 16

@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 from helpers import GIB, SPEC, cand, loaded_llama, rec
 
+from autotune.core.checkpointing import Checkpointing
 from autotune.core.errors import UsageError
 from autotune.hf.models import ParameterCount, count_parameters, resolve_model
 from autotune.tuning.estimate import (
@@ -281,3 +282,15 @@ def _held(counted: ParameterCount) -> dict[str, int]:
     """What the estimate takes of a count besides the total."""
     keys = ("embedding", "trainable", "frozen_bytes")
     return {k: getattr(counted, k) for k in keys}
+
+
+def test_activations_fall_along_the_checkpointing_levels() -> None:
+    """GPT-2's 12 layers: every level keeps fewer activations than the one before; offload
+    moves the checkpointed inputs off the GPU (on the CPU they stay where they are)."""
+    held = [
+        activation_bytes(GPT2, "causal-lm", cand(8, ckpt=level), 512, 0, "cuda")
+        for level in Checkpointing
+    ]
+    assert held == sorted(held, reverse=True) and len(set(held)) == len(held)
+    on_cpu = activation_bytes(GPT2, "causal-lm", cand(8, ckpt=Checkpointing.OFFLOAD), 512, 0)
+    assert on_cpu == activation_bytes(GPT2, "causal-lm", cand(8, ckpt=Checkpointing.ON), 512, 0)

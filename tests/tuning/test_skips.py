@@ -243,3 +243,22 @@ def test_a_precision_that_failed_alike_twice_and_never_ran_is_skipped() -> None:
     assert skip_reason(cand(16, "bf16"), other, SPACE) is None  # two different failures
     ran = [*twice, rec(6, cand(16, "bf16", ckpt=True))]
     assert skip_reason(cand(32, "bf16"), ran, SPACE) is None  # it runs somewhere: not the precision
+
+
+def test_an_oom_with_more_checkpointing_rules_out_less_at_that_batch_and_above() -> None:
+    """Memory is monotone along the levels (core/checkpointing.py): where every 2nd layer
+    checkpointed ran out of memory, every 4th and none do too."""
+    graded = dataclasses.replace(SPACE, checkpointing=("off", "every-4", "every-2", "on"))
+    records = [rec(4, graded.candidate(16, "fp32", "every-2", "adamw_torch"), Outcome.OOM)]
+    for level in ("off", "every-4"):
+        for batch in (16, 32):
+            skip = skip_reason(
+                graded.candidate(batch, "fp32", level, "adamw_torch"), records, graded
+            )
+            assert skip is not None and skip.implies_oom
+            assert skip.reason == "skipped: batch 16 ckpt/2 OOM in trial 4"
+        assert (
+            skip_reason(graded.candidate(8, "fp32", level, "adamw_torch"), records, graded) is None
+        )
+    # more checkpointing may fit where less did not
+    assert skip_reason(graded.candidate(16, "fp32", "on", "adamw_torch"), records, graded) is None

@@ -61,12 +61,12 @@ def test_the_users_own_optimizer_is_always_searched_and_a_quantized_base_gets_pa
     assert job_optimizers(("sgd",), INSTALLED, recipe, QLORA) == ("sgd",)  # asked: as asked
 
 
-def test_checkpointing_a_factory_forces_is_fixed_on_with_the_reason() -> None:
-    assert job_checkpointing(None, BF16) == (None, "")
-    fixed, why = job_checkpointing(None, QLORA)
-    assert fixed == (True,) and "prepare_model_for_kbit_training" in why
+def test_checkpointing_a_factory_forces_is_never_off_with_the_reason() -> None:
+    assert job_checkpointing(None, BF16) == ""
+    assert "prepare_model_for_kbit_training" in job_checkpointing(None, QLORA)
+    assert "prepare_model_for_kbit_training" in job_checkpointing(("on", "every-2"), QLORA)
     with pytest.raises(UsageError, match="--checkpointing off: your factory turns"):
-        job_checkpointing((False,), QLORA)
+        job_checkpointing(("off",), QLORA)
 
 
 def test_the_recipe_is_their_class_with_its_defaults_under_their_file() -> None:
