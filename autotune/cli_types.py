@@ -13,6 +13,7 @@ import click
 from autotune.core import checkpointing
 from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import Objective, Precision, SamplerName, Task, values
+from autotune.core.levers import lever_help
 from autotune.core.space import DEFAULT_OPTIMIZERS
 from autotune.core.units import parse_duration, parse_size
 from autotune.tuning.options import SearchOptions
@@ -229,16 +230,7 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         "levers",
         multiple=True,
         metavar="NAME=V[,V]",
-        help="Fix or narrow a lever (beyond batch, precision, checkpointing and optimizer); "
-        "each is searched where offered: "
-        "torch_compile (a C++ compiler on the CPU, triton on CUDA), attn_implementation "
-        "(sdpa, eager; flash_attention_2 with flash-attn on CUDA; flex_attention on CUDA; "
-        "those the model supports), use_liger_kernel (liger-kernel on CUDA, for the model "
-        "types it covers), padding_free (--dataset, causal LMs whose loss is unchanged "
-        "on a checked batch), dataloader_num_workers (--dataset, a spare core), "
-        "zero_stage (DeepSpeed ZeRO 0-3 against plain DDP, with --nproc-per-node 2+ and "
-        "deepspeed installed). `show` says why a lever was not offered. "
-        "E.g. --lever torch_compile=false.",
+        help=lever_help(),
     ),
     click.option(
         "--max-trials",

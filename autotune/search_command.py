@@ -10,6 +10,7 @@ from rich.console import Console
 
 from autotune.commands import resolve_storage
 from autotune.core.errors import StudyError, UsageError
+from autotune.core.levers import TORCH_COMPILE
 from autotune.core.parity_state import ParityState
 from autotune.core.paths import (
     check_study_name,
@@ -84,7 +85,7 @@ def _prepare_and_search(
         budget_s=o.budget_s,
         explore_share=SearchLimits.search_share if o.confirm_top else 1.0,
         steps_asked=o.measure_steps is not None,
-        compile_asked="torch_compile" in parse_lever_options(o.levers),
+        compile_asked=TORCH_COMPILE.name in parse_lever_options(o.levers),
         stored=StudyStore.stored_spec(url=url, name=name),
         default_budget=o.time_budget is None,
     )

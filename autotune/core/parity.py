@@ -19,7 +19,8 @@ import math
 from typing import Any
 
 from autotune.core.enums import Precision
-from autotune.core.trial import LEVERS, Candidate, TrialResult
+from autotune.core.levers import DECLARED
+from autotune.core.trial import Candidate, TrialResult
 
 # A parity run's held-out loss (probe/_parity.py; tuning/parity.py times it)
 # Without a learning_rate of the user's, probes and parity runs train at this one, held
@@ -115,13 +116,17 @@ def changes(reference: Candidate, candidate: Candidate) -> list[Change]:
                 True,
             )
         )
-    for name in LEVERS:  # compiled, attention kernels, packed rows: the same sums
-        before, after = getattr(reference, name), getattr(candidate, name)
+    # compiled, attention kernels, packed rows: the same sums; a lever that may change
+    # them (core/levers.py) keeps them where the same engine runs both
+    engines = Arithmetic.of(candidate).engine == Arithmetic.of(reference).engine
+    theirs = reference.lever_values()
+    for lever, after in zip(DECLARED, candidate.lever_values().values(), strict=True):
+        before = theirs[lever.name]
         if before != after:
-            keeps = name != "zero_stage" or (
-                Arithmetic.of(candidate).engine == Arithmetic.of(reference).engine
-            )  # ZeRO's sums are DDP's, but in 16 bits DeepSpeed does the mixed precision
-            found.append(Change(name, str(before or "default"), str(after or "default"), keeps))
+            keeps = lever.keeps_arithmetic or engines
+            found.append(
+                Change(lever.name, str(before or "default"), str(after or "default"), keeps)
+            )
     if candidate.precision != reference.precision:
         found.append(Change("precision", reference.precision, candidate.precision, False))
     if candidate.optim != reference.optim:

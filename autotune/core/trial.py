@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import DeviceKind, Outcome, Precision, Task
+from autotune.core.levers import DECLARED, Lever
 from autotune.core.rehearsal import Rehearsal
 
 if TYPE_CHECKING:
@@ -29,14 +30,15 @@ class Candidate:
     optim: str
     # TrainingArguments.train_sampling_strategy; searched only when --dataset is given
     train_sampling_strategy: str = "random"
-    # The levers beyond the classic five (LEVERS), each searched only where the device,
-    # the installed packages and the model allow it; the defaults are a plain run.
+    # The levers beyond the classic five, declared in core/levers.py (this order), each
+    # searched only where the device, the installed packages and the model allow it;
+    # the defaults are a plain run.
     torch_compile: bool = False
-    attn_implementation: str = ""  # a model argument; "": the model's own default
+    attn_implementation: str = ""
     use_liger_kernel: bool = False
-    padding_free: bool = False  # DataCollatorWithFlattening (--dataset, causal LMs)
-    dataloader_num_workers: int = 0  # --dataset only
-    zero_stage: int = 0  # DeepSpeed ZeRO stage (--nproc-per-node > 1); 0: plain DDP
+    padding_free: bool = False
+    dataloader_num_workers: int = 0
+    zero_stage: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", Precision(self.precision))
@@ -58,42 +60,35 @@ class Candidate:
     def lever_values(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in LEVERS}
 
+    def levers_set(self) -> list[tuple[Lever, Any]]:
+        """The levers away from their plain values (core/levers.py), with their values."""
+        return [
+            (lever, value)
+            for lever, value in zip(DECLARED, self.lever_values().values(), strict=True)
+            if not lever.is_plain(value)
+        ]
+
     def describe(self) -> str:
         ckpt = self.activation_checkpointing.label
         return (
             f"batch {self.per_device_train_batch_size}x{self.gradient_accumulation_steps} "
             f"{self.precision} {ckpt} {self.optim}"
             + (" grouped" if self.train_sampling_strategy == "group_by_length" else "")
-            + (" compiled" if self.torch_compile else "")
-            + (f" {self.attn_implementation}" if self.attn_implementation else "")
-            + (" liger" if self.use_liger_kernel else "")
-            + (" padding-free" if self.padding_free else "")
-            + (f" {self.dataloader_num_workers}-workers" if self.dataloader_num_workers else "")
-            + (f" zero{self.zero_stage}" if self.zero_stage else "")
+            + "".join(f" {lever.label(value)}" for lever, value in self.levers_set())
         )
 
 
 # Candidate fields that are not part of a family: the batch split itself, and what
 # leaves a probe's memory alone (probes measure memory on worst-case batches, the same
-# whatever the order of the real ones or the processes that load them)
+# whatever the order of the real ones; the levers declare their own: core/levers.py)
 OUTSIDE_FAMILY = frozenset(
-    {
-        "per_device_train_batch_size",
-        "gradient_accumulation_steps",
-        "train_sampling_strategy",
-        "dataloader_num_workers",
-    }
+    {"per_device_train_batch_size", "gradient_accumulation_steps", "train_sampling_strategy"}
+    | {lever.name for lever in DECLARED if not lever.in_family}
 )
 
-# Candidate fields searched beyond batch, precision, checkpointing, optimizer, sampling
-LEVERS = (
-    "torch_compile",
-    "attn_implementation",
-    "use_liger_kernel",
-    "padding_free",
-    "dataloader_num_workers",
-    "zero_stage",
-)
+# Candidate fields searched beyond batch, precision, checkpointing, optimizer, sampling,
+# in the order core/levers.py declares them
+LEVERS = tuple(lever.name for lever in DECLARED)
 
 
 @dataclasses.dataclass(frozen=True)

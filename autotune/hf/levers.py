@@ -11,34 +11,27 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.core.enums import DeviceKind, Task
 from autotune.core.errors import UsageError
+from autotune.core.levers import (
+    ATTENTION,
+    BY_NAME,
+    DECLARED,
+    LIGER,
+    LOADER_WORKERS,
+    PADDING_FREE,
+    TORCH_COMPILE,
+    ZERO_STAGE,
+    Lever,
+)
 from autotune.core.trial import LEVERS, ModelSpec
 
 MAX_LOADER_WORKERS = 4
 
 
-def _boolean(text: str) -> bool:
-    lowered = text.lower()
-    if lowered in ("true", "on", "1", "yes"):
-        return True
-    if lowered in ("false", "off", "0", "no"):
-        return False
-    raise ValueError(f"{text!r} is not true/false")
-
-
-# What a user may write after --lever NAME=, per lever
-_PARSE: dict[str, Callable[[str], Any]] = {
-    "torch_compile": _boolean,
-    "use_liger_kernel": _boolean,
-    "padding_free": _boolean,
-    "dataloader_num_workers": int,
-    "attn_implementation": str,
-    "zero_stage": int,
-}
 # Sharding beyond ZeRO stages is not a lever: FSDP through the Trainer needs an accelerator
 # (accelerate keeps its plugin only for multi-GPU runs: on the CPU it silently runs DDP)
 # and was never run on several GPUs; ZeRO offload was never run either (on the CPU the
@@ -69,7 +62,8 @@ def parse_lever_options(options: Sequence[str]) -> dict[str, tuple[Any, ...]]:
                 f"{', '.join(LEVERS)} (e.g. --lever torch_compile=false)"
             )
         try:
-            values = tuple(dict.fromkeys(_PARSE[name](v.strip()) for v in text.split(",")))
+            parse = BY_NAME[name].parse
+            values = tuple(dict.fromkeys(parse(v.strip()) for v in text.split(",")))
         except ValueError as exc:
             raise UsageError(f"--lever {option!r}: {exc}") from None
         asked[name] = values
@@ -91,33 +85,36 @@ def offer(
     `own_deepspeed`: the user's base arguments carry a DeepSpeed config of their own,
     which every probe runs as given."""
     factory = bool(model.trainer)  # the user's factory builds the model and the batches
-    available: dict[str, tuple[tuple[Any, ...], str]] = {
-        "torch_compile": _compile(device_kind),
-        "attn_implementation": (
+    # Each declared lever's rule (core/levers.py): the values offered here, or why none
+    available: dict[Lever, tuple[tuple[Any, ...], str]] = {
+        TORCH_COMPILE: _compile(device_kind),
+        ATTENTION: (
             ((), "your factory builds the model: set attn_implementation where it loads it")
             if factory
             else _attention(model, device_kind)
         ),
-        "use_liger_kernel": _liger(model, device_kind),
-        "padding_free": (
+        LIGER: _liger(model, device_kind),
+        PADDING_FREE: (
             ((), "your factory's collator builds the batches (SFTConfig has padding_free)")
             if factory
             else _padding_free(model, dataset)
         ),
-        "dataloader_num_workers": _loader_workers(dataset),
-        "zero_stage": _zero(device_kind, nproc_per_node, own_deepspeed),
+        LOADER_WORKERS: _loader_workers(dataset),
+        ZERO_STAGE: _zero(device_kind, nproc_per_node, own_deepspeed),
     }
     levers: list[tuple[str, tuple[Any, ...]]] = []
     reasons: list[tuple[str, str]] = list(NOT_BUILT)
-    for name in LEVERS:
-        values, why = available[name]
+    for lever in DECLARED:
+        name = lever.name
+        values, why = available[lever]
         if name in fixed:
             levers.append((name, (fixed[name],)))
             reasons.append((name, f"set to {fixed[name]!r} by --base-args"))
             continue
         if name in asked:
             wanted = asked[name]
-            refused = [v for v in wanted if v not in values and not _plain(name, v)]
+            # a lever's plain value (off, no workers) is always allowed
+            refused = [v for v in wanted if v not in values and not BY_NAME[name].is_plain(v)]
             if refused:
                 raise UsageError(
                     f"--lever {name}={','.join(map(str, wanted))}: {refused[0]!r} is not "
@@ -133,11 +130,6 @@ def offer(
                 levers.append((name, values))
             reasons.append((name, why))
     return levers, reasons
-
-
-def _plain(name: str, value: Any) -> bool:
-    """A lever's plain value (off, no workers) is always allowed."""
-    return name != "attn_implementation" and not value
 
 
 def _compile(kind: DeviceKind) -> tuple[tuple[Any, ...], str]:

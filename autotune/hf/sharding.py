@@ -1,12 +1,6 @@
-"""DeepSpeed ZeRO for multi-process probes: the config a stage exports, and the one-time
-build of the C++ op DeepSpeed's collectives use on the CPU.
-
-The exported config leaves batch sizes, clipping and precision to the Trainer ("auto":
-filled in from the TrainingArguments it sits in), sizes its buffers by the model
-("auto": from its hidden size, where DeepSpeed's defaults reserve 2 GB whatever the
-model) and names no optimizer, so the Trainer's own optimizer (the candidate's) is the
-one ZeRO shards. Under stage 3 a save gathers the full 16-bit weights, so the user's
-`save_model` writes a model that loads without DeepSpeed.
+"""DeepSpeed ZeRO for multi-process probes: the stage a recipe runs, how a stage splits
+the training's state, and the one-time build of the C++ op DeepSpeed's collectives use
+on the CPU. The config a stage exports is its lever's (core/levers.deepspeed_config).
 """
 
 from __future__ import annotations
@@ -20,28 +14,6 @@ from typing import Any
 from autotune.core.errors import UsageError
 
 BUILD_TIMEOUT_S = 600
-
-
-def deepspeed_config(stage: int) -> dict[str, Any]:
-    """The `deepspeed` field of TrainingArguments for a ZeRO stage (1-3)."""
-    if stage not in (1, 2, 3):
-        raise ValueError(f"ZeRO stage {stage}: stages are 1, 2 and 3")
-    zero: dict[str, Any] = {"stage": stage, "reduce_bucket_size": "auto"}
-    if stage == 3:
-        zero["stage3_prefetch_bucket_size"] = "auto"
-        zero["stage3_param_persistence_threshold"] = "auto"
-        # each process holds a shard of the weights: without this, `save_model` writes
-        # no full weights (only the shards a ZeRO checkpoint holds)
-        zero["stage3_gather_16bit_weights_on_model_save"] = True
-    return {
-        "zero_optimization": zero,
-        "train_micro_batch_size_per_gpu": "auto",
-        "train_batch_size": "auto",
-        "gradient_accumulation_steps": "auto",
-        "gradient_clipping": "auto",
-        "fp16": {"enabled": "auto"},
-        "bf16": {"enabled": "auto"},
-    }
 
 
 def zero_stage_of(arguments: dict[str, Any]) -> int:

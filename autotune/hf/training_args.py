@@ -25,9 +25,9 @@ from typing import Any
 from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import DeviceKind, Precision
 from autotune.core.errors import AutotuneError, UsageError
+from autotune.core.levers import DECLARED
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate
-from autotune.hf.sharding import deepspeed_config
 
 # `activation_checkpointing` in current transformers; `gradient_checkpointing` before.
 CHECKPOINTING_FIELDS = ("activation_checkpointing", "gradient_checkpointing")
@@ -74,16 +74,10 @@ def tuned_arguments(
         args["tf32"] = candidate.precision == Precision.TF32 or (sixteen and tf32_kept)
     else:
         args["use_cpu"] = True
-    # The levers, written only when on: a config without them reads as it always did
-    if candidate.torch_compile:
-        args["torch_compile"] = True
-    if candidate.use_liger_kernel:
-        args["use_liger_kernel"] = True
-    if candidate.dataloader_num_workers:
-        args["dataloader_num_workers"] = candidate.dataloader_num_workers
-        args["dataloader_persistent_workers"] = True  # no new workers at each epoch
-    if candidate.zero_stage:
-        args["deepspeed"] = deepspeed_config(candidate.zero_stage)
+    # The levers (core/levers.py), written only away from their plain values: a config
+    # without them reads as it always did
+    for lever, value in candidate.levers_set():
+        args.update(lever.fields(value))
     return args
 
 
@@ -104,23 +98,15 @@ def recipe(spec: SearchSpec, candidate: Candidate) -> dict[str, Any]:
 
 
 def _tuned_fields() -> frozenset[str]:
-    """Every field some candidate sets, on any device, under either checkpointing name."""
-    probe = Candidate(
-        8,
-        1,
-        Precision.FP32,
-        Checkpointing.OFFLOAD,
-        "adamw_torch",
-        torch_compile=True,
-        use_liger_kernel=True,
-        dataloader_num_workers=1,
-    )
+    """Every field some candidate sets, on any device, under either checkpointing name,
+    and those the levers own."""
+    probe = Candidate(8, 1, Precision.FP32, Checkpointing.OFFLOAD, "adamw_torch")
     return frozenset(
         key
         for kind in DeviceKind
         for field in CHECKPOINTING_FIELDS
         for key in tuned_arguments(probe, device_kind=kind, checkpointing_field=field)
-    )
+    ) | {field for lever in DECLARED for field in lever.owns}
 
 
 # Fields the search sets; a base file's values for them are replaced, not carried.

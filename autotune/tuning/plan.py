@@ -17,6 +17,7 @@ from autotune.core.device import DeviceInfo, supported_precisions
 from autotune.core.enums import DeviceKind, Precision, Task
 from autotune.core.errors import UsageError
 from autotune.core.job import JobFacts
+from autotune.core.levers import ZERO_STAGE
 from autotune.core.space import SearchSpace, derive_space
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import LEVERS, ModelSpec
@@ -166,7 +167,7 @@ def _check_budget(
 ) -> None:
     """Refuse a budget the job as built cannot fit (each parameter as it is held); build
     DeepSpeed's CPU optimizer once, before any probe, when ZeRO is searched here."""
-    zero = max((v for n, vs in space.levers if n == "zero_stage" for v in vs), default=0)
+    zero = max(dict(space.levers).get(ZERO_STAGE.name, (0,)))
     check_budget(
         counted.total,
         space.precisions,

@@ -30,6 +30,7 @@ import math
 from collections.abc import Sequence
 
 from autotune.core.enums import DeviceKind
+from autotune.core.levers import TORCH_COMPILE
 from autotune.core.parity import CALIBRATED_STEPS, Arithmetic
 from autotune.core.parity_state import ParityPlan
 from autotune.core.space import SearchSpace
@@ -81,7 +82,7 @@ def plan_for_budget(
     said = [f"time budget {format_duration(budget_s)}{default}: {_steps_line(spec)}"]
     if not steps_asked:
         said[0] += f" ({MEASURE_STEPS} from a {format_duration(SHORT_BUDGET_S)} budget up)"
-    compile_values = dict(spec.space.levers).get("torch_compile", ())
+    compile_values = dict(spec.space.levers).get(TORCH_COMPILE.name, ())
     if not compile_asked and len(compile_values) > 1:
         cost = COLD_COMPILE_S[spec.device.kind]
         explore_s = budget_s * explore_share
@@ -92,8 +93,9 @@ def plan_for_budget(
                 f"that tell whether it pays back would take over a third of the "
                 f"{format_duration(explore_s)} to explore"
             )
-            spec = dataclasses.replace(spec, space=_fixed(spec, "torch_compile", False, why))
-            said.append(f"torch.compile {why} (--lever torch_compile=false,true probes it)")
+            fixed = _fixed(spec, TORCH_COMPILE.name, False, why)
+            spec = dataclasses.replace(spec, space=fixed)
+            said.append(f"torch.compile {why} (--lever {TORCH_COMPILE.name}=false,true probes it)")
     return spec, said
 
 

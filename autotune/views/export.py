@@ -212,11 +212,10 @@ NOT_CHECKED = "training parity not checked (searched with --parity off)"
 def model_arguments(candidate: Candidate) -> dict[str, Any]:
     """What the probe passed to the model's from_pretrained/from_config, not to
     TrainingArguments (the arguments file cannot carry it)."""
-    return (
-        {"attn_implementation": candidate.attn_implementation}
-        if candidate.attn_implementation
-        else {}
-    )
+    found: dict[str, Any] = {}
+    for lever, value in candidate.levers_set():
+        found.update(lever.model_arguments(value))
+    return found
 
 
 def written_script_changes(output: Path) -> list[str]:
@@ -227,29 +226,7 @@ def written_script_changes(output: Path) -> list[str]:
 
 def script_changes(candidate: Candidate) -> list[str]:
     """The lines the user's script needs besides the arguments file, as measured."""
-    lines = []
-    if candidate.attn_implementation:
-        attn = candidate.attn_implementation
-        lines.append(
-            f'load the model with attn_implementation="{attn}": '
-            f'AutoModel...from_pretrained(name, attn_implementation="{attn}")'
-        )
-    if candidate.padding_free:
-        lines.append(
-            "batch without padding: Trainer(..., data_collator=DataCollatorWithFlattening()) "
-            "(from transformers)"
-        )
-    if candidate.zero_stage:
-        lines.append(
-            f"ZeRO stage {candidate.zero_stage} runs through DeepSpeed: pip install deepspeed "
-            "where you train (its config is the deepspeed field of the arguments file)"
-        )
-        if candidate.zero_stage == 3:
-            lines.append(
-                "build the model after TrainingArguments (from_pretrained then loads each "
-                "process's shard, as the probe did)"
-            )
-    return lines
+    return [line for lever, value in candidate.levers_set() for line in lever.script_lines(value)]
 
 
 def _figures(record: TrialRecord) -> dict[str, Any]:

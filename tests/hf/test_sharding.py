@@ -10,8 +10,9 @@ import pytest
 
 from autotune.core.enums import DeviceKind, Precision
 from autotune.core.errors import UsageError
+from autotune.core.levers import deepspeed_config
 from autotune.core.trial import Candidate
-from autotune.hf.sharding import deepspeed_config, shards, zero_stage_of
+from autotune.hf.sharding import shards, zero_stage_of
 from autotune.hf.training_args import TUNED, cli_flags, tuned_arguments, validate
 
 

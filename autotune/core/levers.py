@@ -1,0 +1,175 @@
+"""The levers beyond batch, precision, checkpointing and optimizer, each declared once.
+
+A lever is one record: its name (the `Candidate` field, and what users write after
+`--lever NAME=`), how its values are read, when it is offered (the help's words; the
+rule that reads the device, the installed packages and the model is
+in `hf/levers.offer`, keyed by these records), how `describe` names a value other than the
+plain one, whether it moves a probe's memory (the skip family), the `TrainingArguments`
+fields and model arguments a value sets, the lines the user's script needs besides the
+arguments file, and whether it keeps the training's arithmetic (parity's class). The
+CLI's help, `describe`, the family, the export's fields and lines and parity read these
+records; nothing else names what a lever does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+
+def boolean(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("true", "on", "1", "yes"):
+        return True
+    if lowered in ("false", "off", "0", "no"):
+        return False
+    raise ValueError(f"{text!r} is not true/false")
+
+
+def _none(value: Any) -> dict[str, Any]:
+    return {}
+
+
+def _no_lines(value: Any) -> list[str]:
+    return []
+
+
+@dataclasses.dataclass(frozen=True)
+class Lever:
+    name: str  # the Candidate field; --lever NAME=...
+    parse: Callable[[str], Any]  # one value as a user writes it
+    offered_when: str  # for --lever's help and the docs
+    label: Callable[[Any], str]  # describe's word for a value other than the plain one
+    plain: Any = False  # the plain run's value (the Candidate's default)
+    in_family: bool = True  # False: a probe's memory is the same whatever its value
+    # The TrainingArguments fields a value other than the plain one sets, and every
+    # field it may set (the search owns them: a base file's values are replaced)
+    fields: Callable[[Any], dict[str, Any]] = _none
+    owns: tuple[str, ...] = ()
+    model_arguments: Callable[[Any], dict[str, Any]] = _none  # from_pretrained's kwargs
+    script_lines: Callable[[Any], list[str]] = _no_lines  # what the arguments file cannot say
+    # False: changing it may change the sums (parity compares the engines that run them)
+    keeps_arithmetic: bool = True
+
+    def is_plain(self, value: Any) -> bool:
+        return bool(value == self.plain)
+
+
+def deepspeed_config(stage: int) -> dict[str, Any]:
+    """The `deepspeed` field of TrainingArguments for a ZeRO stage (1-3).
+
+    Batch sizes, clipping and precision are left to the Trainer ("auto": filled in from
+    the TrainingArguments it sits in), buffers sized by the model ("auto": from its
+    hidden size, where DeepSpeed's defaults reserve 2 GB whatever the model), and no
+    optimizer named, so the Trainer's own (the candidate's) is the one ZeRO shards.
+    Under stage 3 a save gathers the full 16-bit weights, so the user's `save_model`
+    writes a model that loads without DeepSpeed."""
+    if stage not in (1, 2, 3):
+        raise ValueError(f"ZeRO stage {stage}: stages are 1, 2 and 3")
+    zero: dict[str, Any] = {"stage": stage, "reduce_bucket_size": "auto"}
+    if stage == 3:
+        zero["stage3_prefetch_bucket_size"] = "auto"
+        zero["stage3_param_persistence_threshold"] = "auto"
+        # each process holds a shard of the weights: without this, `save_model` writes
+        # no full weights (only the shards a ZeRO checkpoint holds)
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    return {
+        "zero_optimization": zero,
+        "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "fp16": {"enabled": "auto"},
+        "bf16": {"enabled": "auto"},
+    }
+
+
+def _zero_lines(stage: int) -> list[str]:
+    lines = [
+        f"ZeRO stage {stage} runs through DeepSpeed: pip install deepspeed where you train "
+        "(its config is the deepspeed field of the arguments file)"
+    ]
+    if stage == 3:
+        lines.append(
+            "build the model after TrainingArguments (from_pretrained then loads each "
+            "process's shard, as the probe did)"
+        )
+    return lines
+
+
+TORCH_COMPILE = Lever(
+    "torch_compile",
+    boolean,
+    "a C++ compiler on the CPU, triton on CUDA",
+    label=lambda _: "compiled",
+    fields=lambda _: {"torch_compile": True},
+    owns=("torch_compile",),
+)
+ATTENTION = Lever(
+    "attn_implementation",
+    str,
+    "sdpa, eager; flash_attention_2 and flex_attention on CUDA, those the model supports",
+    label=str,
+    plain="",  # the model's own default
+    model_arguments=lambda kernel: {"attn_implementation": kernel},
+    script_lines=lambda kernel: [
+        f'load the model with attn_implementation="{kernel}": '
+        f'AutoModel...from_pretrained(name, attn_implementation="{kernel}")'
+    ],
+)
+LIGER = Lever(
+    "use_liger_kernel",
+    boolean,
+    "liger-kernel on CUDA, for the model types it covers",
+    label=lambda _: "liger",
+    fields=lambda _: {"use_liger_kernel": True},
+    owns=("use_liger_kernel",),
+)
+PADDING_FREE = Lever(
+    "padding_free",
+    boolean,
+    "--dataset, causal LMs whose loss is unchanged on a checked batch",
+    label=lambda _: "padding-free",
+    script_lines=lambda _: [
+        "batch without padding: Trainer(..., data_collator=DataCollatorWithFlattening()) "
+        "(from transformers)"
+    ],
+)
+LOADER_WORKERS = Lever(
+    "dataloader_num_workers",
+    int,
+    "--dataset, a spare core",
+    label=lambda workers: f"{workers}-workers",
+    plain=0,
+    # probes measure memory on worst-case batches, whichever processes load them
+    in_family=False,
+    fields=lambda workers: {
+        "dataloader_num_workers": workers,
+        "dataloader_persistent_workers": True,  # no new workers at each epoch
+    },
+    owns=("dataloader_num_workers", "dataloader_persistent_workers"),
+)
+ZERO_STAGE = Lever(
+    "zero_stage",
+    int,
+    "DeepSpeed ZeRO 0-3 against plain DDP, with --nproc-per-node 2+ and deepspeed installed",
+    label=lambda stage: f"zero{stage}",
+    plain=0,
+    fields=lambda stage: {"deepspeed": deepspeed_config(stage)},
+    script_lines=_zero_lines,
+    # ZeRO's sums are DDP's, but in 16 bits DeepSpeed does the mixed precision itself
+    keeps_arithmetic=False,
+)
+DECLARED = (TORCH_COMPILE, ATTENTION, LIGER, PADDING_FREE, LOADER_WORKERS, ZERO_STAGE)
+BY_NAME = {lever.name: lever for lever in DECLARED}
+
+
+def lever_help() -> str:
+    """--lever's help: each lever and when it is offered."""
+    each = ", ".join(f"{lever.name} ({lever.offered_when})" for lever in DECLARED)
+    return (
+        "Fix or narrow a lever (beyond batch, precision, checkpointing and optimizer); "
+        f"each is searched where offered: {each}. `show` says why a lever was not "
+        "offered. E.g. --lever torch_compile=false."
+    )

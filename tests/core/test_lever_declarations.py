@@ -1,0 +1,64 @@
+"""Each lever is one declaration: what reads it (the Candidate, describe, the family, the
+CLI's help, the export's fields and lines, parity) follows from it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from autotune.cli import cli
+from autotune.core.enums import DeviceKind
+from autotune.core.levers import DECLARED, ZERO_STAGE, lever_help
+from autotune.core.parity import changes
+from autotune.core.trial import LEVERS, OUTSIDE_FAMILY, Candidate
+from autotune.hf.training_args import TUNED, tuned_arguments
+from autotune.views.export import model_arguments, script_changes
+
+PLAIN = Candidate(8, 2, "bf16", False, "adamw_torch")
+SET = {
+    "torch_compile": True,
+    "attn_implementation": "eager",
+    "use_liger_kernel": True,
+    "padding_free": True,
+    "dataloader_num_workers": 2,
+    "zero_stage": 3,
+}
+
+
+def test_the_candidates_levers_are_the_declared_ones_at_their_plain_values() -> None:
+    fields = {f.name: f.default for f in dataclasses.fields(Candidate)}
+    assert LEVERS == tuple(lever.name for lever in DECLARED) == tuple(SET)
+    assert {lever.name: lever.plain for lever in DECLARED} == {n: fields[n] for n in LEVERS}
+    assert PLAIN.levers_set() == []
+
+
+def test_a_lever_set_is_named_by_its_label_and_runs_what_it_declares() -> None:
+    for lever in DECLARED:
+        candidate = dataclasses.replace(PLAIN, **{lever.name: SET[lever.name]})
+        assert candidate.describe() == PLAIN.describe() + " " + lever.label(SET[lever.name])
+        fields = tuned_arguments(candidate, device_kind=DeviceKind.CUDA)
+        plain = tuned_arguments(PLAIN, device_kind=DeviceKind.CUDA)
+        added = {k: v for k, v in fields.items() if plain.get(k) != v}
+        assert added == lever.fields(SET[lever.name])
+        assert model_arguments(candidate) == lever.model_arguments(SET[lever.name])
+        assert script_changes(candidate) == lever.script_lines(SET[lever.name])
+        assert set(lever.owns) <= TUNED
+
+
+def test_only_a_lever_that_leaves_memory_alone_is_outside_the_family() -> None:
+    assert {lever.name for lever in DECLARED if not lever.in_family} == {"dataloader_num_workers"}
+    assert "dataloader_num_workers" in OUTSIDE_FAMILY and "zero_stage" not in OUTSIDE_FAMILY
+
+
+def test_only_a_lever_that_may_change_the_sums_is_a_change_of_arithmetic() -> None:
+    for lever in DECLARED:
+        candidate = dataclasses.replace(PLAIN, **{lever.name: SET[lever.name]})
+        (change,) = changes(candidate, PLAIN)
+        # ZeRO in bf16: DeepSpeed does the mixed precision, not the Trainer's autocast
+        assert change.keeps_arithmetic == (lever is not ZERO_STAGE)
+
+
+def test_the_lever_option_lists_each_declared_lever_and_when_it_is_offered() -> None:
+    (option,) = [p for p in cli.commands["search"].params if p.name == "levers"]
+    assert option.help == lever_help()
+    for lever in DECLARED:
+        assert f"{lever.name} ({lever.offered_when})" in lever_help()
