@@ -135,7 +135,9 @@ class Prober:
         self.model, self.limit, self.work, self.count = model, limit, work, 0
         started = time.monotonic()
         self.server = ForkServer(
-            work / f"server-{limit}.log", data_limit=limit, shared=SharedModel(model, 0, "sdpa")
+            work / f"server-{limit}.log",
+            data_limit=limit,
+            shared=SharedModel(model, 0, {"attn_implementation": "sdpa"}),
         )
         self.start_s = time.monotonic() - started
 

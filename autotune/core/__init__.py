@@ -33,13 +33,13 @@ from autotune.core.parity import (
     Arithmetic,
     Change,
     Curve,
-    Parity,
     changes,
     judge,
     needs_twin,
     tolerance,
 )
 from autotune.core.parity_state import ParityPlan, ParityState
+from autotune.core.parity_verdict import Parity
 from autotune.core.paths import (
     DEFAULT_STUDIES,
     check_study_name,

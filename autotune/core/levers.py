@@ -14,7 +14,7 @@ records; nothing else names what a lever does.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -163,6 +163,16 @@ ZERO_STAGE = Lever(
 )
 DECLARED = (TORCH_COMPILE, ATTENTION, LIGER, PADDING_FREE, LOADER_WORKERS, ZERO_STAGE)
 BY_NAME = {lever.name: lever for lever in DECLARED}
+
+
+def model_arguments(values: Mapping[str, Any]) -> dict[str, Any]:
+    """What levers at these values pass to the model's from_pretrained/from_config (the
+    attention kernel), not to TrainingArguments: a lever absent or plain passes none."""
+    found: dict[str, Any] = {}
+    for lever in DECLARED:
+        if lever.name in values and not lever.is_plain(values[lever.name]):
+            found.update(lever.model_arguments(values[lever.name]))
+    return found
 
 
 def lever_help() -> str:

@@ -14,12 +14,12 @@ Pure: no torch, no transformers; the child records curves, this module judges th
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from typing import Any
 
 from autotune.core.enums import Precision
 from autotune.core.levers import DECLARED
+from autotune.core.parity_verdict import Parity, Status
 from autotune.core.trial import Candidate, TrialResult
 
 # A parity run's held-out loss (probe/_parity.py; tuning/parity.py times it)
@@ -46,15 +46,6 @@ CALIBRATED_STEPS = 20
 # fp16 steps skipped by the loss scaler (its initial calibration included) beyond this
 # share of the run: a collapsing scale
 MAX_SKIPPED = 0.25
-
-
-class Status(enum.StrEnum):
-    SAME = "same-arithmetic"  # differs from the reference only in what keeps the arithmetic
-    OK = "ok"  # measured: learns like the reference
-    # measured within the tolerance, by a run too short to tell it from rounding noise
-    UNVERIFIED = "unverified"
-    DIVERGED = "diverged"  # measured: does not (NaN, collapsing scale, or off the curve)
-    UNCHECKED = "unchecked"  # not measured (--parity off, or no verdict possible)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,62 +195,6 @@ def tolerance(reference: Curve, twin: Curve | None) -> Tolerance:
         return Tolerance(FLOOR, None)
     gap = abs(_gap(reference, twin))
     return Tolerance(min(MAX_TOLERANCE, max(FLOOR, ROUNDING_FACTOR * gap)), gap)
-
-
-@dataclasses.dataclass(frozen=True)
-class Parity:
-    """A config's parity verdict, with the figures it rests on."""
-
-    status: Status
-    reason: str = ""
-    final_loss: float | None = None
-    reference_final_loss: float | None = None
-    start_loss: float | None = None
-    gap: float | None = None  # (end - reference end) / reference progress; + is worse
-    tolerance: float | None = None
-    steps: int = 0
-    # unverified, and exported because the user allowed that (--parity quick)
-    allowed: bool = False
-    evidence: str = "runs"  # "probes": the probes' own training losses (judge_probes)
-
-    @property
-    def ratio(self) -> float | None:
-        """The end loss over the reference's."""
-        if self.final_loss is None or not self.reference_final_loss:
-            return None
-        return self.final_loss / self.reference_final_loss
-
-    @property
-    def blocks_export(self) -> bool:
-        return self.status == Status.DIVERGED or (
-            self.status == Status.UNVERIFIED and not self.allowed
-        )
-
-    def figures(self) -> str:
-        """One line: the verdict and its figures."""
-        if self.status == Status.SAME:
-            return "same arithmetic as the reference"
-        if self.final_loss is None or self.reference_final_loss is None:
-            return f"{self.status}: {self.reason}"
-        gap = f", {self.gap:+.1%} of its progress" if self.gap is not None else ""
-        tol = f" (tolerance {self.tolerance:.1%})" if self.tolerance is not None else ""
-        steps = f"{self.steps} probe steps" if self.evidence == "probes" else f"{self.steps} steps"
-        # the start gives the gap its scale: 29.9 against 11.3 is 12% of a fall from 160
-        start = f" (from {_num(self.start_loss)})" if self.start_loss is not None else ""
-        return (
-            f"{self.status}: loss {_num(self.final_loss)} vs reference "
-            f"{_num(self.reference_final_loss)}{start} after {steps}{gap}{tol}"
-            + (f"; {self.reason}" if self.reason else "")
-            + (
-                "; exported unverified (--parity on exports verified configs only)"
-                if self.allowed
-                else ""
-            )
-        )
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> Parity:
-        return cls(**{**raw, "status": Status(raw["status"])})
 
 
 def judge(reference: Curve, run: Curve, tol: Tolerance) -> Parity:
@@ -418,7 +353,3 @@ def _gap(reference: Curve, run: Curve) -> float:
     if progress <= 0:
         return math.inf
     return (run.end - reference.end) / progress
-
-
-def _num(value: float) -> str:
-    return f"{value:.4g}"

@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from autotune.core.parity import Arithmetic, Curve, Parity, Status, Tolerance
+from autotune.core.parity import Arithmetic, Curve, Tolerance
+from autotune.core.parity_verdict import Parity, Status
 from autotune.core.trial import Candidate
 
 

@@ -59,6 +59,14 @@ class SearchSpace:
             raise ValueError(f"unknown lever(s) {unknown}")
 
     @property
+    def plain_checkpointing(self) -> Checkpointing:
+        """The plain run's level: off, or every layer where the job turns it on itself."""
+        for level in (Checkpointing.OFF, Checkpointing.ON):
+            if level in self.checkpointing:
+                return level
+        return self.checkpointing[0]
+
+    @property
     def varied_levers(self) -> dict[str, tuple[Any, ...]]:
         """The levers searched over more than one value."""
         return {n: v for n, v in self.levers if len(v) > 1}
@@ -237,7 +245,7 @@ def seed_candidates(
     plain = [p for p in (Precision.FP32, Precision.AS_LOADED) if p in space.precisions]
     fp = plain[0] if plain else space.precisions[0]
     plain_opt = "adamw_torch" if "adamw_torch" in space.optimizers else space.optimizers[0]
-    no_ckpt = space.checkpointing[0]  # off, unless the job forces it on
+    no_ckpt = space.plain_checkpointing
     seeds.append(space.candidate(default_batch, fp, no_ckpt, plain_opt))
     mixed = [p for p in ("bf16", "fp16") if p in space.precisions]
     native = device.kind == DeviceKind.CUDA or (device.native_bf16 and "bf16" in mixed)

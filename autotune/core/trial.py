@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import DeviceKind, Outcome, Precision, Task
-from autotune.core.levers import DECLARED, Lever
+from autotune.core.levers import DECLARED, Lever, model_arguments
+from autotune.core.parity_verdict import Parity
 from autotune.core.rehearsal import Rehearsal
-
-if TYPE_CHECKING:
-    from autotune.core.parity import Parity
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +57,10 @@ class Candidate:
 
     def lever_values(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in LEVERS}
+
+    def model_arguments(self) -> dict[str, Any]:
+        """What the model is built with besides its config (the attention kernel)."""
+        return model_arguments(self.lever_values())
 
     def levers_set(self) -> list[tuple[Lever, Any]]:
         """The levers away from their plain values (core/levers.py), with their values."""

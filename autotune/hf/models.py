@@ -81,14 +81,13 @@ def detect_task(config: dict[str, Any]) -> str | None:
     return None
 
 
-def build_model(spec: ModelSpec, *, attn_implementation: str = "") -> Any:
+def build_model(spec: ModelSpec, **model_arguments: Any) -> Any:
     """The model with random weights, for the spec's task (in the child); with the
-    attention implementation asked for ("": the model's default)."""
+    candidate's model arguments (Candidate.model_arguments: the attention kernel)."""
     config = transformers_config(spec.config)
     if spec.task == Task.CLASSIFICATION and "num_labels" not in spec.config:
         config.num_labels = 2
-    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    model = auto_class(spec.task).from_config(config, **extra)
+    model = auto_class(spec.task).from_config(config, **model_arguments)
     return with_adapter(model, spec) if spec.adapter else model
 
 

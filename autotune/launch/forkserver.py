@@ -33,7 +33,7 @@ from typing import IO, Any
 from autotune.core.enums import DeviceKind
 from autotune.core.errors import LaunchError
 from autotune.core.files import write_atomic
-from autotune.core.levers import ATTENTION
+from autotune.core.levers import model_arguments
 from autotune.core.spec import SearchSpec
 from autotune.probe.shared_model import SharedModel
 from autotune.system.devices import cpu_memory_bytes
@@ -354,5 +354,5 @@ def model_to_share(spec: SearchSpec, concurrent: int = 1) -> SharedModel | None:
     else:  # host memory, beside a GPU
         if concurrent * copy > cpu_memory_bytes() // 2:
             return None
-    attention = dict(spec.space.levers).get(ATTENTION.name, ("",))[0]
-    return SharedModel(spec.model, spec.seed, str(attention))
+    plain = {name: values[0] for name, values in spec.space.levers}  # the first probes'
+    return SharedModel(spec.model, spec.seed, model_arguments(plain))

@@ -159,7 +159,7 @@ def _model(
         baseline.update(hardware.baseline(config.device_kind, index))
     tick = time.perf_counter()
     set_seed(config.seed)
-    model = build_model(config.model, attn_implementation=config.candidate.attn_implementation)
+    model = build_model(config.model, **config.candidate.model_arguments())
     phases["build"] = time.perf_counter() - tick
     return model
 

@@ -25,7 +25,8 @@ class SharedModel:
 
     model: ModelSpec
     seed: int
-    attn_implementation: str = ""
+    # what it is built with besides its config (Candidate.model_arguments)
+    model_arguments: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -33,11 +34,11 @@ class SharedModel:
     @classmethod
     def from_json(cls, text: str) -> SharedModel:
         raw = json.loads(text)
-        return cls(ModelSpec(**raw["model"]), int(raw["seed"]), raw["attn_implementation"])
+        return cls(ModelSpec(**raw["model"]), int(raw["seed"]), dict(raw["model_arguments"]))
 
     @classmethod
     def of(cls, config: TrialConfig) -> SharedModel:
-        return cls(config.model, config.seed, config.candidate.attn_implementation)
+        return cls(config.model, config.seed, config.candidate.model_arguments())
 
 
 _BUILT: dict[str, Any] = {}  # in the server, and in each child until it takes the model
@@ -62,7 +63,7 @@ def build(shared: SharedModel) -> float:
     torch.set_num_threads(1)
     try:
         set_seed(shared.seed)
-        model = build_model(shared.model, attn_implementation=shared.attn_implementation)
+        model = build_model(shared.model, **shared.model_arguments)
     finally:
         torch.set_num_threads(threads)  # for the children; starts no thread here
     _BUILT.update(shared=shared, model=model, baseline=baseline)

@@ -9,7 +9,7 @@ import dataclasses
 from typing import Protocol
 
 from autotune.core.enums import Objective
-from autotune.core.parity import Parity
+from autotune.core.parity_verdict import Parity
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialResult
 

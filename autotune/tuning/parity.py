@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import Objective, Outcome
@@ -36,6 +35,9 @@ from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord, TrialResult
 from autotune.core.units import format_duration
 from autotune.system import devices as device
+from autotune.tuning._context import RunContext
+from autotune.tuning.deadline import Deadline
+from autotune.tuning.limits import SearchLimits
 from autotune.tuning.selection import (
     fitting,
     plain_default,
@@ -43,11 +45,6 @@ from autotune.tuning.selection import (
     recipe_arithmetic,
     select_for,
 )
-
-if TYPE_CHECKING:
-    from autotune.tuning.deadline import Deadline
-    from autotune.tuning.limits import SearchLimits
-    from autotune.tuning.run import SearchRun
 
 
 def reference_candidate(spec: SearchSpec, records: Sequence[TrialRecord]) -> Candidate:
@@ -118,10 +115,10 @@ def learning_rate(spec: SearchSpec) -> float:
 
 
 class ParityCheck:
-    """Runs what the finalists' verdicts need and stores them (`run`: the SearchRun whose
+    """Runs what the finalists' verdicts need and stores them (`run`: the search run whose
     launcher and folders the runs use)."""
 
-    def __init__(self, run: SearchRun, limits: SearchLimits) -> None:
+    def __init__(self, run: RunContext, limits: SearchLimits) -> None:
         self.run = run
         self.store = run.store
         self.spec = run.spec

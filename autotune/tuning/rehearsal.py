@@ -18,18 +18,16 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.core.enums import DeviceKind, Outcome
 from autotune.core.rehearsal import EVENTS_NAME, Event, Rehearsal, read_events
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import TrialRecord
 from autotune.core.units import format_duration
+from autotune.tuning._context import RunContext
+from autotune.tuning.deadline import Deadline
 from autotune.tuning.selection import select_for
-
-if TYPE_CHECKING:
-    from autotune.tuning.deadline import Deadline
-    from autotune.tuning.run import SearchRun
 
 REHEARSALS = 3  # configs rehearsed at most, the selected first
 DEFAULT_EVAL_BATCH = 8  # TrainingArguments' per_device_eval_batch_size
@@ -88,7 +86,7 @@ def plan_line(spec: SearchSpec) -> str:
     )
 
 
-def rehearse_selected(run: SearchRun, deadline: Deadline) -> None:
+def rehearse_selected(run: RunContext, deadline: Deadline) -> None:
     """Rehearse the config selection would export; one that fails is out, and the next
     selected is rehearsed, up to `REHEARSALS`, within the time budget."""
     events = RunEvents.of(run.spec)
@@ -120,7 +118,7 @@ def expected_s(record: TrialRecord) -> float:
 
 
 def rehearse(
-    run: SearchRun, record: TrialRecord, events: RunEvents, deadline: Deadline
+    run: RunContext, record: TrialRecord, events: RunEvents, deadline: Deadline
 ) -> Rehearsal:
     """Rehearse `record`; where its evaluation runs out of memory, tune the evaluation
     batch: on a GPU, where the Trainer keeps the logits, accumulation that moves them to
@@ -200,7 +198,7 @@ def _evaluation_oom(found: Rehearsal) -> bool:
 
 
 def _run(
-    run: SearchRun,
+    run: RunContext,
     record: TrialRecord,
     events: RunEvents,
     fields: dict[str, Any],

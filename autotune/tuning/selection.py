@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 from autotune.core.enums import Objective, Outcome, Precision
 from autotune.core.errors import NoFitError
-from autotune.core.parity import Arithmetic, Status
+from autotune.core.parity import Arithmetic
+from autotune.core.parity_verdict import Status
 from autotune.core.spec import SearchSpec
 from autotune.core.stats import SpeedRatio, paired_ratio, quiet_step_s, speed_ratio
 from autotune.core.trial import Candidate, TrialRecord, TrialResult, Verdict
@@ -396,7 +397,7 @@ def plain_default(records: Sequence[TrialRecord], spec: SearchSpec) -> TrialReco
     batch."""
     space = spec.space
     precision = Precision.AS_LOADED if Precision.AS_LOADED in space.precisions else Precision.FP32
-    checkpointed = space.checkpointing[0]  # off, unless the user's job forces it on
+    checkpointed = space.plain_checkpointing  # off, unless the user's job forces it on
     wanted = (precision, "adamw_torch", checkpointed, space.micro_batches[0])
     for r in records:
         c = r.candidate

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from autotune.core.enums import Outcome
 from autotune.core.spec import SearchSpec
@@ -24,19 +25,30 @@ COLOURS = {
 }
 
 
-def plot_ranked(records: Sequence[TrialRecord], found: Insight, path: Path) -> None:
-    # long: one matplotlib call per element of the chart, in drawing order
-    """Every measured config sorted by samples/s, with its spread as a whisker; the winner,
-    the reference (plain default) and the band of configs that tie with the winner."""
-    import matplotlib
+def _pyplot() -> Any:
+    """matplotlib.pyplot, drawing to files (Agg)."""
+    import matplotlib  # heavy: imported when a chart is drawn, not with the report
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _save(fig: Any, path: Path) -> None:
+    plt = _pyplot()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_ranked(records: Sequence[TrialRecord], found: Insight, path: Path) -> None:
+    """Every measured config sorted by samples/s, with its spread as a whisker; the winner,
+    the reference (plain default) and the band of configs that tie with the winner."""
     shown = sorted(
         (r for r in records if r.result.samples_per_s), key=lambda r: r.result.samples_per_s or 0.0
     )[-25:]
-    fig, ax = plt.subplots(figsize=(8, 0.9 + 0.28 * max(1, len(shown))), dpi=110)
+    fig, ax = _pyplot().subplots(figsize=(8, 0.9 + 0.28 * max(1, len(shown))), dpi=110)
     for i, r in enumerate(shown):
         sps = r.result.samples_per_s or 0.0
         spread = (r.result.step_time_spread or 0.0) * sps / 2
@@ -52,6 +64,16 @@ def plot_ranked(records: Sequence[TrialRecord], found: Insight, path: Path) -> N
         )
     labels = [f"{r.number}: {r.candidate.describe()}" for r in shown]
     ax.set_yticks(range(len(shown)), labels, fontsize=7)
+    _marks(ax, found)
+    ax.set_xlim(left=0)
+    ax.set_xlabel("samples/s (whisker: interquartile spread of step times)")
+    ax.set_title("Configs by throughput (outlined: selected)", loc="left")
+    ax.grid(axis="x", alpha=0.3)
+    _save(fig, path)
+
+
+def _marks(ax: Any, found: Insight) -> None:
+    """The winner's tie band and the reference's line, with their legend."""
     if found.best is not None:
         top = found.best.result.samples_per_s or 0.0
         ax.axvspan(
@@ -69,25 +91,28 @@ def plot_ranked(records: Sequence[TrialRecord], found: Insight, path: Path) -> N
             lw=1,
             label=f"reference: plain default (trial {found.reference.number})",
         )
-    ax.set_xlim(left=0)
-    ax.set_xlabel("samples/s (whisker: interquartile spread of step times)")
-    ax.set_title("Configs by throughput (outlined: selected)", loc="left")
-    ax.grid(axis="x", alpha=0.3)
     if found.best is not None or found.reference is not None:
         ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 def plot_tradeoff(records: Sequence[TrialRecord], spec: SearchSpec, path: Path) -> None:
-    # long: one matplotlib call per element of the chart, in drawing order
-    import matplotlib
+    """Every trial's samples/s against its peak, the Pareto front, the selected config and
+    the budget."""
+    fig, ax = _pyplot().subplots(figsize=(8, 5), dpi=110)
+    _points(ax, records, spec)
+    right = _budget_lines(ax, records, spec)
+    ax.set_xlim(0, right)
+    ax.set_ylim(0, 1.1 * max((r.result.samples_per_s or 0 for r in records), default=1.0))
+    ax.set_xlabel("peak memory (GiB)")
+    ax.set_ylabel("samples/s")
+    ax.set_title("Throughput against peak memory, every trial", loc="left")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    _save(fig, path)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+def _points(ax: Any, records: Sequence[TrialRecord], spec: SearchSpec) -> None:
+    """The trials by outcome, the Pareto front through them, the selected one starred."""
     for outcome in Outcome:
         group = [r for r in records if r.result.outcome == outcome and r.result.peak_memory_bytes]
         if group:
@@ -123,44 +148,34 @@ def plot_tradeoff(records: Sequence[TrialRecord], spec: SearchSpec, path: Path) 
             zorder=4,
             label=f"selected (trial {best.number})",
         )
+
+
+def _budget_lines(ax: Any, records: Sequence[TrialRecord], spec: SearchSpec) -> float:
+    """The budget and the limit less headroom, where they do not squash the points;
+    returns the axis' right end."""
     peaks = [(r.result.peak_memory_bytes or 0) / GIB for r in records]
     right = 1.15 * max(peaks, default=1.0)
     limit = spec.fit_limit_bytes / GIB
-    if limit <= 1.5 * right:  # draw the budget where it does not squash the points
-        right = max(right, 1.05 * spec.memory_budget_bytes / GIB)
-        ax.axvline(
-            spec.memory_budget_bytes / GIB,
-            color="#d62828",
-            ls="--",
-            lw=1,
-            label=f"budget {format_size(spec.memory_budget_bytes)}",
-        )
-        ax.axvline(limit, color="#d62828", ls=":", lw=1, label="budget less headroom")
-    else:
+    if limit > 1.5 * right:
         ax.set_title(
             f"budget {format_size(spec.memory_budget_bytes)}: off the chart",
             loc="right",
             fontsize=8,
         )
-    ax.set_xlim(0, right)
-    ax.set_ylim(0, 1.1 * max((r.result.samples_per_s or 0 for r in records), default=1.0))
-    ax.set_xlabel("peak memory (GiB)")
-    ax.set_ylabel("samples/s")
-    ax.set_title("Throughput against peak memory, every trial", loc="left")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+        return right
+    ax.axvline(
+        spec.memory_budget_bytes / GIB,
+        color="#d62828",
+        ls="--",
+        lw=1,
+        label=f"budget {format_size(spec.memory_budget_bytes)}",
+    )
+    ax.axvline(limit, color="#d62828", ls=":", lw=1, label="budget less headroom")
+    return max(right, 1.05 * spec.memory_budget_bytes / GIB)
 
 
 def plot_by_batch(records: Sequence[TrialRecord], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    fig, ax = _pyplot().subplots(figsize=(8, 5), dpi=110)
     families: dict[str, list[TrialRecord]] = {}
     for r in records:  # one line per setting other than the batch ("batch 8x2 " dropped)
         if r.result.outcome == Outcome.OK:
@@ -186,6 +201,4 @@ def plot_by_batch(records: Sequence[TrialRecord], path: Path) -> None:
     ax.grid(alpha=0.3)
     if families:
         ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(fig, path)

@@ -105,7 +105,7 @@ def export_best(
         "parity": parity_summary(record, spec, all_records, parity),
         "arguments": arguments,
         "your_arguments": spec.kept_arguments,  # written back from --base-args
-        "model_arguments": model_arguments(record.candidate),
+        "model_arguments": record.candidate.model_arguments(),
         "script_changes": script_changes(record.candidate),
     }
     try:
@@ -207,15 +207,6 @@ def evaluation_arguments(record: TrialRecord) -> dict[str, Any]:
 
 
 NOT_CHECKED = "training parity not checked (searched with --parity off)"
-
-
-def model_arguments(candidate: Candidate) -> dict[str, Any]:
-    """What the probe passed to the model's from_pretrained/from_config, not to
-    TrainingArguments (the arguments file cannot carry it)."""
-    found: dict[str, Any] = {}
-    for lever, value in candidate.levers_set():
-        found.update(lever.model_arguments(value))
-    return found
 
 
 def written_script_changes(output: Path) -> list[str]:

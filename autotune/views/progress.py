@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.core.enums import DeviceKind, Outcome
-from autotune.core.parity import Parity
+from autotune.core.parity_verdict import Parity
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialResult
 from autotune.core.units import format_duration, format_size

@@ -11,7 +11,7 @@ from autotune.core.levers import DECLARED, ZERO_STAGE, lever_help
 from autotune.core.parity import changes
 from autotune.core.trial import LEVERS, OUTSIDE_FAMILY, Candidate
 from autotune.hf.training_args import TUNED, tuned_arguments
-from autotune.views.export import model_arguments, script_changes
+from autotune.views.export import script_changes
 
 PLAIN = Candidate(8, 2, "bf16", False, "adamw_torch")
 SET = {
@@ -39,7 +39,7 @@ def test_a_lever_set_is_named_by_its_label_and_runs_what_it_declares() -> None:
         plain = tuned_arguments(PLAIN, device_kind=DeviceKind.CUDA)
         added = {k: v for k, v in fields.items() if plain.get(k) != v}
         assert added == lever.fields(SET[lever.name])
-        assert model_arguments(candidate) == lever.model_arguments(SET[lever.name])
+        assert candidate.model_arguments() == lever.model_arguments(SET[lever.name])
         assert script_changes(candidate) == lever.script_lines(SET[lever.name])
         assert set(lever.owns) <= TUNED
 

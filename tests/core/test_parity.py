@@ -13,8 +13,6 @@ from autotune.core.parity import (
     FLOOR,
     Arithmetic,
     Curve,
-    Parity,
-    Status,
     changes,
     judge,
     judge_probes,
@@ -22,6 +20,7 @@ from autotune.core.parity import (
     tolerance,
 )
 from autotune.core.parity_state import ParityState
+from autotune.core.parity_verdict import Parity, Status
 from autotune.core.trial import TrialResult
 from autotune.tuning.selection import select_best
 

@@ -10,8 +10,9 @@ from helpers import DIMENSIONS, GIB, SPACE, SPEC, cand
 
 from autotune.core.device import measuring_environment
 from autotune.core.enums import Outcome
-from autotune.core.parity import Curve, Parity, Status
+from autotune.core.parity import Curve
 from autotune.core.parity_state import ParityState
+from autotune.core.parity_verdict import Parity, Status
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import LEVERS, TrialResult
 from autotune.store.reuse import Reuse

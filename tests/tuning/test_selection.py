@@ -7,7 +7,8 @@ import pytest
 from helpers import GIB, SPACE, SPEC, cand, rec
 
 from autotune.core.enums import Objective, Precision
-from autotune.core.parity import Arithmetic, Parity, Status
+from autotune.core.parity import Arithmetic
+from autotune.core.parity_verdict import Parity, Status
 from autotune.core.trial import Candidate, Outcome, TrialRecord
 from autotune.tuning.selection import noise_band, ranked, select_best, unverified_note
 

@@ -13,8 +13,9 @@ import pytest
 from helpers import GIB, SPEC, cand, rec
 
 from autotune.core.enums import Objective
-from autotune.core.parity import Arithmetic, Curve, Parity, Status
+from autotune.core.parity import Arithmetic, Curve
 from autotune.core.parity_state import ParityState
+from autotune.core.parity_verdict import Parity, Status
 from autotune.core.trial import Candidate, TrialRecord
 from autotune.tuning._skips import NO_ESTIMATE
 from autotune.tuning.deadline import Deadline

@@ -1,0 +1,38 @@
+"""What the finalists' parity check and the rehearsal use of the search run they serve.
+
+`tuning.run.SearchRun` is one; they are typed against this, so neither imports the run
+that calls them.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from autotune.core.spec import SearchSpec
+from autotune.core.trial import Candidate, TrialConfig
+from autotune.launch.runner import Launcher
+from autotune.store.reuse import Reuse
+from autotune.store.store import StudyStore
+from autotune.tuning.limits import Observer, SearchLimits
+
+
+class RunContext(Protocol):
+    spec: SearchSpec
+    store: StudyStore
+    reuse: Reuse | None  # other studies' measurements of this search's configs
+    limits: SearchLimits
+    observer: Observer
+    launcher: Launcher
+
+    def trial_config(
+        self,
+        number: int,
+        candidate: Candidate,
+        folder: str,
+        *,
+        measure_steps: int = 0,
+        concurrent: int = 0,
+        adaptive: bool = False,
+        incumbent_s: float | None = None,
+    ) -> TrialConfig:
+        """A probe's config of this study, its files in the study's `folder`."""
