@@ -3,8 +3,11 @@
     python benchmarks/_train_child.py SPEC.json OUT.json
 
 SPEC: {"model": config dict, "task": ..., "seq_len", "target_len", "budget_bytes",
-"args": TrainingArguments fields, "num_samples"}. OUT: outcome, steady samples/s (steps
-after the first two), time to the first completed step, peak RSS, the batch in use.
+"args": TrainingArguments fields, "num_samples"}, and optionally "eval_samples" (an
+evaluation set of that many worst-case samples, for the args' eval_strategy) and
+"attn_implementation"; a "budget_bytes" of null sets no RLIMIT_DATA. OUT: outcome,
+steady samples/s (steps after the first two), time to the first completed step, peak
+RSS, the batch in use, and where the peak grew (`Peaks`).
 Not part of autotune: the benchmarks' stand-in for "the user's own training".
 """
 
@@ -17,7 +20,9 @@ import time
 from pathlib import Path
 
 spec = json.loads(Path(sys.argv[1]).read_text())
-resource.setrlimit(resource.RLIMIT_DATA, (spec["budget_bytes"], spec["budget_bytes"]))
+budget = spec["budget_bytes"]
+if budget is not None:
+    resource.setrlimit(resource.RLIMIT_DATA, (budget, budget))
 started = time.perf_counter()
 
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
@@ -40,19 +45,91 @@ class Steps(TrainerCallback):
         self.ends.clear()  # auto_find_batch_size restarts training after an OOM
 
 
-out: dict[str, object] = {}
-steps = Steps()
-try:
-    model = build_model(ModelSpec("bench", "local", spec["task"], spec["model"]))
-    args = TrainingArguments(**spec["args"])
-    data = WorstCaseDataset(
+def peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def data_segment() -> int:
+    """VmData now: what RLIMIT_DATA counts (a sample; the kernel keeps no peak of it)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmData:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+class Peaks(TrainerCallback):
+    """Where the peak resident set grew: its growth since the previous callback is
+    credited to the event that just ended (the setup before training, a training step
+    before the first evaluation or after it, an evaluation, a save). ru_maxrss is the
+    whole process's high-water mark, so the growth between two callbacks is exactly
+    what happened between them."""
+
+    def __init__(self) -> None:
+        self.last = peak_rss()
+        # the imports' peak, then what each kind of event added: they sum to the peak
+        self.grew = {
+            "imports": self.last,
+            "setup": 0,
+            "first_steps": 0,  # the training steps before the first evaluation
+            "later_steps": 0,
+            "evaluations": 0,
+            "saves": 0,
+        }
+        self.before_evaluation: int | None = None  # the peak when the first evaluation began
+        self.data_max = data_segment()  # VmData's largest sample at these callbacks
+
+    def credit(self, event: str) -> None:
+        now = peak_rss()
+        self.grew[event] += now - self.last
+        self.last = now
+        self.data_max = max(self.data_max, data_segment())
+
+    def on_train_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        self.credit("setup")
+
+    def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        self.credit("first_steps" if self.before_evaluation is None else "later_steps")
+
+    def on_evaluate(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        if self.before_evaluation is None:
+            self.before_evaluation = self.last
+        self.credit("evaluations")
+
+    def on_save(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        self.credit("saves")
+
+
+def worst_case(length: int, offset: int = 0) -> WorstCaseDataset:
+    return WorstCaseDataset(
         task=spec["task"],
-        length=spec["num_samples"],
+        length=length,
         seq_len=spec["seq_len"],
         target_len=spec["target_len"],
         vocab_size=spec["model"]["vocab_size"],
+        offset=offset,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[steps])
+
+
+out: dict[str, object] = {}
+steps = Steps()
+peaks = Peaks()
+try:
+    attention = spec.get("attn_implementation")  # none: the model's default
+    model = build_model(
+        ModelSpec("bench", "local", spec["task"], spec["model"]),
+        **({"attn_implementation": attention} if attention else {}),
+    )
+    args = TrainingArguments(**spec["args"])
+    data = worst_case(spec["num_samples"])
+    evaluating = spec.get("eval_samples")
+    held = worst_case(evaluating, offset=spec["num_samples"]) if evaluating else None
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        eval_dataset=held,  # samples disjoint from the training ones
+        callbacks=[steps, peaks],
+    )
     trainer.train()
     per_device = int(getattr(trainer, "_train_batch_size", args.per_device_train_batch_size))
     samples_per_step = per_device * args.gradient_accumulation_steps
@@ -67,8 +144,11 @@ try:
         "steps": len(steps.ends),
     }
 except BaseException as exc:  # classify like the probe does
-    oom = is_out_of_memory(exc, limit_bytes=spec["budget_bytes"], in_use_bytes=None)
+    oom = is_out_of_memory(exc, limit_bytes=budget, in_use_bytes=None)
     out = {"outcome": "oom" if oom else "error", "error": f"{type(exc).__name__}: {exc}"[:300]}
 out["wall_s"] = time.perf_counter() - started
-out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+out["peak_rss_bytes"] = peak_rss()
+out["peak_grew_bytes"] = peaks.grew
+out["peak_before_evaluation_bytes"] = peaks.before_evaluation
+out["data_segment_max_bytes"] = peaks.data_max
 Path(sys.argv[2]).write_text(json.dumps(out))
