@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import sys
 import tempfile
@@ -102,6 +103,11 @@ def main() -> None:
     parser.add_argument(
         "--jobs", default=",".join(JOBS), help=f"which of {', '.join(JOBS)} (comma-separated)"
     )
+    parser.add_argument(
+        "--also",
+        default="",
+        help='more `autotune search` options for every job, e.g. "--checkpointing every-2,on"',
+    )
     options = parser.parse_args()
     chosen = options.jobs.split(",")
     if unknown := set(chosen) - set(JOBS):
@@ -110,6 +116,7 @@ def main() -> None:
     minutes = options.time_budget or ("1m" if options.quick else "3m")
     common = ["--device", options.device, "--memory-budget", options.budget]
     common += ["--time-budget", minutes, "--lever", "torch_compile=false", "--quiet"]
+    common += shlex.split(options.also)
     factory = ["--trainer", "job.py:qlora"]
     results = {}
     if "qlora" in chosen:
