@@ -86,29 +86,35 @@ def plan_line(spec: SearchSpec) -> str:
     )
 
 
-def rehearse_selected(run: RunContext, deadline: Deadline) -> None:
+def rehearse_selected(
+    run: RunContext, deadline: Deadline, *, said: int | None = None
+) -> int | None:
     """Rehearse the config selection would export; one that fails is out, and the next
-    selected is rehearsed, up to `REHEARSALS`, within the time budget."""
+    selected is rehearsed, up to `REHEARSALS`, within the time budget. Returns the trial
+    left unrehearsed for want of time (None: none), which a later call, passed it as
+    `said`, does not announce again."""
     events = RunEvents.of(run.spec)
     if not events.evaluate and not events.save:
-        return
+        return None
     for _ in range(REHEARSALS):
         chosen = select_for(run.spec, run.store.records(), run.limits.objective)
         if chosen is None or chosen.rehearsal is not None:
-            return
+            return None
         left = deadline.left()
         if left is not None and expected_s(chosen) > left:
-            run.observer.on_plan(
-                f"rehearsal: not run (about {format_duration(expected_s(chosen))}, "
-                f"{format_duration(left)} of the time budget left): trial {chosen.number} "
-                "is exported unrehearsed"
-            )
-            return
+            if chosen.number != said:
+                run.observer.on_plan(
+                    f"rehearsal: not run (about {format_duration(expected_s(chosen))}, "
+                    f"{format_duration(left)} of the time budget left): trial "
+                    f"{chosen.number} is exported unrehearsed"
+                )
+            return chosen.number
         found = rehearse(run, chosen, events, deadline)
         run.store.save_rehearsal(chosen.number, found)
         run.observer.on_plan(f"trial {chosen.number}: {found.describe()}")
         if found.hopeless or not found.blocks_export:  # passed; or what failed is the
-            return  # job's (an error, a timeout) or fits at no batch: no other config helps
+            return None  # job's (an error, a timeout) or fits at no batch: none helps
+    return None
 
 
 def expected_s(record: TrialRecord) -> float:

@@ -533,13 +533,14 @@ def run_search(
             if run.limits.parity_check:  # within the time budget: exploring left them room
                 check = ParityCheck(run, run.limits)
                 check.settle(deadline)
+            unrehearsed = None
             if run.limits.rehearse:  # before confirming: exploring left it its time
-                rehearse_selected(run, deadline)
+                unrehearsed = rehearse_selected(run, deadline)
             run.confirm(deadline)
             if check is not None:  # confirmation may have reordered the finalists
                 check.settle(deadline)
             if run.limits.rehearse:  # and so the config to export
-                rehearse_selected(run, deadline)
+                rehearse_selected(run, deadline, said=unrehearsed)
     finally:
         launcher.close()
     return SearchReport(

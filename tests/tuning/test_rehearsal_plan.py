@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 
-from helpers import SPEC
+from helpers import SPEC, cand, rec
 
-from autotune.tuning.rehearsal import RunEvents, _halves, plan_line
+from autotune.tuning.deadline import Deadline
+from autotune.tuning.limits import SearchLimits
+from autotune.tuning.rehearsal import RunEvents, _halves, plan_line, rehearse_selected
 
 
 def test_the_rehearsal_runs_the_events_their_run_has_and_says_which_it_has_not() -> None:
@@ -36,3 +39,24 @@ def test_a_smaller_evaluation_batch_is_half_a_quarter_then_an_eighth_of_theirs()
     assert _halves(64) == [32, 16, 8]
     assert _halves(5) == [2, 1]
     assert _halves(1) == []
+
+
+def test_a_config_left_unrehearsed_for_want_of_time_is_said_once() -> None:
+    """The search tries the rehearsal before confirming and again after; a config the
+    time left cannot rehearse is announced the first time only."""
+    said: list[str] = []
+    probe = rec(0, cand(8))
+    timed = dataclasses.replace(
+        probe, result=dataclasses.replace(probe.result, phases_s={"wall": 30.0})
+    )
+    run = types.SimpleNamespace(
+        spec=SPEC,
+        store=types.SimpleNamespace(records=lambda: [timed]),
+        limits=SearchLimits(),
+        observer=types.SimpleNamespace(on_plan=said.append),
+    )
+    nearly_over = Deadline.after(5.0)
+    first = rehearse_selected(run, nearly_over)  # type: ignore[arg-type]
+    assert first == 0 and len(said) == 1 and "trial 0 is exported unrehearsed" in said[0]
+    assert rehearse_selected(run, nearly_over, said=first) == 0  # type: ignore[arg-type]
+    assert len(said) == 1
