@@ -6,10 +6,15 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
 from helpers import SPEC
 
+from autotune.core.checkpointing import Checkpointing
+from autotune.core.enums import DeviceKind
+from autotune.core.errors import UsageError
+from autotune.core.job import JobFacts
 from autotune.tuning.options import SearchOptions
-from autotune.tuning.plan import workload_defaults
+from autotune.tuning.plan import _graded, workload_defaults
 
 OPTIONS = SearchOptions(model="tiny", device="cpu")
 
@@ -31,3 +36,33 @@ def test_what_base_args_set_is_not_a_default(tmp_path: Path) -> None:
     base.write_text(json.dumps({**fields, "gradient_accumulation_steps": 8}))
     notes = workload_defaults(dataclasses.replace(OPTIONS, base_args=base), SPEC)
     assert [n.split(":")[0] for n in notes] == ["sequence length 128"]
+
+
+def test_the_checkpointing_levels_are_those_offered_and_asked_for() -> None:
+    """A 2-layer model on the CPU: off, every 2nd, every layer; asking for a level it is
+    not offered says why, in one line; a job that turns checkpointing on itself is never
+    run without it."""
+    space = SPEC.space
+    levels = _graded(space, None, 2, DeviceKind.CPU, None).checkpointing
+    assert levels == (Checkpointing.OFF, Checkpointing.EVERY_2, Checkpointing.ON)
+    narrowed = _graded(space, ("on", "every-2"), 2, DeviceKind.CPU, None)
+    assert narrowed.checkpointing == (Checkpointing.EVERY_2, Checkpointing.ON)
+    assert "checkpointing offload" in dict(narrowed.not_offered)
+    with pytest.raises(UsageError, match="--checkpointing every-4: the model has 2 layers"):
+        _graded(space, ("every-4",), 2, DeviceKind.CPU, None)
+    with pytest.raises(UsageError, match="choose from off, every-4, every-2, on, offload"):
+        _graded(space, ("sometimes",), 2, DeviceKind.CPU, None)
+    forced = JobFacts.from_json(json.dumps({**_job(), "forced_checkpointing": True}))
+    on_gpu = _graded(space, None, 8, DeviceKind.CUDA, forced).checkpointing
+    assert Checkpointing.OFF not in on_gpu and Checkpointing.OFFLOAD in on_gpu
+
+
+def _job() -> dict[str, object]:
+    fields = ("args_class", "model_name", "model_class", "task", "config")
+    return {name: "" for name in fields} | {
+        "config": {},
+        "parameters": 1,
+        "trainable": 1,
+        "embedding": 0,
+        "largest": 1,
+    }
