@@ -147,13 +147,15 @@ def _graded(
     the others), narrowed to those asked for; a job that turns checkpointing on itself
     runs every level but off (the Trainer re-grades it, never turns it off)."""
     levels, why = checkpointing.offered(layers, kind)
-    if job is not None and job.forced_checkpointing:
+    forced = job is not None and job.forced_checkpointing
+    if forced:  # off asked with others is dropped: the space's list says why
         levels = tuple(level for level in levels if level)
     if asked:
         try:
             wanted = checkpointing.parse(asked)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        wanted = tuple(level for level in wanted if level or not forced)
         missing = [w for w in wanted if w not in levels]
         if missing:
             said = dict(why).get(f"checkpointing {missing[0]}", "not offered here")

@@ -55,6 +55,8 @@ def test_the_checkpointing_levels_are_those_offered_and_asked_for() -> None:
     forced = JobFacts.from_json(json.dumps({**_job(), "forced_checkpointing": True}))
     on_gpu = _graded(space, None, 8, DeviceKind.CUDA, forced).checkpointing
     assert Checkpointing.OFF not in on_gpu and Checkpointing.OFFLOAD in on_gpu
+    both = _graded(space, ("on", "off"), 8, DeviceKind.CPU, forced)  # off: never, said why
+    assert both.checkpointing == (Checkpointing.ON,)
 
 
 def _job() -> dict[str, object]:
