@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from autotune.core.enums import DeviceKind
@@ -107,6 +107,13 @@ HELP = (
     "every-4 (every 4th layer), every-2, on (every layer), offload (every layer, the saved "
     "inputs in pinned host memory: CUDA) [default: every level the model and device offer]."
 )
+
+
+def as_recorded(level: Checkpointing, levels: Collection[Checkpointing]) -> bool | str:
+    """A level as studies store it (identity, trial params, claim keys): a bool among
+    off and on alone, as every study held checkpointing before it was graded (so those
+    studies still resume: Optuna refuses a param whose choices change), else its name."""
+    return bool(level) if set(levels) <= {Checkpointing.OFF, Checkpointing.ON} else str(level)
 
 
 def _mapping(kwargs: object) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import hashlib
 import json
 from typing import Any
 
-from autotune.core.checkpointing import Checkpointing
+from autotune.core.checkpointing import as_recorded
 from autotune.core.dataset import DataSpec
 from autotune.core.device import DeviceInfo
 from autotune.core.enums import Task
@@ -186,7 +186,5 @@ def _space_identity(space: SearchSpace) -> dict[str, Any]:
     if not raw["levers"]:  # a study made before the levers were searched still resumes
         del raw["levers"]
     del raw["not_offered"]  # why a lever is not searched is not what is searched
-    levels = [Checkpointing.of(c) for c in space.checkpointing]
-    if set(levels) <= {Checkpointing.OFF, Checkpointing.ON}:  # as recorded before the grades
-        raw["checkpointing"] = [bool(c) for c in levels]
+    raw["checkpointing"] = [as_recorded(c, space.checkpointing) for c in space.checkpointing]
     return raw

@@ -8,6 +8,7 @@ architecture presets bundled in `autotune/presets/`.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import socket
@@ -176,8 +177,6 @@ def parameter_count(model: Any) -> ParameterCount:
 def checkpoint_layers(model: Any) -> int | None:
     """The layers `every_n_layers` counts (transformers' GradientCheckpointingLayer
     modules, in order); None where the installed transformers has no every_n_layers."""
-    import inspect
-
     from transformers import PreTrainedModel
 
     enable = getattr(PreTrainedModel, "activation_checkpointing_enable", None)

@@ -24,7 +24,7 @@ import optuna
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.core.checkpointing import Checkpointing
+from autotune.core.checkpointing import as_recorded
 from autotune.core.enums import Outcome
 from autotune.core.paths import pid_alive
 from autotune.core.trial import Candidate, TrialRecord
@@ -69,8 +69,7 @@ def worker_identity() -> dict[str, object]:
 
 def claim_key(candidate: Candidate) -> str:
     c = candidate
-    level = c.activation_checkpointing  # off and on as keys read before the grades
-    ckpt = bool(level) if level in (Checkpointing.OFF, Checkpointing.ON) else level
+    ckpt = as_recorded(c.activation_checkpointing, (c.activation_checkpointing,))
     key = f"{c.per_device_train_batch_size}|{c.precision}|{ckpt}|{c.optim}"
     if c.train_sampling_strategy != "random":
         key += f"|{c.train_sampling_strategy}"

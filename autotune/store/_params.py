@@ -11,7 +11,7 @@ from typing import Any
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 
-from autotune.core.checkpointing import Checkpointing
+from autotune.core.checkpointing import Checkpointing, as_recorded
 from autotune.core.space import SearchSpace
 from autotune.core.trial import Candidate
 
@@ -48,13 +48,7 @@ def candidate_params(candidate: Candidate, space: SearchSpace | None = None) -> 
 
 
 def _checkpointing(level: Checkpointing, space: SearchSpace | None) -> bool | str:
-    """A level as a param: a bool in a space of off and on alone, as every study held it
-    before checkpointing was graded (Optuna refuses a param whose choices change, so
-    those studies still resume), else the level's name."""
-    levels = set(space.checkpointing) if space is not None else {level}
-    if levels <= {Checkpointing.OFF, Checkpointing.ON}:
-        return bool(level)
-    return str(level)
+    return as_recorded(level, space.checkpointing if space is not None else (level,))
 
 
 def candidate_of(space: SearchSpace, params: dict[str, Any]) -> Candidate:
