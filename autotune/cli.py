@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ipaddress
+import logging
 import os
 import signal
 import sys
@@ -25,6 +27,12 @@ from autotune.core.enums import DeviceKind, Objective, Precision, Task, values
 from autotune.core.errors import AutotuneError, Terminated, raise_terminated
 from autotune.core.paths import DEFAULT_STUDIES, searches_running, study_folder
 from autotune.core.units import format_size
+from autotune.tuning.options import SearchOptions
+from autotune.views.doctor import print_report
+from autotune.views.estimate_table import estimate_json, print_estimate
+
+# Deferred imports: each command imports what it runs (Optuna, the planner, torch), so --help
+# and a bad option answer at once
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -39,7 +47,6 @@ def cli(debug: bool) -> None:
 def search(**options: Any) -> None:
     """Search configs for a model and export the fastest that fits."""
     from autotune.search_command import search_command
-    from autotune.tuning.options import SearchOptions
 
     # SIGTERM unwinds like Ctrl-C, so the running trial's process group is killed and
     # the trial is failed and re-queued (other commands keep the default: just exit).
@@ -100,7 +107,6 @@ def search(**options: Any) -> None:
 def estimate(fmt: str, **options: Any) -> None:
     """Memory estimate per precision/optimizer/checkpointing, without running anything."""
     from autotune.commands import estimate_command
-    from autotune.views.estimate_table import estimate_json, print_estimate
 
     estimate = estimate_command(**options)
     if fmt == "json":
@@ -279,7 +285,6 @@ def dashboard(
     study_name: str, storage: str | None, host: str, port: int, allow_remote: bool
 ) -> None:
     """Review the study in optuna-dashboard (serves until Ctrl-C)."""
-    import ipaddress
 
     from autotune import commands
 
@@ -307,7 +312,6 @@ def dashboard(
 def doctor(device: str, fmt: str) -> None:
     """Check, on this machine, what the search relies on (a few minutes); exit 1 if any fails."""
     from autotune import commands
-    from autotune.views.doctor import print_report
 
     report = commands.doctor_command(device=device)
     print_report(report, fmt)
@@ -323,7 +327,6 @@ def library_logs(*, debug: bool) -> None:
     handler of their own (bitsandbytes, imported through peft, warned of a missing
     optional kernel on every search) goes nowhere, and to stderr with --debug. A probe's
     libraries log into its trial's stderr.log as before."""
-    import logging
 
     root = logging.getLogger()
     if not any(getattr(h, "autotune", False) for h in root.handlers):  # once a process

@@ -3,24 +3,48 @@ print it and the CLI turns errors into one line and an exit code."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
+import platform
 from pathlib import Path
 from typing import Any
 
+import optuna
+from optuna_dashboard import run_server
+
+from autotune.core import checkpointing
 from autotune.core.enums import DeviceKind, Objective
 from autotune.core.errors import ExportError, NoFitError
 from autotune.core.files import write_atomic
 from autotune.core.paths import default_storage
+from autotune.core.space import derive_space
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import TrialRecord
-from autotune.store.storage import STORAGE_ENV
+from autotune.doctor import run_doctor
+from autotune.hf.models import count_parameters, max_positions, resolve_model
+from autotune.hf.training_args import (
+    available_optimizers,
+    cli_flags,
+    merge,
+    read_arguments_file,
+    training_fields,
+    tuned_arguments,
+    validate,
+)
+from autotune.store.compat import study_id as stored_id
+from autotune.store.storage import STORAGE_ENV, mask
 from autotune.store.store import StudyStore
+from autotune.system.devices import detect_device
+from autotune.tuning.estimate import estimate_rows
 from autotune.tuning.selection import select_for
+from autotune.views.export import export_selected, parity_summary, script_changes
+from autotune.views.report import write_report
+from autotune.views.show import StudyView, trial_rows
 
 
 def resolve_storage(storage: str | None, studies_dir: Path) -> str:
     """--storage, else $AUTOTUNE_STORAGE (kept out of `ps`), else the SQLite file."""
-    import os
 
     return storage or os.environ.get(STORAGE_ENV) or default_storage(studies_dir)
 
@@ -47,7 +71,6 @@ def export_command(
 ) -> Path:
     """Write the study's best config as TrainingArguments JSON (+ sidecar), selected by
     `objective` (None: the one the study was searched for)."""
-    from autotune.views.export import export_selected
 
     store = StudyStore.load(url=storage, name=study_name)
     best = export_selected(
@@ -71,7 +94,6 @@ def hand_off(
     """The tuned fields for a run on `target` (default: the device the study was tuned
     on), and notes on what is device-specific: `use_cpu` must not reach a GPU script
     unannounced, nor a CPU study's figures pass for a GPU's."""
-    from autotune.hf.training_args import tuned_arguments
 
     tuned_on = spec.device.kind
     target = target or tuned_on
@@ -92,7 +114,6 @@ def hand_off(
             "tuned on the CPU, so use_cpu true is set: for a GPU run pass "
             "--for-device cuda (and tune on the GPU for its figures)"
         )
-    from autotune.views.export import script_changes
 
     notes.extend(f"in your script: {line}" for line in script_changes(record.candidate))
     return tuned, notes
@@ -108,7 +129,6 @@ def merge_command(
 ) -> tuple[dict[str, tuple[Any, Any]], list[str]]:
     """Replace only the tuned fields in the user's arguments file; returns what changed
     and the notes on device-specific fields."""
-    from autotune.hf.training_args import merge, read_arguments_file, training_fields, validate
 
     best, spec, _ = best_of_study(study_name=study_name, storage=storage, objective=objective)
     args_class = spec.model.args_class  # the user's factory's class; "": TrainingArguments
@@ -140,7 +160,6 @@ def flags_command(
     for_device: DeviceKind | None = None,
 ) -> tuple[str, list[str]]:
     """The tuned fields as command-line flags for HfArgumentParser scripts, and notes."""
-    from autotune.hf.training_args import cli_flags
 
     best, spec, _ = best_of_study(study_name=study_name, storage=storage, objective=objective)
     tuned, notes = hand_off(spec, best, for_device)
@@ -150,8 +169,6 @@ def flags_command(
 def show_command(*, study_name: str, storage: str, objective: Objective | None) -> Any:
     """The study's rows, best first by `objective` (None: the one the study was searched
     for); views.show prints them."""
-    from autotune.views.export import parity_summary
-    from autotune.views.show import StudyView, trial_rows
 
     store = StudyStore.load(url=storage, name=study_name)
     records, state = store.records(), store.parity()
@@ -169,8 +186,6 @@ def report_command(
 ) -> list[Path]:
     """The study's HTML page and charts, its best by `objective` (None: the one the
     study was searched for)."""
-    from autotune.views.report import write_report
-    from autotune.views.show import trial_rows
 
     store = StudyStore.load(url=storage, name=study_name)
     recs = store.records()
@@ -191,10 +206,6 @@ def report_command(
 
 def dashboard_command(*, study_name: str, storage: str, host: str, port: int) -> None:
     """Serve optuna-dashboard on the study's storage until interrupted."""
-    from optuna_dashboard import run_server
-
-    from autotune.store.compat import study_id as stored_id
-    from autotune.store.storage import mask
 
     store = StudyStore.load(url=storage, name=study_name)
     study_id = stored_id(store.storage, store.study)
@@ -208,7 +219,6 @@ def dashboard_lines(
 ) -> list[str]:
     """What `dashboard` says before it serves: where, how to reach it from another
     machine, what it serves and what a trial's two values are."""
-    import ipaddress
 
     url = f"http://{host}:{port}/dashboard/studies/{study_id}"
     try:
@@ -242,12 +252,6 @@ def estimate_command(
     optimizers: tuple[str, ...] | None,
 ) -> Any:
     """The memory estimate per precision/optimizer/checkpointing; runs nothing."""
-    from autotune.core import checkpointing
-    from autotune.core.space import derive_space
-    from autotune.hf.models import count_parameters, max_positions, resolve_model
-    from autotune.hf.training_args import available_optimizers
-    from autotune.system.devices import detect_device
-    from autotune.tuning.estimate import estimate_rows
 
     model_spec = resolve_model(model, task=task)
     device_info = detect_device(device)
@@ -267,15 +271,9 @@ def estimate_command(
 
 def doctor_command(*, device: str) -> Any:
     """Check each assumption the search rests on, on this machine (views.doctor prints)."""
-    import platform
-
-    import optuna
+    # for their versions: the commands that only read a study never load them
     import torch
     import transformers
-
-    from autotune.doctor import run_doctor
-    from autotune.hf.training_args import available_optimizers
-    from autotune.system.devices import detect_device
 
     info = detect_device(device)
     installed = available_optimizers()

@@ -20,7 +20,8 @@ from autotune.core.trial import Candidate, ModelSpec, TrialConfig, TrialResult
 from autotune.core.units import format_size
 from autotune.launch.forkserver import ForkServer
 from autotune.launch.runner import run_trial
-from autotune.system.devices import process_data_limit
+from autotune.probe.flops import measure_peak_flops
+from autotune.system.devices import cuda_device_count, process_data_limit
 
 MIB = 2**20
 TINY = {
@@ -217,7 +218,6 @@ class Doctor:
         return Check(f"{what} trains a step", r.outcome == Outcome.OK, _figures(r), r.reason)
 
     def matmul_peaks(self) -> list[Check]:
-        from autotune.probe.flops import measure_peak_flops
 
         sheet = next((v for k, v in DATASHEET.items() if k in self.device.name), None)
         found = []
@@ -274,6 +274,5 @@ def _figures(result: TrialResult) -> str:
 
 
 def _gpus() -> int:
-    from autotune.system.devices import cuda_device_count
 
     return cuda_device_count()

@@ -68,6 +68,96 @@ def test_no_import_cycle_counting_every_import() -> None:
                 todo.extend(graph[module])
 
 
+# Libraries that take long to import, or touch a device when imported: the only ones a
+# function may import inside itself (so `--help`, `show` and the planner stay light)
+HEAVY = frozenset(
+    {
+        *("torch", "transformers", "datasets", "peft", "trl", "accelerate", "deepspeed"),
+        *("bitsandbytes", "liger_kernel", "pynvml", "pyarrow", "huggingface_hub"),
+        *("optuna", "optuna_dashboard", "matplotlib"),
+    }
+)
+MODULE_REASON = "# Deferred imports: "  # one reason for every deferred import of a module
+
+
+def module_level_imports(path: Path) -> list[str]:
+    """What a module imports when it is imported (not inside functions, not for types)."""
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue
+        for each in ast.walk(node):
+            if isinstance(each, ast.Import):
+                found += [alias.name for alias in each.names]
+            elif isinstance(each, ast.ImportFrom) and each.level == 0 and each.module:
+                found += [each.module, *(f"{each.module}.{a.name}" for a in each.names)]
+    return found
+
+
+def heavy_loads(known: dict[str, Path]) -> dict[str, set[str]]:
+    """The heavy libraries each module loads when imported, through every module it
+    imports (a package's __init__ included)."""
+    direct = {name: module_level_imports(path) for name, path in known.items()}
+    loads: dict[str, set[str]] = {}
+
+    def of(name: str) -> set[str]:
+        if name not in loads:
+            loads[name] = set()
+            parts = name.split(".")
+            found = set().union(*(of(".".join(parts[:i])) for i in range(1, len(parts))))
+            for target in direct.get(name, []):
+                top = target.split(".")[0]
+                found |= {top} if top in HEAVY else of(target) if target in known else set()
+            loads[name] = found
+        return loads[name]
+
+    for name in known:
+        of(name)
+    return loads
+
+
+def has_reason(lines: list[str], node: ast.stmt) -> bool:
+    """A comment on the import's line, or above it (over the imports of its block)."""
+    if "#" in lines[node.lineno - 1]:
+        return True
+    above = node.lineno - 2
+    while above >= 0 and (
+        not lines[above].strip() or lines[above].strip().startswith(("import ", "from "))
+    ):
+        above -= 1
+    return above >= 0 and lines[above].strip().startswith("#")
+
+
+def test_an_import_inside_a_function_defers_a_heavy_library_and_says_why() -> None:
+    """Imports sit at the top, where a reader finds them; one inside a function must
+    keep a heavy library out of the importing module's import, and say why there."""
+    known = modules()
+    loads = heavy_loads(known)
+    for name, path in known.items():
+        lines = path.read_text().splitlines()
+        said_once = any(line.startswith(MODULE_REASON) for line in lines)
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(function):
+                if not isinstance(node, ast.Import | ast.ImportFrom):
+                    continue
+                targets = {
+                    alias.name if isinstance(node, ast.Import) else f"{node.module}.{alias.name}"
+                    for alias in node.names
+                }
+                brings = set()
+                for target in targets:
+                    module = target if target in known else target.rsplit(".", 1)[0]
+                    top = target.split(".")[0]
+                    brings |= {top} if top in HEAVY else loads.get(module, set())
+                where = f"{name}:{node.lineno} ({function.name})"
+                assert brings - loads[name], f"{where}: defers nothing heavy; import at the top"
+                assert said_once or has_reason(lines, node), f"{where}: say why it is deferred"
+
+
 def test_the_formatter_and_the_linter_pass() -> None:
     """ruff format decides the layout and ruff check the rest, over the whole tree."""
     for argv in (["format", "--check", "."], ["check", "."]):

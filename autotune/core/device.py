@@ -7,6 +7,7 @@ Detection and everything that touches `torch.cuda` or NVML live in
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import os
 import platform
 
@@ -89,7 +90,6 @@ def measuring_environment() -> dict[str, str]:
 
 def package_version(name: str) -> str:
     """An installed distribution's version, without importing it ("none": not installed)."""
-    import importlib.metadata
 
     try:
         return importlib.metadata.version(name)

@@ -6,9 +6,11 @@ rule that reads the device, the installed packages and the model is
 in `hf/levers.offer`, keyed by these records), how `describe` names a value other than the
 plain one, whether it moves a probe's memory (the skip family), the `TrainingArguments`
 fields and model arguments a value sets, the lines the user's script needs besides the
-arguments file, and whether it keeps the training's arithmetic (parity's class). The
-CLI's help, `describe`, the family, the export's fields and lines and parity read these
-records; nothing else names what a lever does.
+arguments file, what it does that the probe, the estimate and the summary must know (a
+compile paid once, batches without padding, the training's state sharded), and which
+engine runs its arithmetic (parity's class). The CLI's help, `describe`, the family, the
+export's fields and lines, the estimate's sharding and parity read these records; the
+rest of autotune asks a `Candidate` what its levers do, never for a lever by name.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ def _no_lines(value: Any) -> list[str]:
     return []
 
 
+def _unsharded(value: Any) -> int:
+    return 0
+
+
 @dataclasses.dataclass(frozen=True)
 class Lever:
     name: str  # the Candidate field; --lever NAME=...
@@ -49,8 +55,16 @@ class Lever:
     owns: tuple[str, ...] = ()
     model_arguments: Callable[[Any], dict[str, Any]] = _none  # from_pretrained's kwargs
     script_lines: Callable[[Any], list[str]] = _no_lines  # what the arguments file cannot say
-    # False: changing it may change the sums (parity compares the engines that run them)
-    keeps_arithmetic: bool = True
+    # What a value other than the plain one does besides its fields: its first steps pay
+    # a compile (probes keep a cold cache of their own; the summary weighs it once), the
+    # batches are flattened without padding (the probe's collator, the user's), the
+    # ZeRO stage the training's state is sharded at (the estimate divides it)
+    compiles: bool = False
+    flattens_batches: bool = False
+    shard_stage: Callable[[Any], int] = _unsharded
+    # The engine that runs 16-bit arithmetic at a value other than the plain one ("": the
+    # Trainer's autocast): a change between engines may change the sums, parity says so
+    engine: str = ""
 
     def is_plain(self, value: Any) -> bool:
         return bool(value == self.plain)
@@ -105,6 +119,7 @@ TORCH_COMPILE = Lever(
     label=lambda _: "compiled",
     fields=lambda _: {"torch_compile": True},
     owns=("torch_compile",),
+    compiles=True,
 )
 ATTENTION = Lever(
     "attn_implementation",
@@ -135,6 +150,7 @@ PADDING_FREE = Lever(
         "batch without padding: Trainer(..., data_collator=DataCollatorWithFlattening()) "
         "(from transformers)"
     ],
+    flattens_batches=True,
 )
 LOADER_WORKERS = Lever(
     "dataloader_num_workers",
@@ -158,8 +174,9 @@ ZERO_STAGE = Lever(
     plain=0,
     fields=lambda stage: {"deepspeed": deepspeed_config(stage)},
     script_lines=_zero_lines,
+    shard_stage=int,
     # ZeRO's sums are DDP's, but in 16 bits DeepSpeed does the mixed precision itself
-    keeps_arithmetic=False,
+    engine="deepspeed",
 )
 DECLARED = (TORCH_COMPILE, ATTENTION, LIGER, PADDING_FREE, LOADER_WORKERS, ZERO_STAGE)
 BY_NAME = {lever.name: lever for lever in DECLARED}

@@ -64,7 +64,7 @@ class Arithmetic:
         return cls(
             candidate.precision,
             SAME_UPDATE.get(candidate.optim, candidate.optim),
-            "deepspeed" if candidate.zero_stage and sixteen else "",
+            candidate.engine if sixteen else "",
         )
 
     @property
@@ -114,7 +114,7 @@ def changes(reference: Candidate, candidate: Candidate) -> list[Change]:
     for lever, after in zip(DECLARED, candidate.lever_values().values(), strict=True):
         before = theirs[lever.name]
         if before != after:
-            keeps = lever.keeps_arithmetic or engines
+            keeps = not lever.engine or engines
             found.append(
                 Change(lever.name, str(before or "default"), str(after or "default"), keeps)
             )

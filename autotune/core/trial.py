@@ -70,6 +70,32 @@ class Candidate:
             if not lever.is_plain(value)
         ]
 
+    # What the levers set do, as their records declare it (core/levers.py)
+    @property
+    def compiles(self) -> bool:
+        """Its first steps pay a compile."""
+        return any(lever.compiles for lever, _ in self.levers_set())
+
+    @property
+    def flattens_batches(self) -> bool:
+        """Its batches are rows packed without padding (a flattening collator)."""
+        return any(lever.flattens_batches for lever, _ in self.levers_set())
+
+    @property
+    def flash_attention(self) -> bool:
+        """Its attention kernel is a flash kernel (packed rows pass their boundaries)."""
+        return self.attn_implementation.startswith("flash")
+
+    @property
+    def shard_stage(self) -> int:
+        """The ZeRO stage its training's state is sharded at over the processes (0: none)."""
+        return max((lever.shard_stage(value) for lever, value in self.levers_set()), default=0)
+
+    @property
+    def engine(self) -> str:
+        """The engine that runs its 16-bit arithmetic ("": the Trainer's autocast)."""
+        return next((lever.engine for lever, _ in self.levers_set() if lever.engine), "")
+
     def describe(self) -> str:
         ckpt = self.activation_checkpointing.label
         return (

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
         resolve_model,
     )
     from autotune.hf.peft import adapter_settings
-    from autotune.hf.sharding import build_cpu_op, shards, zero_stage_of
+    from autotune.hf.sharding import build_cpu_op, deepspeed_stage, shards
     from autotune.hf.training_args import (
         TUNED,
         BaseArguments,
@@ -71,6 +71,7 @@ __all__ = [
     "class_name",
     "cli_flags",
     "count_parameters",
+    "deepspeed_stage",
     "import_class",
     "job_facts",
     "load_factory",
@@ -92,7 +93,6 @@ __all__ = [
     "training_fields",
     "tuned_arguments",
     "validate",
-    "zero_stage_of",
 ]
 
 # each public name, and the module that holds it
@@ -119,7 +119,7 @@ _OWNERS = {
     "adapter_settings": "autotune.hf.peft",
     "build_cpu_op": "autotune.hf.sharding",
     "shards": "autotune.hf.sharding",
-    "zero_stage_of": "autotune.hf.sharding",
+    "deepspeed_stage": "autotune.hf.sharding",
     "BaseArguments": "autotune.hf.training_args",
     "TUNED": "autotune.hf.training_args",
     "arguments_class": "autotune.hf.training_args",

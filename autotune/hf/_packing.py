@@ -17,6 +17,10 @@ import copy
 from typing import Any
 
 from autotune.core.trial import ModelSpec
+from autotune.hf.models import build_model
+
+# Deferred imports: torch and transformers load only when padding-free is checked; the planner
+# imports this module for every search
 
 LENGTHS = (7, 12, 4)
 TOLERANCE = 1e-4  # relative: rounding of the same sums in another order
@@ -69,8 +73,6 @@ def losses(model: ModelSpec) -> tuple[float, float]:
 def _small(model: ModelSpec) -> Any:
     """The model with one layer (attention behaves per layer), or whole if that fails."""
     import torch
-
-    from autotune.hf.models import build_model
 
     torch.manual_seed(0)
     config = copy.deepcopy(model.config)

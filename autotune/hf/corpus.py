@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import random
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,9 @@ from typing import Any
 from autotune.core.dataset import DataSpec, LengthStats
 from autotune.core.enums import Task
 from autotune.core.errors import UsageError
+
+# Deferred imports: datasets and transformers load only when a --dataset is prepared; the
+# planner imports this module for every search
 
 FILE_KINDS = {
     ".json": "json",
@@ -285,7 +289,6 @@ def _check_vocab(
 
 def _save(rows: dict[str, Any], folder: Path) -> None:
     """Write the tokenized data; a half-written folder is never left under its name."""
-    import shutil
 
     import datasets
 

@@ -24,6 +24,9 @@ import cloudpickle
 from autotune.core.errors import UsageError
 from autotune.core.files import write_atomic
 
+# Deferred imports: transformers loads only when a factory's Trainer is built or checked; `show`
+# and `export` import this module to name the user's job
+
 DEFAULT_ARGS_CLASS = "transformers.TrainingArguments"
 # What `--args-class` may name by a short name (the full dotted name always works)
 ARGS_CLASSES = {

@@ -11,6 +11,9 @@ from autotune.core.job import JobFacts
 from autotune.hf.factory import class_name
 from autotune.hf.models import detect_task, parameter_count, parameter_elements
 
+# Deferred imports: pyarrow and torch load only where the data is read (the survey, a probe);
+# the planner imports this module without them
+
 
 def job_facts(trainer: Any) -> JobFacts:
     """What the factory built, read off the Trainer it returned, built on arguments with

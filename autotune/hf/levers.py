@@ -28,6 +28,12 @@ from autotune.core.levers import (
     Lever,
 )
 from autotune.core.trial import LEVERS, ModelSpec
+from autotune.hf._packing import packing_error
+from autotune.hf.models import auto_class, transformers_config
+from autotune.hf.sharding import cpu_op_error
+
+# Deferred imports: transformers and liger-kernel load only when a lever's offer is checked;
+# a probe imports this module before it has chosen its GPU
 
 MAX_LOADER_WORKERS = 4
 
@@ -48,6 +54,11 @@ NOT_BUILT = (
         "not run it on GPUs, and on the CPU the state is in host memory already",
     ),
 )
+
+
+def attention_kernel(model: Any) -> str:
+    """The attention kernel a built model runs ("" when its config does not say)."""
+    return str(getattr(model.config, "_attn_implementation", "") or "")
 
 
 def parse_lever_options(options: Sequence[str]) -> dict[str, tuple[Any, ...]]:
@@ -145,7 +156,6 @@ def _compile(kind: DeviceKind) -> tuple[tuple[Any, ...], str]:
 
 def model_class(model: ModelSpec) -> Any:
     """The transformers class a probe builds for this model (not instantiated)."""
-    from autotune.hf.models import auto_class, transformers_config
 
     mapping = auto_class(model.task)._model_mapping
     return mapping[type(transformers_config(model.config))]
@@ -153,8 +163,6 @@ def model_class(model: ModelSpec) -> Any:
 
 def _attention(model: ModelSpec, kind: DeviceKind) -> tuple[tuple[Any, ...], str]:
     from transformers.utils.import_utils import is_flash_attn_2_available
-
-    from autotune.hf.models import transformers_config
 
     cls = model_class(model)
     choices = ["eager"]
@@ -220,7 +228,6 @@ def _padding_free(model: ModelSpec, dataset: bool) -> tuple[tuple[Any, ...], str
         return (), "padding-free batches need your data (--dataset): probes have no padding"
     if model.task != Task.CAUSAL_LM:
         return (), f"padding-free batches are for causal LMs; this is {model.task}"
-    from autotune.hf._packing import packing_error
 
     error = packing_error(model)
     if error:
@@ -246,8 +253,6 @@ def _zero(kind: DeviceKind, nproc_per_node: int, own: bool) -> tuple[tuple[Any, 
     if importlib.util.find_spec("deepspeed") is None:
         return (), "DeepSpeed is not installed (pip install deepspeed)"
     if kind == DeviceKind.CPU:  # its collectives go through a C++ op built on first use
-        from autotune.hf.sharding import cpu_op_error
-
         error = cpu_op_error()
         if error:
             return (), error

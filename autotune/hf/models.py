@@ -20,6 +20,9 @@ from autotune.core.enums import Task
 from autotune.core.errors import ModelConfigError, ModelNotFoundError, UsageError
 from autotune.core.trial import ModelSpec
 
+# Deferred imports: transformers, torch, peft and the hub's client load only when a model is
+# resolved, counted or built; `show` and `export` import this module without them
+
 TASKS = tuple(Task)
 PRESET_DIR = Path(__file__).parents[1] / "presets"
 

@@ -11,6 +11,9 @@ from typing import Any
 from autotune.core.errors import UsageError
 from autotune.hf.training_args import read_json_object
 
+# Deferred imports: peft loads only when an adapter is checked; the planner imports this module
+# for every search
+
 # --lora's short names for LoraConfig's fields
 _NAMES = {
     "r": "r",

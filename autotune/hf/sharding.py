@@ -12,11 +12,13 @@ import sys
 from typing import Any
 
 from autotune.core.errors import UsageError
+from autotune.core.levers import ZERO_STAGE
 
 BUILD_TIMEOUT_S = 600
+LEAVE_OUT = f"--lever {ZERO_STAGE.name}=0"
 
 
-def zero_stage_of(arguments: dict[str, Any]) -> int:
+def deepspeed_stage(arguments: dict[str, Any]) -> int:
     """The ZeRO stage a recipe's inline `deepspeed` config runs (0: none, or a path)."""
     config = arguments.get("deepspeed")
     if not isinstance(config, dict):
@@ -59,10 +61,10 @@ def build_cpu_op() -> None:
     except subprocess.TimeoutExpired:
         raise UsageError(
             f"building DeepSpeed's CPU op took over {BUILD_TIMEOUT_S} s; "
-            "leave ZeRO out with --lever zero_stage=0"
+            f"leave ZeRO out with {LEAVE_OUT}"
         ) from None
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
         raise UsageError(
-            f"DeepSpeed's CPU op did not build ({last}); leave ZeRO out with --lever zero_stage=0"
+            f"DeepSpeed's CPU op did not build ({last}); leave ZeRO out with {LEAVE_OUT}"
         )

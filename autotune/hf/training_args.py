@@ -28,6 +28,10 @@ from autotune.core.errors import AutotuneError, UsageError
 from autotune.core.levers import DECLARED
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate
+from autotune.hf.factory import import_class
+
+# Deferred imports: transformers loads only when arguments are parsed or checked; `show` and
+# `export` import this module without it
 
 # `activation_checkpointing` in current transformers; `gradient_checkpointing` before.
 CHECKPOINTING_FIELDS = ("activation_checkpointing", "gradient_checkpointing")
@@ -181,8 +185,6 @@ def arguments_class(dotted: str = "") -> Any:
     """The user's arguments class by its dotted name ("trl.SFTConfig"); "": the
     TrainingArguments a --model stand-in's probes run with."""
     if dotted:
-        from autotune.hf.factory import import_class
-
         return import_class(dotted)
     from transformers import TrainingArguments
 
@@ -321,7 +323,7 @@ def validate(
     parser = HfArgumentParser(cls)
     before = hf_logging.get_verbosity()
     # errors only: its warnings speak of this machine ("no Ampere GPU detected here" for
-    # torch_compile), not of the file being checked
+    # compiling), not of the file being checked
     hf_logging.set_verbosity(logging.ERROR)
     try:
         (parsed,) = parser.parse_dict(fields)

@@ -18,6 +18,7 @@ imports, and every forked probe that would build the same model inherits it
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import select
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import IO, Any
 
@@ -35,8 +37,11 @@ from autotune.core.errors import LaunchError
 from autotune.core.files import write_atomic
 from autotune.core.levers import model_arguments
 from autotune.core.spec import SearchSpec
+from autotune.hf.factory import load_factory
+from autotune.probe import device, fork_pages, shared_model
+from autotune.probe.main import main
 from autotune.probe.shared_model import SharedModel
-from autotune.system.devices import cpu_memory_bytes
+from autotune.system.devices import capability_from_nvml, cpu_memory_bytes, cuda_initialized
 from autotune.system.process import child_env, die_with_parent, dies_with
 
 PRELOAD = (
@@ -45,11 +50,10 @@ PRELOAD = (
     "transformers.training_args",
     "transformers.models.auto.modeling_auto",
     "accelerate",
-    "autotune.probe.main",
+    # the probe's modules that import the libraries above (probe.main, imported with
+    # this module, imports them inside its functions)
     "autotune.probe.timing",
     "autotune.probe.data",
-    "autotune.probe.flops",
-    "autotune.hf.models",
 )
 READY_TIMEOUT_S = 300.0
 REPLY_TIMEOUT_S = 15.0  # a fork, or reaping a killed child, takes far less when it is well
@@ -59,15 +63,11 @@ LONGEST_WAIT_S = 10**7  # select() overflows on larger timeouts; this is 115 day
 def serve(requests: IO[str], replies: IO[str]) -> None:
     """Import the heavy libraries, then take the setup line (its log, limit, shared model
     and the user's factory), then fork a child for each request line."""
-    import importlib
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
     # torch.cuda.is_available() through NVML: cudaGetDeviceCount would initialise the
     # driver, which a forked child cannot use (torch's documented fork-safe check)
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    from autotune.probe import device, fork_pages
-    from autotune.system.devices import capability_from_nvml, cuda_initialized
-
     try:  # before the setup comes: a server started early imports while the search plans
         with capability_from_nvml():
             for name in PRELOAD:
@@ -82,8 +82,6 @@ def serve(requests: IO[str], replies: IO[str]) -> None:
     _log_to(setup["log"])
     try:
         if setup.get("preload"):  # the user's module, after transformers
-            from autotune.hf.factory import load_factory
-
             with capability_from_nvml():
                 load_factory(setup["preload"])
         if setup.get("data_limit") is not None:  # as a fresh probe sets it; children inherit
@@ -125,7 +123,6 @@ def _log_to(path: str) -> None:
 def _build_shared(path: str) -> str:
     """Build the search's model once; what happened, in a few words (a failure only
     means each probe builds its own, as without a server)."""
-    from autotune.probe import shared_model
 
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -148,14 +145,10 @@ def _run_child(request: dict[str, Any], server: int) -> None:
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        from autotune.probe.main import main
-
         code = main([request["config"]])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # the probe classifies its own failures; this is a crash
-        import traceback
-
         traceback.print_exc()
     finally:
         sys.stdout.flush()

@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+# Deferred imports: torch and NVML load only when a CUDA probe measures its context
+
 
 def nvml_used_bytes(nvml: Any, uuid: str, pid: int) -> tuple[int | None, str]:
     """This pid's used memory on the GPU with this UUID, and how it was found; None when

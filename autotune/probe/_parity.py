@@ -11,17 +11,24 @@ used: it scales with the accumulation steps.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.utils.data import Subset
 from transformers import TrainerCallback
 
 from autotune.core.enums import Outcome, Task
 from autotune.core.parity import EVAL_SAMPLES, POINTS
 from autotune.core.trial import TrialConfig, TrialResult
+from autotune.probe._train import plain_trainer, probe_only_arguments
+from autotune.probe.data import RealBatches, WorstCaseDataset
+from autotune.probe.job import factory_trainer
 from autotune.probe.timing import StepTimer
+
+# Deferred imports: datasets loads only when a parity run reads the user's data
 
 
 class HeldOutLoss(TrainerCallback):
@@ -103,16 +110,12 @@ def parity_run(config: TrialConfig, model: Any, recipe: dict[str, Any]) -> Trial
     fields = {**recipe, **_arguments(config, steps)}
     needed = steps * config.global_batch_size
     if config.model.trainer:  # the user's job: their data in one fixed order
-        from autotune.probe.job import factory_trainer
-
         trainer = factory_trainer(config, fields, [timer])
         trainer.train_dataset, held = split_held_out(trainer.train_dataset, needed)
         model = trainer.model
         # batched by their collator, with the columns their Trainer keeps
         eval_batches = [_forward_inputs(b, model) for b in trainer.get_eval_dataloader(held)]
     else:
-        from autotune.probe._train import plain_trainer
-
         train, held, collator = _data(config, needed)
         size = min(8, config.candidate.per_device_train_batch_size)  # never above training's
         eval_batches = [
@@ -156,14 +159,12 @@ def split_held_out(data: Any, needed: int) -> tuple[Any, Any]:
 def _subset(data: Any, indices: range) -> Any:
     if hasattr(data, "select"):  # a datasets.Dataset keeps its columns (and their removal)
         return data.select(indices)
-    from torch.utils.data import Subset
 
     return Subset(data, indices)
 
 
 def _forward_inputs(batch: dict[str, Any], model: Any) -> dict[str, torch.Tensor]:
     """The batch's tensors the model's forward names (a collator may add its own keys)."""
-    import inspect
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     names = set(inspect.signature(base.forward).parameters)
@@ -172,7 +173,6 @@ def _forward_inputs(batch: dict[str, Any], model: Any) -> dict[str, torch.Tensor
 
 def _data(config: TrialConfig, needed: int) -> tuple[Any, Any, Any]:
     """The training samples (steps x global batch, one fixed order) and the held-out ones."""
-    from autotune.probe.data import RealBatches, WorstCaseDataset
 
     if config.data_path:
         from datasets import load_from_disk
@@ -191,7 +191,6 @@ def _stack(features: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 
 def _arguments(config: TrialConfig, steps: int) -> dict[str, Any]:
     """A probe's bookkeeping fields, no logging, and one batch order for every config."""
-    from autotune.probe._train import probe_only_arguments
 
     return {
         **probe_only_arguments(config, steps),

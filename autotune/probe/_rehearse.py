@@ -25,6 +25,9 @@ from autotune.core.trial import TrialConfig, TrialResult
 from autotune.probe import device as hardware
 from autotune.probe._train import probe_only_arguments, worst_case_trainer
 
+# Deferred imports: torch loads in the probe, once its device is chosen; the search imports the
+# probe's modules through the fork server without it
+
 EVAL_OFFSET = 10_000_000  # synthetic evaluation samples: clear of the training ones
 
 

@@ -17,6 +17,11 @@ from autotune.core.parity import PARITY_LR
 from autotune.core.schedule import Schedule
 from autotune.core.stats import StepStats
 from autotune.core.trial import TrialConfig, TrialResult
+from autotune.hf.job import longest_samples
+from autotune.probe.job import factory_trainer
+
+# Deferred imports: torch, transformers and datasets load in the probe, once `prepare_environment`
+# has chosen its GPU and Arrow's memory pool; the search imports this module without them
 
 MAX_STEPS_BY_TIME = 500  # a time-based window never runs longer than this
 CPU_WINDOW_S = 1.0  # a search's CPU probe times fast steps for at least a second...
@@ -103,9 +108,6 @@ def worst_case_trainer(
     from autotune.probe.data import WorstCaseDataset
 
     if config.model.trainer:
-        from autotune.hf.job import longest_samples
-        from autotune.probe.job import factory_trainer
-
         trainer = factory_trainer(config, fields, callbacks)
         trainer.train_dataset = longest_samples(
             trainer.train_dataset, steps * config.global_batch_size, config.global_batch_size
@@ -149,12 +151,11 @@ def schedule_of(config: TrialConfig) -> Schedule | None:
 
 def _packed(config: TrialConfig) -> Any:
     """The padding-free collator when the candidate asks for it, else None (Trainer's)."""
-    if not config.candidate.padding_free:
+    if not config.candidate.flattens_batches:
         return None
     from autotune.probe.data import PackedBatches
 
-    flash = config.candidate.attn_implementation.startswith("flash")
-    return PackedBatches(flash_attention=flash)
+    return PackedBatches(flash_attention=config.candidate.flash_attention)
 
 
 def real_batches(

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers import DataCollatorWithFlattening
 
 from autotune.core.enums import Task
 from autotune.core.trial import TrialConfig
@@ -172,8 +173,6 @@ class PackedBatches:
     autotune.hf._packing before the lever is offered). Nothing is padded."""
 
     def __init__(self, *, flash_attention: bool = False) -> None:
-        from transformers import DataCollatorWithFlattening
-
         self.inner = DataCollatorWithFlattening(return_flash_attn_kwargs=flash_attention)  # type: ignore[no-untyped-call]
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:

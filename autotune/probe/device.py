@@ -14,8 +14,12 @@ from typing import Any
 
 from autotune.core.device import measuring_environment
 from autotune.core.enums import DeviceKind
+from autotune.probe import _cuda_context as context
 from autotune.probe import fork_pages
 from autotune.system.devices import cpu_name
+
+# Deferred imports: torch loads in the probe, once `prepare_environment` has chosen its GPU; the
+# search imports this module (through the fork server) without it
 
 # ---- child side -------------------------------------------------------------------------
 
@@ -74,8 +78,6 @@ _CUDA: dict[str, Any] = {}  # this probe process's measured CUDA context (one de
 def cuda_context(index: int) -> int:
     """The CUDA context's bytes, measured once per process (creating the context)."""
     if "context_bytes" not in _CUDA:
-        from autotune.probe import _cuda_context as context
-
         _CUDA["context_bytes"], _CUDA["context_method"] = context.measure(index)
     return int(_CUDA["context_bytes"])
 

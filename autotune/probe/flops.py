@@ -29,11 +29,15 @@ the figure is model FLOP utilisation (MFU), not hardware FLOPs.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
 from autotune.core.enums import DeviceKind, Task
 from autotune.probe.device import synchronize
+
+# Deferred imports: torch and transformers load in the probe or in doctor; the search imports
+# this module (through the fork server) without them
 
 # A cross-attention block, by the names transformers gives it (T5's `EncDecAttention`,
 # the BART family's `encoder_attn`, BERT-as-decoder's `crossattention`, `cross_attn`),
@@ -172,7 +176,6 @@ def measure_peak_flops(device_kind: str, precision: str, seconds: float = 0.3) -
     TF32 is set through torch's `fp32_precision` API only: transformers 5 sets that API,
     and torch refuses a read of the legacy `allow_tf32` flag once it has been set.
     """
-    import contextlib
 
     import torch
 

@@ -22,6 +22,18 @@ from typing import Any
 from autotune.core.files import write_atomic
 from autotune.core.job import FACTS_NAME
 from autotune.core.trial import TrialConfig
+from autotune.hf.factory import (
+    FactoryError,
+    args_class_of,
+    build_trainer,
+    import_class,
+    load_factory,
+)
+from autotune.hf.job import job_facts
+from autotune.hf.training_args import checkpointing_field
+
+# Deferred imports: transformers loads in the survey's or the probe's process, before the user's
+# module, as the user's script imports it
 
 
 def factory_trainer(config: TrialConfig, fields: dict[str, Any], callbacks: list[Any]) -> Any:
@@ -29,8 +41,6 @@ def factory_trainer(config: TrialConfig, fields: dict[str, Any], callbacks: list
     class, from the probe's seed (their model's initialisation, LoRA's included, is the
     same in every probe), with the probe's callbacks added."""
     from transformers import set_seed
-
-    from autotune.hf.factory import build_trainer, import_class, load_factory
 
     factory = load_factory(config.model.trainer)
     args = import_class(config.model.args_class)(**fields)
@@ -46,10 +56,6 @@ def survey(request: dict[str, Any]) -> dict[str, Any]:
     recipe the user's own arguments make in their class (its defaults included)."""
     import transformers.trainer  # noqa: F401 - before the user's module, as in a probe
     from transformers import set_seed
-
-    from autotune.hf.factory import args_class_of, build_trainer, load_factory
-    from autotune.hf.job import job_facts
-    from autotune.hf.training_args import checkpointing_field
 
     factory = load_factory(request["trainer"])
     cls = args_class_of(factory, request.get("args_class"))
@@ -107,8 +113,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         answer = survey(request)
     except Exception as exc:
-        from autotune.hf.factory import FactoryError
-
         traceback.print_exc()
         message = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
         answer = {"error": str(exc) if isinstance(exc, FactoryError) else message}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+import socket
 import sys
 import time
 import traceback
@@ -25,10 +26,20 @@ from autotune.core.enums import DeviceKind, Outcome, Precision
 from autotune.core.files import write_atomic
 from autotune.core.outcomes import is_out_of_memory
 from autotune.core.trial import TrialConfig, TrialResult
+from autotune.hf.factory import load_factory
+from autotune.hf.levers import attention_kernel
+from autotune.hf.models import build_model
+from autotune.hf.sharding import deepspeed_stage
+from autotune.hf.training_args import checkpointing_field, tuned_arguments
 from autotune.probe import device as hardware
 from autotune.probe import shared_model
 from autotune.probe._train import probe_only_arguments, real_batches, worst_case
+from autotune.probe.flops import flops_per_sample, measure_peak_flops
 from autotune.probe.ranks import RESULT_NAME, rank_result_name
+from autotune.system.process import die_with_parent
+
+# Deferred imports: torch, transformers and DeepSpeed load once `prepare_environment` has chosen
+# the probe's GPU and Arrow's memory pool; the search imports this module without them
 
 
 def run_probe(config: TrialConfig) -> TrialResult:
@@ -71,11 +82,7 @@ def _train(
     tick = time.perf_counter()
     import transformers.trainer  # noqa: F401 - the heaviest import, before the baseline
 
-    from autotune.probe.flops import flops_per_sample
-
     if config.model.trainer:  # the user's module and its imports (peft, trl) likewise
-        from autotune.hf.factory import load_factory
-
         load_factory(config.model.trainer)
     phases["import"] = time.perf_counter() - tick
     if config.device_kind == DeviceKind.CPU:  # before the limit: kept by an OOM at it
@@ -102,8 +109,7 @@ def _train(
         return result.replace(baseline=dict(baseline))
     result, model = worst_case(config, model, recipe, phases)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT
-    attention = str(getattr(base.config, "_attn_implementation", "") or "")
-    result = result.replace(baseline=dict(baseline), attention=attention)
+    result = result.replace(baseline=dict(baseline), attention=attention_kernel(base))
     per_sample = flops_per_sample(base, config.model.task, config.seq_len, config.target_len)
     if config.data_path and result.outcome == Outcome.OK:
         gc.collect()
@@ -127,7 +133,6 @@ def peak_flops(config: TrialConfig) -> float | None:
     candidate trains in, on its device. None for as-loaded, which computes in the dtype
     the job holds its weights in (unknown here): no peak rather than one of another
     precision, an MFU that is not true."""
-    from autotune.probe.flops import measure_peak_flops
 
     if config.candidate.precision == Precision.AS_LOADED:
         return None
@@ -140,8 +145,6 @@ def _model(
     """The stand-in model: inherited from the fork server, or built here; None for the
     user's job, whose factory builds its own inside the probe's run."""
     from transformers import set_seed
-
-    from autotune.hf.models import build_model
 
     inherited = shared_model.take(config)  # built once by the fork server (#15)
     if config.model.trainer:
@@ -168,7 +171,6 @@ def _recipe(config: TrialConfig) -> dict[str, Any]:
     """The TrainingArguments fields the trial runs with (what export writes)."""
     if config.training_arguments:
         return dict(config.training_arguments)
-    from autotune.hf.training_args import checkpointing_field, tuned_arguments
 
     return tuned_arguments(
         config.candidate, device_kind=config.device_kind, checkpointing_field=checkpointing_field()
@@ -179,9 +181,8 @@ def _zero_init(config: TrialConfig, recipe: dict[str, Any]) -> Any:
     """Under ZeRO-3 the user's from_pretrained builds each process's shard of the weights,
     never the whole model (transformers does so while a TrainingArguments with the config
     is alive): the probe builds its model the same way, so its peak is the user's."""
-    from autotune.hf.sharding import zero_stage_of
 
-    if zero_stage_of(recipe) != 3:
+    if deepspeed_stage(recipe) != 3:
         return None
     import deepspeed
     from transformers import TrainingArguments
@@ -226,7 +227,7 @@ def prepare_environment(config: TrialConfig) -> None:
         del os.environ[name]  # would compile behind the candidate's back
     for name in ("ACCELERATE_USE_CPU", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP"):
         os.environ.pop(name, None)  # the recipe says; ACCELERATE_USE_CPU drops DeepSpeed
-    if config.candidate.torch_compile:  # a cold compile, as the user's first run pays it
+    if config.candidate.compiles:  # a cold compile, as the user's first run pays it
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(config.trial_dir) / "inductor-cache")
     if config.visible_devices:
         os.environ["CUDA_VISIBLE_DEVICES"] = config.visible_devices
@@ -236,7 +237,6 @@ def prepare_environment(config: TrialConfig) -> None:
 
 def _single_process_group() -> None:
     """The environment torchrun gives a world of one, on a free local port."""
-    import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -271,8 +271,6 @@ def main(argv: list[str] | None = None) -> int:
     prepare_environment(config)
     ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if ddp:  # torchrun starts ranks in sessions of their own: die with the agent
-        from autotune.system.process import die_with_parent
-
         die_with_parent(agent)
     try:
         result = run_probe(config)

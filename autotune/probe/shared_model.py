@@ -13,10 +13,17 @@ A probe whose candidate asks for another attention builds its own.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
+import time
 from typing import Any
 
 from autotune.core.trial import ModelSpec, TrialConfig
+from autotune.hf.models import build_model
+from autotune.probe import device
+
+# Deferred imports: torch and transformers load in the fork server, which builds the shared
+# model; the search imports this module without them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,13 +53,9 @@ _BUILT: dict[str, Any] = {}  # in the server, and in each child until it takes t
 
 def build(shared: SharedModel) -> float:
     """In the server, after its imports: build the model; returns the seconds it took."""
-    import time
 
     import torch
     from transformers import set_seed
-
-    from autotune.hf.models import build_model
-    from autotune.probe import device
 
     baseline = device.baseline("cpu", 0)  # before the model, as a fresh CPU probe sees it
     started = time.perf_counter()
@@ -77,7 +80,6 @@ def take(config: TrialConfig) -> tuple[Any, dict[str, Any]] | None:
     model = _BUILT.pop("model", None)
     if model is None or _BUILT.get("shared") != SharedModel.of(config):
         del model
-        import gc
 
         gc.collect()
         return None

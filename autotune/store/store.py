@@ -29,6 +29,7 @@ from autotune.core.rehearsal import Rehearsal
 from autotune.core.spec import SearchSpec
 from autotune.core.stats import combine, pooled, quiet_step_s
 from autotune.core.trial import Candidate, TrialRecord, TrialResult, Verdict
+from autotune.hf.training_args import study_arguments  # pure: imports no transformers
 from autotune.store import _coordination, _identity, compat
 from autotune.store._params import candidate_of, candidate_params, distributions
 from autotune.store._retry import transient_retry
@@ -464,7 +465,6 @@ class StudyStore:
     def _attributes(
         self, candidate: Candidate, result: TrialResult, verdict: Verdict
     ) -> dict[str, Any]:
-        from autotune.hf.training_args import study_arguments  # pure: imports no transformers
 
         spec = self.spec
         attrs: dict[str, Any] = {

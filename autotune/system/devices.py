@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,9 @@ from typing import Any
 from autotune.core.device import DeviceInfo
 from autotune.core.enums import DeviceKind
 from autotune.core.errors import UsageError
+
+# Deferred imports: torch and NVML load only to detect a device; `show`, `export` and --help
+# import this module without them
 
 
 def detect_device(spec: str = "auto") -> DeviceInfo:
@@ -179,7 +183,6 @@ def capability_from_nvml() -> Iterator[None]:
 
 def cuda_initialized() -> bool:
     """Whether this process created a CUDA context (a fork after that is unsafe)."""
-    import sys
 
     torch = sys.modules.get("torch")
     return bool(torch is not None and torch.cuda.is_initialized())

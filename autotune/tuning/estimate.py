@@ -241,14 +241,14 @@ def breakdown(
     trainable: int = 0,
     frozen_bytes: int = 0,
 ) -> Breakdown:
-    w, g, o = shards(candidate.zero_stage, nproc_per_node)  # per process under ZeRO
+    w, g, o = shards(candidate.shard_stage, nproc_per_node)  # per process under ZeRO
     t, e = trained(parameters, trainable, embedding)
     largest = min(largest, t)  # an adapter's tensors are small
     # under ZeRO DeepSpeed's own optimizer steps the shards
-    step = 0 if candidate.zero_stage else step_bytes(t, largest, candidate.optim, device_kind)
+    step = 0 if candidate.shard_stage else step_bytes(t, largest, candidate.optim, device_kind)
     # ZeRO accumulates in its own (sharded, maybe 16-bit) buffers; a frozen embedding
     # (an adapter's base) has no gradient
-    frozen = candidate.zero_stage or t < parameters
+    frozen = candidate.shard_stage or t < parameters
     return Breakdown(
         weights=weight_bytes(parameters, candidate.precision, trainable, frozen_bytes) // w,
         gradients=t * GRADIENT_BYTES // g,
@@ -272,8 +272,8 @@ def floor_bytes(
     """Bytes the weights, gradients and optimizer state certainly take per process: the
     frozen weights as held (`frozen_bytes`), the trained ones in 32 bits (16 under
     DeepSpeed's 16-bit engine)."""
-    w, g, o = shards(candidate.zero_stage, nproc_per_node)
-    tensor = 2 if candidate.zero_stage and candidate.precision in ("fp16", "bf16") else 4
+    w, g, o = shards(candidate.shard_stage, nproc_per_node)
+    tensor = 2 if candidate.shard_stage and candidate.precision in ("fp16", "bf16") else 4
     optim = candidate.optim
     t, e = trained(parameters, trainable, embedding)
     if optim in FLOOR_STATE_BYTES and optim in EMBEDDING_STATE_BYTES:

@@ -10,6 +10,7 @@ from typing import Any
 
 from autotune.core.stats import SpeedRatio
 from autotune.core.trial import TrialRecord
+from autotune.hf.training_args import arguments_class
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,9 +44,8 @@ class SearchOutcome:
         """The exported arguments as an object of your class (`SFTConfig` stays
         `SFTConfig`), read with HfArgumentParser as your script reads the file; its
         other keys (model or data fields of yours) are left to your own parser."""
+        # only here: `autotune.load` and the views read an outcome without transformers
         from transformers import HfArgumentParser
-
-        from autotune.hf.training_args import arguments_class
 
         parser = HfArgumentParser(arguments_class(self.args_class))
         (args,) = parser.parse_json_file(self.output, allow_extra_keys=True)

@@ -20,6 +20,7 @@ import optuna
 
 from autotune.core.enums import Objective, Outcome
 from autotune.core.errors import AutotuneError, StudyError
+from autotune.core.space import seed_candidates
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialConfig, TrialRecord, TrialResult
 from autotune.core.units import format_duration
@@ -28,6 +29,7 @@ from autotune.launch.forkserver import EarlyServer, model_to_share
 from autotune.launch.runner import Launcher
 from autotune.store.keys import Attr
 from autotune.store.reuse import Reuse
+from autotune.store.samplers import make_sampler
 from autotune.store.store import StudyStore, TrialLost
 from autotune.system import devices as device
 from autotune.tuning._memory_verdict import far_over_budget
@@ -455,8 +457,6 @@ def is_probe(record: TrialRecord) -> bool:
 
 def prepare_store(*, spec: SearchSpec, study_name: str, storage: str, sampler: str) -> StudyStore:
     """Open (or create) the study, recover dead workers' trials, queue first guesses."""
-    from autotune.core.space import seed_candidates
-    from autotune.store.samplers import make_sampler
 
     store = StudyStore.open(
         url=storage, name=study_name, spec=spec, sampler=make_sampler(sampler, spec.seed)

@@ -11,7 +11,7 @@ Before the first probe, from the budget alone (`plan_for_budget`):
   56 s for mt5-small on an H100: benchmarks/RESULTS.md). Whether compiling pays is
   known only after `COMPILE_PROBES` compiled probes of the best family; when those
   would take more than `COMPILE_SHARE` of the time to explore, compile is left out.
-  `--lever torch_compile=...` or a `torch_compile` in `--base-args` decides instead.
+  Compiling fixed by `--lever` or by `--base-args` decides instead.
 A study resumed keeps the plan it was made with (its probes' figures stay comparable,
 and its identity holds).
 

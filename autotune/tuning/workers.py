@@ -22,6 +22,7 @@ from autotune.core.enums import DeviceKind
 from autotune.core.errors import AutotuneError, UsageError
 from autotune.core.spec import SearchSpec
 from autotune.store.storage import STORAGE_ENV
+from autotune.system.devices import visible_entry
 from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import SearchLimits
 
@@ -167,8 +168,6 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
 def confine(slot: Slot) -> None:
     """Restrict this process (and the probes it starts) to the slot."""
     if slot.gpu:
-        from autotune.system.devices import visible_entry
-
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_entry(int(slot.gpu))
     if slot.cores:
         os.sched_setaffinity(0, slot.cores)

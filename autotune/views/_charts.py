@@ -30,7 +30,7 @@ def _pyplot() -> Any:
     import matplotlib  # heavy: imported when a chart is drawn, not with the report
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # once the backend is chosen
 
     return plt
 

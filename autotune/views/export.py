@@ -19,7 +19,8 @@ from autotune.core.parity import changes
 from autotune.core.parity_state import ParityState
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
-from autotune.hf.training_args import TUNED, merge, recipe
+from autotune.hf.training_args import TUNED, merge, recipe, training_fields
+from autotune.hf.training_args import validate as check
 from autotune.tuning.parity import reference_for
 from autotune.tuning.selection import fitting, ranked, select_for, unverified_note
 
@@ -88,9 +89,6 @@ def export_best(
     # export stay
     exported = merge({**spec.kept_arguments, **kept}, arguments)
     if validate:
-        from autotune.hf.training_args import training_fields
-        from autotune.hf.training_args import validate as check
-
         args_class = spec.model.args_class  # the user's (SFTConfig stays SFTConfig)
         known = training_fields(args_class)
         fields = {k: v for k, v in exported.items() if k in known}

@@ -17,6 +17,7 @@ from autotune.core.units import format_size
 from autotune.hf.training_args import study_arguments
 from autotune.tuning import predicted_peak, process_bytes
 from autotune.tuning.selection import ranked, select_for
+from autotune.views.summary import change_lines
 
 GIB = float(2**30)
 
@@ -298,7 +299,5 @@ def print_view(view: StudyView, fmt: str) -> None:
         return
     print_table(view.rows, view.spec, view.study_name, view.objective)
     if view.parity is not None:
-        from autotune.views.summary import change_lines
-
         for line in change_lines(view.parity):
             print(line)

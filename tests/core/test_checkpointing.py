@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import ROOT
 
 from autotune.core import checkpointing
 from autotune.core.checkpointing import Checkpointing
@@ -105,3 +106,14 @@ def test_an_unknown_level_is_refused_naming_the_levels() -> None:
     )
     with pytest.raises(ValueError, match="choose from off, every-4, every-2, on, offload"):
         checkpointing.parse(["sometimes"])
+
+
+def test_transformers_grading_keyword_is_written_in_the_declaration_and_the_layer_count() -> None:
+    """The level's declaration owns what transformers reads; hf/models counts the layers
+    a level grades (on the meta device). Nothing else knows how a level is written."""
+    holders = sorted(
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "autotune").rglob("*.py")
+        if "every_n_layers" in path.read_text()
+    )
+    assert holders == ["autotune/core/checkpointing.py", "autotune/hf/models.py"]

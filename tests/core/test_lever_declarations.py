@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from conftest import ROOT
+
 from autotune.cli import cli
 from autotune.core.enums import DeviceKind
 from autotune.core.levers import DECLARED, ZERO_STAGE, lever_help
@@ -42,6 +44,36 @@ def test_a_lever_set_is_named_by_its_label_and_runs_what_it_declares() -> None:
         assert candidate.model_arguments() == lever.model_arguments(SET[lever.name])
         assert script_changes(candidate) == lever.script_lines(SET[lever.name])
         assert set(lever.owns) <= TUNED
+
+
+def test_what_a_candidate_does_is_what_its_levers_declare() -> None:
+    assert (PLAIN.compiles, PLAIN.flattens_batches, PLAIN.shard_stage, PLAIN.engine) == (
+        False,
+        False,
+        0,
+        "",
+    )
+    for lever in DECLARED:
+        value = SET[lever.name]
+        candidate = dataclasses.replace(PLAIN, **{lever.name: value})
+        assert candidate.compiles == lever.compiles
+        assert candidate.flattens_batches == lever.flattens_batches
+        assert candidate.shard_stage == lever.shard_stage(value)
+        assert candidate.engine == lever.engine
+    assert [lever.name for lever in DECLARED if lever.compiles] == ["torch_compile"]
+    assert [lever.name for lever in DECLARED if lever.flattens_batches] == ["padding_free"]
+    assert dataclasses.replace(PLAIN, zero_stage=2).shard_stage == 2
+
+
+def test_a_levers_name_is_written_only_where_it_is_declared_held_and_offered() -> None:
+    """The rest of autotune asks a Candidate what its levers do (compiles, flattens its
+    batches, shards its state, which engine runs it), never for a lever by name."""
+    sources = {path: path.read_text() for path in (ROOT / "autotune").rglob("*.py")}
+    for lever in DECLARED:
+        holders = sorted(
+            str(p.relative_to(ROOT)) for p, text in sources.items() if lever.name in text
+        )
+        assert len(holders) <= 3, f"{lever.name} is named in {holders}"
 
 
 def test_only_a_lever_that_leaves_memory_alone_is_outside_the_family() -> None:

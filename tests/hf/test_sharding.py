@@ -12,7 +12,7 @@ from autotune.core.enums import DeviceKind, Precision
 from autotune.core.errors import UsageError
 from autotune.core.levers import deepspeed_config
 from autotune.core.trial import Candidate
-from autotune.hf.sharding import shards, zero_stage_of
+from autotune.hf.sharding import deepspeed_stage, shards
 from autotune.hf.training_args import TUNED, cli_flags, tuned_arguments, validate
 
 
@@ -44,9 +44,9 @@ def test_only_a_zero_candidate_writes_deepspeed_and_a_users_own_config_is_carrie
     assert "deepspeed" not in tuned_arguments(plain, device_kind=DeviceKind.CPU)
     zero = Candidate(8, 2, Precision.BF16, False, "adamw_torch", zero_stage=2)
     args = tuned_arguments(zero, device_kind=DeviceKind.CPU)
-    assert zero_stage_of(args) == 2 and zero.describe().endswith(" zero2")
+    assert deepspeed_stage(args) == 2 and zero.describe().endswith(" zero2")
     assert "deepspeed" not in TUNED  # a --base-args deepspeed config is the user's, kept
-    assert zero_stage_of({"deepspeed": "ds_config.json"}) == 0  # a path: not ours to read
+    assert deepspeed_stage({"deepspeed": "ds_config.json"}) == 0  # a path: not ours to read
 
 
 def test_the_command_line_form_parses_back_to_the_same_config() -> None:

@@ -217,11 +217,11 @@ def test_a_probes_mfu_is_taken_against_the_peak_of_the_precision_it_trained_in(
     (no autocast, the job's own dtype) has no known peak: none rather than a wrong one."""
     from autotune.core.trial import Candidate, TrialConfig
     from autotune.hf.models import ModelSpec
-    from autotune.probe import flops
+    from autotune.probe import main
     from autotune.probe.main import peak_flops
 
     peaks = {"fp32": 1e9, "tf32": 2e9, "bf16": 4e9, "fp16": 5e9}
-    monkeypatch.setattr(flops, "measure_peak_flops", lambda device, p, **kw: peaks[p])
+    monkeypatch.setattr(main, "measure_peak_flops", lambda device, p, **kw: peaks[p])
     config = TrialConfig(
         number=0,
         trial_dir="unused",
