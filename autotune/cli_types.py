@@ -14,7 +14,7 @@ from autotune.core import checkpointing
 from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import Objective, Precision, SamplerName, Task, values
 from autotune.core.levers import lever_help
-from autotune.core.space import DEFAULT_OPTIMIZERS
+from autotune.core.optimizers import DEFAULT as DEFAULT_OPTIMIZERS
 from autotune.core.units import parse_duration, parse_size
 from autotune.tuning.options import SearchOptions
 

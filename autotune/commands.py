@@ -17,6 +17,7 @@ from autotune.core import checkpointing
 from autotune.core.enums import DeviceKind, Objective
 from autotune.core.errors import ExportError, NoFitError
 from autotune.core.files import write_atomic
+from autotune.core.optimizers import DEFAULT as DEFAULT_OPTIMIZERS
 from autotune.core.paths import default_storage
 from autotune.core.space import derive_space
 from autotune.core.spec import SearchSpec
@@ -277,7 +278,7 @@ def doctor_command(*, device: str) -> Any:
 
     info = detect_device(device)
     installed = available_optimizers()
-    wanted = ("adamw_torch", "adamw_torch_fused", "adafactor", "adamw_bnb_8bit", "adamw_torch_8bit")
+    wanted = DEFAULT_OPTIMIZERS
     versions = {
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -19,6 +19,7 @@ from typing import Any
 
 from autotune.core.enums import Precision
 from autotune.core.levers import DECLARED
+from autotune.core.optimizers import optimizer
 from autotune.core.parity_verdict import Parity, Status
 from autotune.core.trial import Candidate, TrialResult
 
@@ -29,9 +30,6 @@ from autotune.core.trial import Candidate, TrialResult
 PARITY_LR = 1e-3
 EVAL_SAMPLES = 16  # held out; evaluated in micro-batches no larger than the run's own
 POINTS = 8  # held-out evaluations along a run (plus step 0)
-# Optimizers that compute the same update (a fused kernel sums in another order): one
-# arithmetic for parity. Every other optimizer is its own.
-SAME_UPDATE = {"adamw_torch_fused": "adamw_torch"}
 FLOOR = 0.05  # never tighter than 5% of the reference's progress (see benchmarks/RESULTS.md)
 ROUNDING_FACTOR = 4.0  # a change may move the loss 4x what a split change does
 MIN_PROGRESS = 0.05  # the reference must lower its loss by 5% for a verdict
@@ -63,7 +61,7 @@ class Arithmetic:
         sixteen = candidate.precision in (Precision.FP16, Precision.BF16)
         return cls(
             candidate.precision,
-            SAME_UPDATE.get(candidate.optim, candidate.optim),
+            optimizer(candidate.optim).same_update_as or candidate.optim,
             candidate.engine if sixteen else "",
         )
 

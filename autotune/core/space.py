@@ -16,16 +16,10 @@ from autotune.core.checkpointing import Checkpointing
 from autotune.core.device import DeviceInfo, supported_precisions
 from autotune.core.enums import DeviceKind, Precision
 from autotune.core.errors import SpaceError
+from autotune.core.optimizers import DEFAULT as DEFAULT_OPTIMIZERS
 from autotune.core.trial import LEVERS, Candidate
 
 FALLBACK_BATCHES = (1, 2, 4)
-DEFAULT_OPTIMIZERS = (
-    "adamw_torch",
-    "adamw_torch_fused",
-    "adafactor",
-    "adamw_bnb_8bit",
-    "adamw_torch_8bit",
-)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,7 @@ from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import DeviceKind, Precision
 from autotune.core.errors import AutotuneError, UsageError
 from autotune.core.levers import DECLARED
+from autotune.core.optimizers import NOT_HERE, optimizer
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate
 from autotune.hf.factory import import_class
@@ -35,19 +36,6 @@ from autotune.hf.factory import import_class
 
 # `activation_checkpointing` in current transformers; `gradient_checkpointing` before.
 CHECKPOINTING_FIELDS = ("activation_checkpointing", "gradient_checkpointing")
-_NEEDS = {
-    "adamw_bnb_8bit": "bitsandbytes",
-    "adamw_8bit": "bitsandbytes",
-    "paged_adamw_8bit": "bitsandbytes",
-    "paged_adamw_32bit": "bitsandbytes",
-    "lion_8bit": "bitsandbytes",
-    "lion_32bit": "bitsandbytes",
-    "paged_lion_8bit": "bitsandbytes",
-    "paged_lion_32bit": "bitsandbytes",
-    "adamw_torch_8bit": "torchao",
-    "adamw_torch_4bit": "torchao",
-}
-_NOT_HERE = {"adamw_torch_xla", "adamw_torch_npu_fused"}
 
 
 def tuned_arguments(
@@ -131,10 +119,10 @@ def available_optimizers() -> tuple[str, ...]:
 
     names = []
     for name in (o.value for o in OptimizerNames):
-        if name in _NOT_HERE:
+        if name in NOT_HERE:
             continue
-        module = _NEEDS.get(name)
-        if module is None or importlib.util.find_spec(module) is not None:
+        module = optimizer(name).package
+        if not module or importlib.util.find_spec(module) is not None:
             names.append(name)
     return tuple(names)
 

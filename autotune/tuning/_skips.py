@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from autotune.core.enums import Outcome
+from autotune.core.optimizers import optimizer
 from autotune.core.space import SearchSpace
 from autotune.core.trial import Candidate, TrialRecord
 
@@ -115,22 +116,10 @@ def failing_precision(precision: str, records: Sequence[TrialRecord]) -> str:
     return f"{precision} failed alike in trials {numbers[0]} and {numbers[1]} ({said})"
 
 
-# Optimizers that hold no more memory than another, all else the same. AdamW keeps 8
-# bytes a parameter of state, Adafactor a factored second moment; the step's temporaries
-# are at most two copies of the largest tensor for Adafactor and for torch's AdamW
-# stepping a tensor at a time (CPU; on CUDA its foreach pass copies all of the second
-# moment), none for the fused AdamW updating in place (read in torch 2.13 and
-# transformers 5.23; estimate.step_bytes). So where the lighter one ran out of memory
-# at a batch, the heavier one does at that batch and above.
-LIGHTER: dict[str, frozenset[str]] = {
-    "adamw_torch": frozenset({"adamw_torch_fused", "adafactor"}),
-    "adamw_torch_fused": frozenset({"adafactor"}),
-}
-
-
 def oom_implies(oom: Candidate, candidate: Candidate) -> bool:
     """Whether `oom` running out of memory says `candidate` does too: a larger batch of
-    its family, or the same batch or larger with an optimizer that holds more (LIGHTER)
+    its family, or the same batch or larger with an optimizer that holds more (its
+    declaration's `lighter`, core/optimizers.py)
     or less activation checkpointing."""
     batch, at = oom.per_device_train_batch_size, candidate.per_device_train_batch_size
     if oom.family == candidate.family:
@@ -151,12 +140,12 @@ def smallest_oom(candidate: Candidate, records: Sequence[TrialRecord]) -> TrialR
 
 
 def _lighter_twin(oom: Candidate, candidate: Candidate) -> bool:
-    """`oom`'s family is the candidate's but for an optimizer that holds less (LIGHTER),
+    """`oom`'s family is the candidate's but for an optimizer that holds less (`lighter`),
     or a level of checkpointing that frees more (core/checkpointing.py: memory is
     monotone along the levels), or both (any batch)."""
     if oom.family == candidate.family:
         return False
-    lighter = oom.optim == candidate.optim or oom.optim in LIGHTER.get(candidate.optim, ())
+    lighter = oom.optim == candidate.optim or oom.optim in optimizer(candidate.optim).lighter
     level, at = oom.activation_checkpointing, candidate.activation_checkpointing
     twin = dataclasses.replace(oom, optim=candidate.optim, activation_checkpointing=at)
     return lighter and level.rank >= at.rank and twin.family == candidate.family

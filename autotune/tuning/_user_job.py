@@ -11,16 +11,14 @@ from typing import Any
 from autotune.core.enums import DeviceKind, Task
 from autotune.core.errors import UsageError
 from autotune.core.job import JobFacts
-from autotune.core.space import DEFAULT_OPTIMIZERS
+from autotune.core.optimizers import DEFAULT as DEFAULT_OPTIMIZERS
+from autotune.core.optimizers import FOR_QUANTIZED_BASE
 from autotune.core.trial import ModelSpec
 from autotune.hf.models import ParameterCount
 from autotune.hf.training_args import TUNED, read_json_object
 from autotune.launch.survey import survey_job
 from autotune.tuning.options import SearchOptions
 
-# bitsandbytes' optimizers made for a quantized base: the 8-bit state, and the paged
-# ones that move their state to host memory when the device runs short
-QUANTIZED_OPTIMIZERS = ("paged_adamw_8bit", "adamw_bnb_8bit", "paged_adamw_32bit")
 # What of the classic dimensions a user's job can rule out, as the space's "not offered"
 # list names it: the search's first lines and `show` say why
 NO_CHECKPOINTING = "checkpointing off"
@@ -116,7 +114,7 @@ def job_optimizers(
         return (str(own or "adamw_torch"),)
     if asked:
         return asked
-    extra = [o for o in QUANTIZED_OPTIMIZERS if o in installed] if job.quantization else []
+    extra = [o for o in FOR_QUANTIZED_BASE if o in installed] if job.quantization else []
     defaults = [o for o in DEFAULT_OPTIMIZERS if o in installed]
     wanted = (*defaults, *([own] if isinstance(own, str) else []), *extra)
     return tuple(dict.fromkeys(wanted))

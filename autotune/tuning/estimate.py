@@ -14,6 +14,7 @@ from typing import Any
 from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import DeviceKind, Task
 from autotune.core.errors import UsageError
+from autotune.core.optimizers import MEASURED, optimizer
 from autotune.core.space import SearchSpace
 from autotune.core.trial import Candidate, ModelSpec
 from autotune.core.units import format_size
@@ -22,74 +23,21 @@ from autotune.hf.sharding import shards
 
 # The published rule (Hugging Face's single-GPU training guide): fp32 weights 4 bytes a
 # parameter, mixed precision 6 (fp32 master + 16-bit copy); gradients 4; optimizer state
-# 8 for AdamW, 2 for 8-bit Adam, about 4 for Adafactor (1 here: see below).
+# 8 for AdamW, 2 for 8-bit Adam: each optimizer's figures are its declaration's
+# (core/optimizers.py).
 # "as-loaded" (no autocast on a job held in 16 bits): the trained weights as held, fp32
 # adapters as PEFT makes them (2 where TRL casts a quantized model's to bf16)
 WEIGHT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 6, "bf16": 6, "as-loaded": 4}
 GRADIENT_BYTES = 4
-OPTIMIZER_STATE_BYTES = {
-    "adamw_torch": 8,
-    "adamw_torch_fused": 8,
-    "adamw_bnb_8bit": 2,
-    "adamw_8bit": 2,
-    "paged_adamw_8bit": 2,
-    "adamw_torch_8bit": 2,
-    "adamw_torch_4bit": 1,
-    # The Trainer's Adafactor (beta1 None) keeps a factored second moment, rows and
-    # columns, for each matrix: 0.07 GiB on mT5-small's 172M parameters on an H100
-    "adafactor": 1,
-    "sgd": 0,
-    "adagrad": 4,
-    "rmsprop": 4,
-    "lion_8bit": 1,
-    "lion_32bit": 4,
-}
-DEFAULT_STATE_BYTES = 8
-# Under bitsandbytes' 8-bit optimizers the Trainer keeps 32-bit state for nn.Embedding
-# weights (transformers' create_optimizer registers optim_bits=32 for each): their bytes
-# a parameter. On mT5, embeddings are 128M of 172M parameters, and 8-bit Adam ran out of
-# memory where Adafactor fitted, on the CPU and on an H100.
-EMBEDDING_STATE_BYTES = {
-    "adamw_bnb_8bit": 8,
-    "adamw_8bit": 8,
-    "paged_adamw_8bit": 8,
-    "lion_8bit": 4,
-}
-# What a config certainly holds at its first optimizer step, per parameter: a floor the
-# search skips on with no margin (the rule above plans; this one must never overstate).
-# The Trainer keeps fp32 weights under autocast, gradients take their dtype; Adafactor's
-# factored state, paged state (which may sit in host memory) and unknown optimizers
-# count 0. DeepSpeed's 16-bit engine keeps 16-bit weights and gradients.
-FLOOR_STATE_BYTES = {
-    "adamw_torch": 8,
-    "adamw_torch_fused": 8,
-    "adamw_bnb_8bit": 2,
-    "adamw_8bit": 2,
-    "adamw_torch_8bit": 2,
-    "adamw_torch_4bit": 1,
-    "lion_8bit": 1,
-    "lion_32bit": 4,
-}
 PROCESS_BYTES = {"cpu": 350 * 2**20, "cuda": 600 * 2**20}  # interpreter + libraries / context
 FAR_OVER = 1.5  # skip only what the estimate puts this far over the budget
 
 
 def step_bytes(parameters: int, largest: int, optim: str, device_kind: str) -> int:
     """Temporaries of the optimizer step: alive with the weights, gradients and state,
-    after backward has freed the activations (read in torch 2.13 and transformers 5.23).
-
-    torch's AdamW on CUDA steps each parameter group in one foreach pass whose square
-    root of the second moment is a copy of all of it (4 bytes a parameter); on the CPU it
-    steps a tensor at a time, sqrt then a division: two copies of the largest. The
-    Trainer's Adafactor steps a tensor at a time too (grad**2 + eps, then the factored
-    estimate): two copies of the largest, 1 GiB on mT5-small's shared embedding, which an
-    H100 probe's 3.72 GiB peak under a 4 GiB budget showed. Fused AdamW and bitsandbytes'
-    kernels update in place."""
-    if optim == "adamw_torch":
-        return 4 * parameters if device_kind == "cuda" else 2 * 4 * largest
-    if optim == "adafactor":
-        return 2 * 4 * largest
-    return 0
+    after backward has freed the activations (each optimizer's, core/optimizers.py).
+    Fused AdamW and bitsandbytes' kernels update in place."""
+    return optimizer(optim).step_temporaries(parameters, largest, device_kind)
 
 
 def embedding_grad_bytes(config: dict[str, Any], task: str, largest: int, accumulation: int) -> int:
@@ -132,16 +80,17 @@ class Breakdown:
 
 
 def state_bytes(optim: str) -> int:
-    return OPTIMIZER_STATE_BYTES.get(optim, DEFAULT_STATE_BYTES)
+    return optimizer(optim).state()
 
 
 def optimizer_state(parameters: int, optim: str, embedding: int = 0) -> int:
     """The optimizer's state in bytes; `embedding` of the parameters in nn.Embedding."""
-    if optim in EMBEDDING_STATE_BYTES:
-        return (parameters - embedding) * state_bytes(optim) + embedding * (
-            EMBEDDING_STATE_BYTES[optim]
+    declared = optimizer(optim)
+    if declared.embedding_state_bytes is not None:
+        return (parameters - embedding) * declared.state() + (
+            embedding * declared.embedding_state_bytes
         )
-    return parameters * state_bytes(optim)
+    return parameters * declared.state()
 
 
 def static_bytes(
@@ -274,12 +223,12 @@ def floor_bytes(
     DeepSpeed's 16-bit engine)."""
     w, g, o = shards(candidate.shard_stage, nproc_per_node)
     tensor = 2 if candidate.shard_stage and candidate.precision in ("fp16", "bf16") else 4
-    optim = candidate.optim
+    declared = optimizer(candidate.optim)
     t, e = trained(parameters, trainable, embedding)
-    if optim in FLOOR_STATE_BYTES and optim in EMBEDDING_STATE_BYTES:
-        state = optimizer_state(t, optim, e)
+    if declared.floor_bytes and declared.embedding_state_bytes is not None:
+        state = optimizer_state(t, declared.name, e)
     else:
-        state = t * FLOOR_STATE_BYTES.get(optim, 0)
+        state = t * declared.floor_bytes
     held = t * tensor + frozen_bytes if frozen_bytes and t < parameters else parameters * tensor
     return held // w + t * tensor // g + state // o
 
@@ -302,7 +251,7 @@ def check_budget(
     millions = f"{parameters / 1e6:.0f}M parameters"
     weights = weight_bytes(parameters, "fp32", *held) // split[0]
     what = "weights as your job holds them" if frozen_bytes else "fp32 weights"
-    cheapest = min(OPTIMIZER_STATE_BYTES, key=state_bytes)
+    cheapest = min(MEASURED, key=state_bytes)
     if budget_bytes < weights:
         least = static_bytes(parameters, "fp32", cheapest, split, embedding, *held)
         raise UsageError(
@@ -319,7 +268,7 @@ def check_budget(
     if need >= budget_bytes:
         fitting = [
             o
-            for o in OPTIMIZER_STATE_BYTES
+            for o in MEASURED
             if static_bytes(parameters, "fp32", o, split, embedding, *held) < budget_bytes
         ]
         hint = (
