@@ -31,8 +31,9 @@ from autotune.tuning.limits import SearchLimits
 from autotune.tuning.options import SearchOptions
 from autotune.tuning.outcome import SearchOutcome, SearchReport
 from autotune.tuning.parity import baseline
-from autotune.tuning.plan import DataOptions, Layout, build_spec, job_notes, workload_defaults
+from autotune.tuning.plan import Layout, build_spec
 from autotune.tuning.rehearsal import plan_line as rehearsal_line
+from autotune.tuning.resolve import DataOptions
 from autotune.tuning.run import prepare_store, run_search
 from autotune.tuning.selection import compare, nothing_fits
 from autotune.tuning.time_plan import plan_for_budget
@@ -79,7 +80,7 @@ def _prepare_and_search(
     early: EarlyServer | None,
 ) -> SearchOutcome:
     """The spec and plan, the study, then the search (its workers', or its own)."""
-    spec, slots = build_spec(o, dataset=_data(o, folder), layout=Layout.of(o))
+    spec, slots, notes = build_spec(o, dataset=_data(o, folder), layout=Layout.of(o))
     spec, plan = plan_for_budget(
         spec,
         budget_s=o.budget_s,
@@ -89,7 +90,7 @@ def _prepare_and_search(
         stored=StudyStore.stored_spec(url=url, name=name),
         default_budget=o.time_budget is None,
     )
-    notes = workload_defaults(o, spec) + job_notes(spec) + plan
+    notes += plan
     if o.rehearse:
         notes.append(rehearsal_line(spec))
     _ensure_sqlite_folder(url)

@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.core.enums import DeviceKind  # noqa: E402
+from autotune.core.levers import shards  # noqa: E402
 from autotune.core.trial import Candidate, ModelSpec, TrialConfig  # noqa: E402
 from autotune.hf.models import count_parameters  # noqa: E402
-from autotune.hf.sharding import shards  # noqa: E402
 from autotune.hf.training_args import tuned_arguments  # noqa: E402
 from autotune.launch.runner import run_trial  # noqa: E402
 from autotune.tuning.estimate import static_bytes  # noqa: E402

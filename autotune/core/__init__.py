@@ -24,7 +24,7 @@ from autotune.core.errors import (
     raise_terminated,
 )
 from autotune.core.files import write_atomic
-from autotune.core.job import FACTS_NAME, JobFacts
+from autotune.core.job import FACTS_NAME, BaseArguments, JobFacts, ParameterCount
 from autotune.core.outcomes import classify_exit, failure_line, is_out_of_memory, loss_outcome
 from autotune.core.parity import (
     CALIBRATED_STEPS,
@@ -73,6 +73,7 @@ __all__ = [
     "POINTS",
     "Arithmetic",
     "AutotuneError",
+    "BaseArguments",
     "Candidate",
     "Change",
     "Checkpointing",
@@ -90,6 +91,7 @@ __all__ = [
     "NoFitError",
     "Objective",
     "Outcome",
+    "ParameterCount",
     "Parity",
     "ParityPlan",
     "ParityState",

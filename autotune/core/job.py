@@ -1,6 +1,8 @@
-"""What a user's Trainer factory built, read once before the search (`JobFacts`): the
-model and what of it trains, the arguments class, and the data's lengths. The plan
-derives the space and the memory estimate from it, as it does from a --model's config."""
+"""The job as the plan reads it, each fact resolved once before the search: what a
+user's Trainer factory built (`JobFacts`: the model and what of it trains, the arguments
+class, the data's lengths), the model's parameters as they are held (`ParameterCount`)
+and what their arguments file fixes (`BaseArguments`). The plan derives the space and
+the memory estimate from these, as it does from a --model's config."""
 
 from __future__ import annotations
 
@@ -9,6 +11,42 @@ import json
 from typing import Any
 
 FACTS_NAME = "facts.json"  # what the survey child writes beside its request
+
+
+@dataclasses.dataclass(frozen=True)
+class ParameterCount:
+    total: int
+    # In nn.Embedding modules (tied weights once): the Trainer gives these 32-bit state
+    # under bitsandbytes' 8-bit optimizers
+    embedding: int
+    largest: int = 0  # the biggest single tensor: optimizers that step one at a time copy it
+    trainable: int = 0  # those with gradients and optimizer state (a LoRA's ~1%); 0: all
+    # Bytes the parameters that do not train take as they are held: 2 a parameter for a
+    # bf16 checkpoint's frozen base, about half for a 4-bit one (scales included); 0 when
+    # every parameter trains
+    frozen_bytes: int = 0
+    # The layers activation checkpointing grades (core/checkpointing.py); None where the
+    # installed transformers cannot checkpoint one layer in N
+    checkpoint_layers: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseArguments:
+    """What a search takes from the user's existing arguments file."""
+
+    # per_device_train_batch_size x gradient_accumulation_steps: one process's samples
+    # an optimizer step; the global batch is this times the processes (--nproc-per-node)
+    process_batch_size: int | None
+    seq_len: int | None
+    target_len: int | None
+    carried: dict[str, Any]  # their other TrainingArguments fields, run in every probe
+    # Their own values of the fields the search tunes (precision, optimizer, checkpointing,
+    # batch split): the recipe that parity runs compare the finalists with
+    recipe: dict[str, Any] = dataclasses.field(default_factory=dict)
+    train_steps: int | None = None  # their max_steps: the run a time-to-finish ranks by
+    # Their fields the probe owns (output_dir, max_steps, logging, saving, evaluation):
+    # not run by a probe, written back by the export so their run stays theirs
+    kept: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -99,6 +99,13 @@ def deepspeed_config(stage: int) -> dict[str, Any]:
     }
 
 
+def shards(stage: int, nproc_per_node: int) -> tuple[int, int, int]:
+    """How many ways (weights, gradients, optimizer state) are split across processes:
+    stage 1 splits the optimizer state, 2 the gradients too, 3 the weights too."""
+    n = max(1, nproc_per_node)
+    return (n if stage >= 3 else 1, n if stage >= 2 else 1, n if stage >= 1 else 1)
+
+
 def _zero_lines(stage: int) -> list[str]:
     lines = [
         f"ZeRO stage {stage} runs through DeepSpeed: pip install deepspeed where you train "

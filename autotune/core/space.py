@@ -20,6 +20,8 @@ from autotune.core.optimizers import DEFAULT as DEFAULT_OPTIMIZERS
 from autotune.core.trial import LEVERS, Candidate
 
 FALLBACK_BATCHES = (1, 2, 4)
+# TrainingArguments.train_sampling_strategy: searched when --dataset gives real lengths
+SAMPLINGS = ("random", "group_by_length")
 
 
 @dataclasses.dataclass(frozen=True)

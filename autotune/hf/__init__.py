@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from autotune._exports import lazy_exports
 
 if TYPE_CHECKING:
-    from autotune.hf.corpus import SAMPLINGS, prepare
+    from autotune.hf.corpus import prepare
     from autotune.hf.factory import (
         FactoryError,
         args_class_of,
@@ -26,17 +26,15 @@ if TYPE_CHECKING:
     from autotune.hf.job import job_facts, longest_samples
     from autotune.hf.levers import offer, parse_lever_options
     from autotune.hf.models import (
-        ParameterCount,
         build_model,
         count_parameters,
         max_positions,
         resolve_model,
     )
     from autotune.hf.peft import adapter_settings
-    from autotune.hf.sharding import build_cpu_op, deepspeed_stage, shards
+    from autotune.hf.sharding import build_cpu_op, deepspeed_stage
     from autotune.hf.training_args import (
         TUNED,
-        BaseArguments,
         arguments_class,
         available_optimizers,
         base_arguments,
@@ -54,11 +52,8 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
-    "SAMPLINGS",
     "TUNED",
-    "BaseArguments",
     "FactoryError",
-    "ParameterCount",
     "adapter_settings",
     "args_class_of",
     "arguments_class",
@@ -88,7 +83,6 @@ __all__ = [
     "resolve_model",
     "resolve_reference",
     "set_fields",
-    "shards",
     "study_arguments",
     "training_fields",
     "tuned_arguments",
@@ -97,7 +91,6 @@ __all__ = [
 
 # each public name, and the module that holds it
 _OWNERS = {
-    "SAMPLINGS": "autotune.hf.corpus",
     "prepare": "autotune.hf.corpus",
     "FactoryError": "autotune.hf.factory",
     "args_class_of": "autotune.hf.factory",
@@ -111,16 +104,13 @@ _OWNERS = {
     "longest_samples": "autotune.hf.job",
     "offer": "autotune.hf.levers",
     "parse_lever_options": "autotune.hf.levers",
-    "ParameterCount": "autotune.hf.models",
     "build_model": "autotune.hf.models",
     "count_parameters": "autotune.hf.models",
     "max_positions": "autotune.hf.models",
     "resolve_model": "autotune.hf.models",
     "adapter_settings": "autotune.hf.peft",
     "build_cpu_op": "autotune.hf.sharding",
-    "shards": "autotune.hf.sharding",
     "deepspeed_stage": "autotune.hf.sharding",
-    "BaseArguments": "autotune.hf.training_args",
     "TUNED": "autotune.hf.training_args",
     "arguments_class": "autotune.hf.training_args",
     "available_optimizers": "autotune.hf.training_args",

@@ -21,6 +21,7 @@ from typing import Any
 from autotune.core.dataset import DataSpec, LengthStats
 from autotune.core.enums import Task
 from autotune.core.errors import UsageError
+from autotune.core.space import SAMPLINGS
 
 # Deferred imports: datasets and transformers load only when a --dataset is prepared; the
 # planner imports this module for every search
@@ -32,7 +33,6 @@ FILE_KINDS = {
     ".parquet": "parquet",
     ".txt": "text",
 }
-SAMPLINGS = ("random", "group_by_length")  # values of TrainingArguments.train_sampling_strategy
 LENGTH_COLUMN = "length"  # TrainingArguments.length_column_name's default
 
 

@@ -7,7 +7,6 @@ architecture presets bundled in `autotune/presets/`.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 import os
@@ -18,6 +17,7 @@ from urllib.parse import urlparse
 
 from autotune.core.enums import Task
 from autotune.core.errors import ModelConfigError, ModelNotFoundError, UsageError
+from autotune.core.job import ParameterCount
 from autotune.core.trial import ModelSpec
 
 # Deferred imports: transformers, torch, peft and the hub's client load only when a model is
@@ -124,23 +124,6 @@ def auto_class(task: Task) -> Any:
         Task.MASKED_LM: transformers.AutoModelForMaskedLM,
         Task.CLASSIFICATION: transformers.AutoModelForSequenceClassification,
     }[task]
-
-
-@dataclasses.dataclass(frozen=True)
-class ParameterCount:
-    total: int
-    # In nn.Embedding modules (tied weights once): the Trainer gives these 32-bit state
-    # under bitsandbytes' 8-bit optimizers
-    embedding: int
-    largest: int = 0  # the biggest single tensor: optimizers that step one at a time copy it
-    trainable: int = 0  # those with gradients and optimizer state (a LoRA's ~1%); 0: all
-    # Bytes the parameters that do not train take as they are held: 2 a parameter for a
-    # bf16 checkpoint's frozen base, about half for a 4-bit one (scales included); 0 when
-    # every parameter trains
-    frozen_bytes: int = 0
-    # The layers activation checkpointing grades (core/checkpointing.py); None where the
-    # installed transformers cannot checkpoint one layer in N
-    checkpoint_layers: int | None = None
 
 
 def count_parameters(spec: ModelSpec) -> ParameterCount:

@@ -27,13 +27,6 @@ def deepspeed_stage(arguments: dict[str, Any]) -> int:
     return stage if isinstance(stage, int) else 0
 
 
-def shards(stage: int, nproc_per_node: int) -> tuple[int, int, int]:
-    """How many ways (weights, gradients, optimizer state) are split across processes:
-    stage 1 splits the optimizer state, 2 the gradients too, 3 the weights too."""
-    n = max(1, nproc_per_node)
-    return (n if stage >= 3 else 1, n if stage >= 2 else 1, n if stage >= 1 else 1)
-
-
 def cpu_op_error() -> str:
     """Why DeepSpeed's shared-memory op cannot be built here ("" when it can)."""
     compiler = os.environ.get("CXX") or "g++"

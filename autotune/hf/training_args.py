@@ -25,6 +25,7 @@ from typing import Any
 from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import DeviceKind, Precision
 from autotune.core.errors import AutotuneError, UsageError
+from autotune.core.job import BaseArguments
 from autotune.core.levers import DECLARED
 from autotune.core.optimizers import NOT_HERE, optimizer
 from autotune.core.spec import SearchSpec
@@ -148,25 +149,6 @@ PROBE_OWNED_PREFIXES = (
 )
 SEQ_KEYS = ("max_seq_length", "max_source_length", "block_size", "max_length")
 TARGET_KEYS = ("max_target_length",)
-
-
-@dataclasses.dataclass(frozen=True)
-class BaseArguments:
-    """What a search takes from the user's existing arguments file."""
-
-    # per_device_train_batch_size x gradient_accumulation_steps: one process's samples
-    # an optimizer step; the global batch is this times the processes (--nproc-per-node)
-    process_batch_size: int | None
-    seq_len: int | None
-    target_len: int | None
-    carried: dict[str, Any]  # their other TrainingArguments fields, run in every probe
-    # Their own values of the fields the search tunes (precision, optimizer, checkpointing,
-    # batch split): the recipe that parity runs compare the finalists with
-    recipe: dict[str, Any] = dataclasses.field(default_factory=dict)
-    train_steps: int | None = None  # their max_steps: the run a time-to-finish ranks by
-    # Their fields the probe owns (output_dir, max_steps, logging, saving, evaluation):
-    # not run by a probe, written back by the export so their run stays theirs
-    kept: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def arguments_class(dotted: str = "") -> Any:

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from autotune.tuning.options import SearchOptions
     from autotune.tuning.outcome import SearchOutcome, SearchReport
     from autotune.tuning.parity import reference_candidate, reference_for
-    from autotune.tuning.plan import DataOptions, Layout, build_spec, workload_defaults
+    from autotune.tuning.plan import Layout, build_spec, workload_defaults
+    from autotune.tuning.resolve import DataOptions, Facts
     from autotune.tuning.run import SearchRun, prepare_store, run_search
     from autotune.tuning.selection import (
         fitting,
@@ -38,6 +39,7 @@ __all__ = [
     "DataOptions",
     "Deadline",
     "Estimate",
+    "Facts",
     "Layout",
     "SearchLimits",
     "SearchOptions",
@@ -82,7 +84,8 @@ _OWNERS = {
     "SearchReport": "autotune.tuning.outcome",
     "reference_candidate": "autotune.tuning.parity",
     "reference_for": "autotune.tuning.parity",
-    "DataOptions": "autotune.tuning.plan",
+    "DataOptions": "autotune.tuning.resolve",
+    "Facts": "autotune.tuning.resolve",
     "Layout": "autotune.tuning.plan",
     "build_spec": "autotune.tuning.plan",
     "workload_defaults": "autotune.tuning.plan",

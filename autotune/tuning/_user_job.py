@@ -1,5 +1,6 @@
-"""The user's own job (--trainer), surveyed once and turned into what the plan needs:
-the study's model, the counts the estimate works from (each parameter as it is held),
+"""The user's own job (--trainer), surveyed once (tuning/resolve.py), turned into what
+the plan needs: the study's model, the counts the estimate works from (each parameter
+as it is held),
 their recipe (their arguments in their class, its defaults included), what of the space
 their job fixes, and what identifies the job a study searched."""
 
@@ -8,15 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from autotune.core.enums import DeviceKind, Task
+from autotune.core.enums import Task
 from autotune.core.errors import UsageError
-from autotune.core.job import JobFacts
+from autotune.core.job import JobFacts, ParameterCount
 from autotune.core.optimizers import DEFAULT as DEFAULT_OPTIMIZERS
 from autotune.core.optimizers import FOR_QUANTIZED_BASE
 from autotune.core.trial import ModelSpec
-from autotune.hf.models import ParameterCount
-from autotune.hf.training_args import TUNED, read_json_object
-from autotune.launch.survey import survey_job
 from autotune.tuning.options import SearchOptions
 
 # What of the classic dimensions a user's job can rule out, as the space's "not offered"
@@ -26,35 +24,6 @@ NO_FP32 = "fp32"
 NO_FP16 = "fp16"
 NO_OPTIMIZERS = "optimizers"
 FIXED_BY_JOB = (NO_CHECKPOINTING, NO_FP32, NO_FP16, NO_OPTIMIZERS)
-
-
-def survey(o: SearchOptions, device_kind: DeviceKind, with_dataset: bool) -> JobFacts:
-    """Build the user's job once, in a child, with their --base-args (in fp32: their
-    precision may not run here), and read what their factory built."""
-    if with_dataset:
-        raise UsageError(
-            "--dataset feeds the --model stand-in; with --trainer your factory's train "
-            "dataset is the data: drop --dataset"
-        )
-    if o.lora or o.peft_config:
-        raise UsageError(
-            "--lora and --peft-config wrap the --model stand-in; with --trainer your "
-            "factory builds the adapters: drop them"
-        )
-    raw = read_json_object(o.base_args, option="--base-args") if o.base_args else {}
-    fields = {k: v for k, v in raw.items() if k not in TUNED} | {"bf16": False, "fp16": False}
-    for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
-        if key in raw:
-            fields[key] = raw[key]
-    return survey_job(
-        trainer=o.trainer or "",
-        args_class=o.args_class,
-        fields=fields,
-        recipe=raw,
-        seed=o.seed,
-        timeout_s=o.trial_timeout,
-        use_cpu=device_kind == DeviceKind.CPU,
-    )
 
 
 def job_model(o: SearchOptions, job: JobFacts) -> ModelSpec:

@@ -14,12 +14,12 @@ from typing import Any
 from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import DeviceKind, Task
 from autotune.core.errors import UsageError
+from autotune.core.job import ParameterCount
+from autotune.core.levers import shards
 from autotune.core.optimizers import MEASURED, optimizer
 from autotune.core.space import SearchSpace
 from autotune.core.trial import Candidate, ModelSpec
 from autotune.core.units import format_size
-from autotune.hf.models import ParameterCount
-from autotune.hf.sharding import shards
 
 # The published rule (Hugging Face's single-GPU training guide): fp32 weights 4 bytes a
 # parameter, mixed precision 6 (fp32 master + 16-bit copy); gradients 4; optimizer state

@@ -10,9 +10,9 @@ import pytest
 
 from autotune.core.enums import DeviceKind, Precision
 from autotune.core.errors import UsageError
-from autotune.core.levers import deepspeed_config
+from autotune.core.levers import deepspeed_config, shards
 from autotune.core.trial import Candidate
-from autotune.hf.sharding import deepspeed_stage, shards
+from autotune.hf.sharding import deepspeed_stage
 from autotune.hf.training_args import TUNED, cli_flags, tuned_arguments, validate
 
 

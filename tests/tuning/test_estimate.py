@@ -8,7 +8,8 @@ from helpers import GIB, SPEC, cand, loaded_llama, rec
 
 from autotune.core.checkpointing import Checkpointing
 from autotune.core.errors import UsageError
-from autotune.hf.models import ParameterCount, count_parameters, resolve_model
+from autotune.core.job import ParameterCount
+from autotune.hf.models import count_parameters, resolve_model
 from autotune.tuning.estimate import (
     activation_bytes,
     breakdown,
