@@ -19,6 +19,7 @@ from autotune.core.errors import ExportError, NoFitError
 from autotune.core.files import write_atomic
 from autotune.core.optimizers import DEFAULT as DEFAULT_OPTIMIZERS
 from autotune.core.paths import default_storage
+from autotune.core.precisions import FLAGS as PRECISION_FLAGS
 from autotune.core.space import derive_space
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import TrialRecord
@@ -139,7 +140,7 @@ def merge_command(
     known = training_fields(args_class)
     # Precision flags are checked against this machine's hardware by TrainingArguments:
     # for another device than the one tuned on, check the rest.
-    device_bound = {"fp16", "bf16", "tf32", "use_cpu"} if for_device else set()
+    device_bound = {*PRECISION_FLAGS, "use_cpu"} if for_device else set()
     fields = {k: v for k, v in merged.items() if k in known and k not in device_bound}
     validate(fields, error=ExportError, where=f"--merge-into {merge_into}", args_class=args_class)
     try:

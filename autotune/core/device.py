@@ -12,6 +12,7 @@ import os
 import platform
 
 from autotune.core.enums import DeviceKind, Precision
+from autotune.core.precisions import on_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,22 +46,8 @@ class DeviceInfo:
 
 
 def supported_precisions(device: DeviceInfo) -> tuple[Precision, ...]:
-    """Precisions this device can train in, checked against what transformers accepts."""
-    if device.kind == DeviceKind.CPU:
-        # tf32 is a CUDA tensor-core mode; TrainingArguments refuses it without Ampere.
-        # fp16 is accepted but trains in fp32: accelerate enables fp16 autocast only on
-        # GPU-like devices (Accelerator.native_amp; checked with accelerate 1.x and
-        # transformers 5.24), so an "fp16" config would be fp32 under another name.
-        return (Precision.FP32, Precision.BF16)
-    capability = device.capability or (0, 0)
-    found = [Precision.FP32]
-    if capability >= (8, 0):
-        found.append(Precision.TF32)
-    if capability >= (6, 0):
-        found.append(Precision.FP16)
-    if capability >= (8, 0):
-        found.append(Precision.BF16)
-    return tuple(found)
+    """Precisions this device can train in, as their declarations say (core/precisions.py)."""
+    return on_device(device.kind, device.capability)
 
 
 # The libraries whose release changes what a probe measures (kernels, memory, what the

@@ -21,6 +21,7 @@ from autotune.core.enums import Precision
 from autotune.core.levers import DECLARED
 from autotune.core.optimizers import optimizer
 from autotune.core.parity_verdict import Parity, Status
+from autotune.core.precisions import precision_spec
 from autotune.core.trial import Candidate, TrialResult
 
 # A parity run's held-out loss (probe/_parity.py; tuning/parity.py times it)
@@ -58,7 +59,7 @@ class Arithmetic:
 
     @classmethod
     def of(cls, candidate: Candidate) -> Arithmetic:
-        sixteen = candidate.precision in (Precision.FP16, Precision.BF16)
+        sixteen = precision_spec(candidate.precision).mixed
         return cls(
             candidate.precision,
             optimizer(candidate.optim).same_update_as or candidate.optim,

@@ -17,6 +17,7 @@ from autotune.core.device import DeviceInfo, supported_precisions
 from autotune.core.enums import DeviceKind, Precision
 from autotune.core.errors import SpaceError
 from autotune.core.optimizers import DEFAULT as DEFAULT_OPTIMIZERS
+from autotune.core.precisions import precision_spec
 from autotune.core.trial import LEVERS, Candidate
 
 FALLBACK_BATCHES = (1, 2, 4)
@@ -193,12 +194,12 @@ def _chosen_precisions(
             raise SpaceError(
                 f"unknown precision {name!r}; choose from {', '.join(p.value for p in Precision)}"
             )
-        if held_in and name in (Precision.FP32, Precision.TF32):
+        if held_in and not (name == Precision.AS_LOADED or precision_spec(name).mixed):
             raise SpaceError(
                 f"--precisions {name}: your job holds its weights in {held_in}, so a run "
                 "without autocast computes in that, not in 32 bits; ask for as-loaded"
             )
-        if trains_in and name == Precision.FP16:
+        if trains_in and precision_spec(name).scales_gradients:
             raise SpaceError(
                 f"--precisions fp16: your job trains its parameters in {trains_in}, and "
                 "fp16's gradient scaler unscales only fp32 gradients; ask for bf16"
@@ -218,10 +219,10 @@ def _precisions_for(device: DeviceInfo, held_in: str, trains_in: str) -> tuple[P
     fp16 for one whose trainable parameters are held in 16 bits."""
     supported = supported_precisions(device)
     if trains_in:
-        supported = tuple(p for p in supported if p != Precision.FP16)
+        supported = tuple(p for p in supported if not precision_spec(p).scales_gradients)
     if not held_in:
         return supported
-    mixed = tuple(p for p in supported if p not in (Precision.FP32, Precision.TF32))
+    mixed = tuple(p for p in supported if precision_spec(p).mixed)
     return (Precision.AS_LOADED, *mixed)
 
 

@@ -23,6 +23,7 @@ import cloudpickle
 
 from autotune.core.errors import UsageError
 from autotune.core.files import write_atomic
+from autotune.core.precisions import MIXED_FLAGS
 
 # Deferred imports: transformers loads only when a factory's Trainer is built or checked; `show`
 # and `export` import this module to name the user's job
@@ -48,8 +49,7 @@ CHECKED_FIELDS = (
     "per_device_train_batch_size",
     "gradient_accumulation_steps",
     "max_steps",
-    "bf16",
-    "fp16",
+    *MIXED_FLAGS,
     "optim",
     "activation_checkpointing",
 )

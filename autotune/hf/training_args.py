@@ -28,6 +28,7 @@ from autotune.core.errors import AutotuneError, UsageError
 from autotune.core.job import BaseArguments
 from autotune.core.levers import DECLARED
 from autotune.core.optimizers import NOT_HERE, optimizer
+from autotune.core.precisions import FLAGS, MIXED_FLAGS, flags
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate
 from autotune.hf.factory import import_class
@@ -52,19 +53,18 @@ def tuned_arguments(
     `tf32_kept`: the user's recipe turns TF32 on; under fp16 and bf16, where TF32 is not
     the precision searched but what the matmuls left in 32 bits use, theirs is kept.
     `checkpointing_kwargs`: the recipe's own, kept beside the level's (core/checkpointing.py)."""
+    precision_flags = flags(candidate.precision, tf32_kept=tf32_kept)
     args: dict[str, Any] = {
         "per_device_train_batch_size": candidate.per_device_train_batch_size,
         "gradient_accumulation_steps": candidate.gradient_accumulation_steps,
-        "fp16": candidate.precision == Precision.FP16,
-        "bf16": candidate.precision == Precision.BF16,
+        **{k: v for k, v in precision_flags.items() if k != "tf32"},
         **candidate.activation_checkpointing.arguments(checkpointing_field, checkpointing_kwargs),
         "optim": candidate.optim,
         "train_sampling_strategy": candidate.train_sampling_strategy,
     }
     if device_kind == DeviceKind.CUDA:
         # Explicit either way, so "fp32" means full fp32 matmuls whatever torch's default.
-        sixteen = candidate.precision in (Precision.FP16, Precision.BF16)
-        args["tf32"] = candidate.precision == Precision.TF32 or (sixteen and tf32_kept)
+        args["tf32"] = precision_flags["tf32"]
     else:
         args["use_cpu"] = True
     # The levers (core/levers.py), written only away from their plain values: a config
@@ -196,7 +196,7 @@ def read_arguments_file(path: Path, *, option: str, args_class: str = "") -> dic
     fields = {k: v for k, v in raw.items() if k in known and k not in TUNED}
     # in fp32: a class whose default precision this machine lacks (SFTConfig's bf16 on a
     # CPU) would refuse the file for a field the search sets anyway
-    fields |= {"bf16": False, "fp16": False}
+    fields |= dict.fromkeys(MIXED_FLAGS, False)
     validate(fields, error=UsageError, where=f"{option} {path}", args_class=args_class)
     return raw
 
@@ -260,7 +260,7 @@ def set_fields(args: Any) -> dict[str, Any]:
     values: what the user set. Compared with an object of the class built with the same
     precision and device fields, so values derived in __post_init__ (accelerator_config,
     logging_dir) match; `*_token` fields, which to_dict masks, are left out."""
-    same = {k: getattr(args, k) for k in ("output_dir", "use_cpu", "bf16", "fp16", "tf32")}
+    same = {k: getattr(args, k) for k in ("output_dir", "use_cpu", *FLAGS)}
     defaults = type(args)(**same).to_dict()
     values = args.to_dict()
     init = {f.name for f in dataclasses.fields(args) if f.init}

@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 from autotune.core.enums import DeviceKind, Task
+from autotune.core.precisions import precision_spec
 from autotune.probe.device import synchronize
 
 # Deferred imports: torch and transformers load in the probe or in doctor; the search imports
@@ -161,9 +162,6 @@ def _first(config: Any, *names: str) -> int:
     return 0
 
 
-_AUTOCAST = {"fp16": "float16", "bf16": "bfloat16"}  # the Trainer's mixed precision
-
-
 def measure_peak_flops(device_kind: str, precision: str, seconds: float = 0.3) -> float:
     """FLOP/s of a linear layer's matrix multiply at this precision on this device, run
     the way training runs it: fp32 weights and inputs, under autocast for fp16 and bf16
@@ -181,14 +179,15 @@ def measure_peak_flops(device_kind: str, precision: str, seconds: float = 0.3) -
 
     sizes = (4096,) if device_kind == DeviceKind.CUDA else (128, 512)
     device = "cuda" if device_kind == DeviceKind.CUDA else "cpu"
+    declared = precision_spec(precision)  # the Trainer's mixed precision, or TF32 matmuls
     mixed = (
-        torch.autocast(device, dtype=getattr(torch, _AUTOCAST[precision]))
-        if precision in _AUTOCAST
+        torch.autocast(device, dtype=getattr(torch, declared.autocast))
+        if declared.mixed
         else contextlib.nullcontext()
     )
     matmul = torch.backends.cuda.matmul
     previous = matmul.fp32_precision
-    matmul.fp32_precision = "tf32" if precision == "tf32" else "ieee"
+    matmul.fp32_precision = "tf32" if declared.tf32_matmuls else "ieee"
     best = 0.0
     try:
         with torch.no_grad(), mixed:

@@ -21,6 +21,7 @@ from typing import Any
 
 from autotune.core.files import write_atomic
 from autotune.core.job import FACTS_NAME
+from autotune.core.precisions import FLAGS as PRECISION_FLAGS
 from autotune.core.trial import TrialConfig
 from autotune.hf.factory import (
     FactoryError,
@@ -78,9 +79,7 @@ def survey(request: dict[str, Any]) -> dict[str, Any]:
 # The fields of a recipe the search tunes, read from the user's arguments as their class
 # builds them: SFTConfig's own defaults (bf16, gradient checkpointing) included
 RECIPE_FIELDS = (
-    "bf16",
-    "fp16",
-    "tf32",
+    *PRECISION_FLAGS,
     "optim",
     "train_sampling_strategy",
     "per_device_train_batch_size",

@@ -17,17 +17,15 @@ from autotune.core.errors import UsageError
 from autotune.core.job import ParameterCount
 from autotune.core.levers import shards
 from autotune.core.optimizers import MEASURED, optimizer
+from autotune.core.precisions import precision_spec
 from autotune.core.space import SearchSpace
 from autotune.core.trial import Candidate, ModelSpec
 from autotune.core.units import format_size
 
 # The published rule (Hugging Face's single-GPU training guide): fp32 weights 4 bytes a
 # parameter, mixed precision 6 (fp32 master + 16-bit copy); gradients 4; optimizer state
-# 8 for AdamW, 2 for 8-bit Adam: each optimizer's figures are its declaration's
-# (core/optimizers.py).
-# "as-loaded" (no autocast on a job held in 16 bits): the trained weights as held, fp32
-# adapters as PEFT makes them (2 where TRL casts a quantized model's to bf16)
-WEIGHT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 6, "bf16": 6, "as-loaded": 4}
+# 8 for AdamW, 2 for 8-bit Adam. Each precision's and optimizer's figures are its
+# declaration's (core/precisions.py, core/optimizers.py).
 GRADIENT_BYTES = 4
 PROCESS_BYTES = {"cpu": 350 * 2**20, "cuda": 600 * 2**20}  # interpreter + libraries / context
 FAR_OVER = 1.5  # skip only what the estimate puts this far over the budget
@@ -122,8 +120,8 @@ def weight_bytes(parameters: int, precision: str, trainable: int = 0, frozen_byt
     fp32 holds them."""
     t, _ = trained(parameters, trainable, 0)
     if frozen_bytes and t < parameters:
-        return t * WEIGHT_BYTES[precision] + frozen_bytes
-    return parameters * WEIGHT_BYTES[precision]
+        return t * precision_spec(precision).weight_bytes + frozen_bytes
+    return parameters * precision_spec(precision).weight_bytes
 
 
 def trained(parameters: int, trainable: int, embedding: int) -> tuple[int, int]:
@@ -152,7 +150,7 @@ def activation_bytes(
     heads = _first(config, "num_attention_heads", "num_heads", "n_head", default=12)
     vocab = _first(config, "vocab_size", default=32000)
     b = candidate.per_device_train_batch_size
-    scale = 2 if candidate.precision in ("fp32", "tf32") else 1
+    scale = precision_spec(candidate.precision).activation_scale
 
     def layer(s: int, attended: int) -> int:
         return s * b * h * (34 + 5 * heads * attended // h) * scale
@@ -222,7 +220,7 @@ def floor_bytes(
     frozen weights as held (`frozen_bytes`), the trained ones in 32 bits (16 under
     DeepSpeed's 16-bit engine)."""
     w, g, o = shards(candidate.shard_stage, nproc_per_node)
-    tensor = 2 if candidate.shard_stage and candidate.precision in ("fp16", "bf16") else 4
+    tensor = 2 if candidate.shard_stage and precision_spec(candidate.precision).mixed else 4
     declared = optimizer(candidate.optim)
     t, e = trained(parameters, trainable, embedding)
     if declared.floor_bytes and declared.embedding_state_bytes is not None:

@@ -22,6 +22,7 @@ from autotune.core.enums import DeviceKind
 from autotune.core.errors import UsageError
 from autotune.core.job import BaseArguments, JobFacts, ParameterCount
 from autotune.core.levers import ZERO_STAGE
+from autotune.core.precisions import MIXED_FLAGS
 from autotune.core.space import SearchSpace
 from autotune.core.trial import LEVERS, ModelSpec
 from autotune.hf.corpus import prepare
@@ -127,7 +128,7 @@ def survey(o: SearchOptions, device_kind: DeviceKind, with_dataset: bool) -> Job
             "factory builds the adapters: drop them"
         )
     raw = read_json_object(o.base_args, option="--base-args") if o.base_args else {}
-    fields = {k: v for k, v in raw.items() if k not in TUNED} | {"bf16": False, "fp16": False}
+    fields = {k: v for k, v in raw.items() if k not in TUNED} | dict.fromkeys(MIXED_FLAGS, False)
     for key in ("per_device_train_batch_size", "gradient_accumulation_steps"):
         if key in raw:
             fields[key] = raw[key]

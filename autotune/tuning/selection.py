@@ -15,6 +15,7 @@ from autotune.core.enums import Objective, Outcome, Precision
 from autotune.core.errors import NoFitError
 from autotune.core.parity import Arithmetic
 from autotune.core.parity_verdict import Status
+from autotune.core.precisions import from_fields
 from autotune.core.spec import SearchSpec
 from autotune.core.stats import SpeedRatio, paired_ratio, quiet_step_s, speed_ratio
 from autotune.core.trial import Candidate, TrialRecord, TrialResult, Verdict
@@ -253,15 +254,7 @@ def recipe_arithmetic(spec: SearchSpec) -> Arithmetic:
     --base-args, over their arguments class's defaults), fp32 AdamW where they set
     neither; `as-loaded` where their job holds its weights in 16 bits or quantized."""
     settings = spec.recipe_settings
-    precision = Precision.FP32
-    for flag, value in (
-        ("bf16", Precision.BF16),
-        ("fp16", Precision.FP16),
-        ("tf32", Precision.TF32),
-    ):
-        if settings.get(flag) is True:
-            precision = value
-            break
+    precision = from_fields(settings)
     if precision == Precision.FP32 and Precision.AS_LOADED in spec.space.precisions:
         precision = Precision.AS_LOADED  # no autocast on their job: its weights' dtype
     optim = str(settings.get("optim", "adamw_torch"))
