@@ -81,3 +81,33 @@ def test_the_readmes_train_py_and_my_args_are_what_python_and_sftconfig_accept()
     # on this CPU the export adds use_cpu (tuned on the CPU); on a GPU it is not needed
     args = SFTConfig(**fields, use_cpu=True)
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 16
+
+
+def test_the_docs_table_of_dimensions_is_the_declared_space() -> None:
+    """docs/search.md's table names every declared dimension and lever, and no other,
+    with the values the declarations give (a new one is not done until it has its row)."""
+    from autotune.core.checkpointing import Checkpointing
+    from autotune.core.enums import Precision
+    from autotune.core.levers import DECLARED
+    from autotune.core.optimizers import DEFAULT
+    from autotune.core.space import SAMPLINGS
+
+    text = (ROOT / "docs" / "search.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", text, flags=re.MULTILINE))
+    classic = {
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "precision",
+        "activation_checkpointing",
+        "optim",
+        "train_sampling_strategy",
+    }
+    assert set(rows) == classic | {lever.name for lever in DECLARED}
+
+    def values(name: str) -> list[str]:
+        return re.split(r"[,;]\s*", rows[name].strip())
+
+    assert sorted(values("precision")) == sorted(p.value for p in Precision)
+    assert values("activation_checkpointing") == [level.value for level in Checkpointing]
+    assert tuple(values("optim")) == DEFAULT
+    assert tuple(values("train_sampling_strategy")) == SAMPLINGS
