@@ -135,15 +135,65 @@ def parse(texts: Sequence[str]) -> tuple[Checkpointing, ...]:
         raise ValueError(f"--checkpointing {','.join(texts)}: choose from {names}") from None
 
 
+# A factory that turns checkpointing on itself (prepare_model_for_kbit_training): the
+# Trainer never turns it off, but re-grades it (every N layers, offload)
+FORCED = (
+    "your factory turns it on itself (prepare_model_for_kbit_training does) and the "
+    "Trainer never turns it off: every probe runs checkpointed, at the level searched"
+)
+FORCED_OFF = (
+    "--checkpointing off: your factory turns activation checkpointing on itself "
+    "(prepare_model_for_kbit_training does), so no probe could run without it; "
+    "drop --checkpointing, or pass use_gradient_checkpointing=False there"
+)
+
+
 def offered(
-    layers: int | None, device_kind: DeviceKind
+    layers: int | None, device_kind: DeviceKind, *, forced: bool = False
 ) -> tuple[tuple[Checkpointing, ...], tuple[tuple[str, str], ...]]:
-    """(the levels this model and device are offered, [(level, why not)]).
+    """(the levels this model, device and job are offered, [(level, why not)]).
 
     `layers`: the layers `every_n_layers` counts (the model's GradientCheckpointingLayer
     modules; 0 where its layers predate them); None where the installed transformers
     checkpoints every layer or none. A level is offered where it checkpoints fewer layers
-    than the next one up."""
+    than the next one up. `forced`: the user's job turns checkpointing on itself, so
+    every level is offered but off."""
+    levels, why = _by_depth(layers, device_kind)
+    if forced:
+        return tuple(level for level in levels if level), (
+            (f"checkpointing {Checkpointing.OFF}", FORCED),
+            *why,
+        )
+    return levels, why
+
+
+def narrowed(
+    levels: tuple[Checkpointing, ...],
+    why: tuple[tuple[str, str], ...],
+    asked: Sequence[str] | None,
+    *,
+    forced: bool = False,
+) -> tuple[Checkpointing, ...]:
+    """The levels offered narrowed to those `--checkpointing` asks for; ValueError, in
+    one line, for a level not offered (with why) or not known. Off asked with others is
+    dropped where the job forces checkpointing on (the not-offered list says why)."""
+    if not asked:
+        return levels
+    wanted = parse(asked)
+    if forced and not any(wanted):
+        raise ValueError(FORCED_OFF)
+    wanted = tuple(level for level in wanted if level or not forced)
+    missing = [level for level in wanted if level not in levels]
+    if missing:
+        said = dict(why).get(f"checkpointing {missing[0]}", "not offered here")
+        raise ValueError(f"--checkpointing {missing[0]}: {said}; offered: {', '.join(levels)}")
+    return wanted
+
+
+def _by_depth(
+    layers: int | None, device_kind: DeviceKind
+) -> tuple[tuple[Checkpointing, ...], tuple[tuple[str, str], ...]]:
+    """The levels a model's depth tells apart, and the device allows."""
     if layers is None:
         old = "the installed transformers checkpoints every layer or none (5.24 grades it)"
         graded = (Checkpointing.EVERY_4, Checkpointing.EVERY_2, Checkpointing.OFFLOAD)

@@ -6,9 +6,9 @@ their job fixes, and what identifies the job a study searched."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
+from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import Task
 from autotune.core.errors import UsageError
 from autotune.core.job import JobFacts, ParameterCount
@@ -19,7 +19,7 @@ from autotune.tuning.options import SearchOptions
 
 # What of the classic dimensions a user's job can rule out, as the space's "not offered"
 # list names it: the search's first lines and `show` say why
-NO_CHECKPOINTING = "checkpointing off"
+NO_CHECKPOINTING = f"checkpointing {Checkpointing.OFF}"  # core/checkpointing.offered
 NO_FP32 = "fp32"
 NO_FP16 = "fp16"
 NO_OPTIMIZERS = "optimizers"
@@ -89,24 +89,6 @@ def job_optimizers(
     return tuple(dict.fromkeys(wanted))
 
 
-def job_checkpointing(asked: Sequence[str] | None, job: JobFacts | None) -> str:
-    """Why checkpointing off is not offered ("" where it is): a factory that turns it on
-    itself (prepare_model_for_kbit_training) runs every candidate checkpointed, since
-    the Trainer never turns it off; it re-grades it (every N layers, offload)."""
-    if job is None or not job.forced_checkpointing:
-        return ""
-    if asked and all(level == "off" for level in asked):
-        raise UsageError(
-            "--checkpointing off: your factory turns activation checkpointing on itself "
-            "(prepare_model_for_kbit_training does), so no probe could run without it; "
-            "drop --checkpointing, or pass use_gradient_checkpointing=False there"
-        )
-    return (
-        "your factory turns it on itself (prepare_model_for_kbit_training does) and the "
-        "Trainer never turns it off: every probe runs checkpointed, at the level searched"
-    )
-
-
 def held_in(job: JobFacts | None) -> str:
     """What the job holds its weights in when that is not 32 bits ("4-bit nf4",
     "bfloat16"): its runs without autocast then compute in that, and are `as-loaded`;
@@ -127,14 +109,13 @@ def trains_in(job: JobFacts | None) -> str:
     return next((k for k in kinds if k in ("bfloat16", "float16")), "")
 
 
-def fixed_by_job(
-    job: JobFacts | None, checkpointing_why: str, offers_fp16: bool
-) -> list[tuple[str, str]]:
-    """What of the classic dimensions the user's job rules out, each with why, as the
-    space's "not offered" list holds it: checkpointing off (`checkpointing_why`), fp32
-    on weights not held in 32 bits, fp16 (where the device `offers_fp16`) on trainable
-    parameters held in 16 bits, the optimizer when their Trainer brings its own."""
-    fixed = [(NO_CHECKPOINTING, checkpointing_why)] if checkpointing_why else []
+def fixed_by_job(job: JobFacts | None, offers_fp16: bool) -> list[tuple[str, str]]:
+    """What of the precisions and optimizers the user's job rules out, each with why, as
+    the space's "not offered" list holds it: fp32 on weights not held in 32 bits, fp16
+    (where the device `offers_fp16`) on trainable parameters held in 16 bits, the
+    optimizer when their Trainer brings its own. (Checkpointing off, for a job that
+    turns it on itself: core/checkpointing.offered.)"""
+    fixed = []
     if job is not None and job.own_optimizer:
         fixed.append(
             (

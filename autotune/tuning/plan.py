@@ -24,7 +24,6 @@ from autotune.tuning._user_job import (
     FIXED_BY_JOB,
     fixed_by_job,
     held_in,
-    job_checkpointing,
     job_optimizers,
     job_profile,
     trains_in,
@@ -123,24 +122,14 @@ def _graded(
     kind: DeviceKind,
     job: JobFacts | None,
 ) -> SearchSpace:
-    """The space with the checkpointing levels the model and device offer (and why not
-    the others), narrowed to those asked for; a job that turns checkpointing on itself
-    runs every level but off (the Trainer re-grades it, never turns it off)."""
-    levels, why = checkpointing.offered(layers, kind)
+    """The space with the checkpointing levels the model, the device and the job offer
+    (and why not the others), narrowed to those asked for (core/checkpointing.py)."""
     forced = job is not None and job.forced_checkpointing
-    if forced:  # off asked with others is dropped: the space's list says why
-        levels = tuple(level for level in levels if level)
-    if asked:
-        try:
-            wanted = checkpointing.parse(asked)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        wanted = tuple(level for level in wanted if level or not forced)
-        missing = [w for w in wanted if w not in levels]
-        if missing:
-            said = dict(why).get(f"checkpointing {missing[0]}", "not offered here")
-            raise UsageError(f"--checkpointing {missing[0]}: {said}; offered: {', '.join(levels)}")
-        levels = wanted
+    levels, why = checkpointing.offered(layers, kind, forced=forced)
+    try:
+        levels = checkpointing.narrowed(levels, why, asked, forced=forced)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     return dataclasses.replace(space, checkpointing=levels, not_offered=(*space.not_offered, *why))
 
 
@@ -181,7 +170,6 @@ def _space(
     narrowed by the options: the classic dimensions and the levers offered (and why the
     others not)."""
     job, recipe, installed = facts.job, facts.recipe, facts.installed_optimizers
-    fixed_why = job_checkpointing(o.checkpointing, job)
     offers_fp16 = Precision.FP16 in supported_precisions(facts.device)
     optimizers = job_optimizers(o.optimizers, installed, recipe, job) if job else o.optimizers
     sampling = str(recipe.get("train_sampling_strategy", "random"))
@@ -193,7 +181,7 @@ def _space(
         samplings=SAMPLINGS if with_dataset else (sampling,),
         installed_optimizers=installed,
         levers=facts.levers,
-        not_offered=(*facts.levers_not_offered, *fixed_by_job(job, fixed_why, offers_fp16)),
+        not_offered=(*facts.levers_not_offered, *fixed_by_job(job, offers_fp16)),
         held_in=held_in(job),
         trains_in=trains_in(job),
     )

@@ -117,3 +117,16 @@ def test_transformers_grading_keyword_is_written_in_the_declaration_and_the_laye
         if "every_n_layers" in path.read_text()
     )
     assert holders == ["autotune/core/checkpointing.py", "autotune/hf/models.py"]
+
+
+def test_a_job_that_turns_checkpointing_on_itself_is_offered_every_level_but_off() -> None:
+    """prepare_model_for_kbit_training turns it on and the Trainer never turns it off:
+    off is not offered, with why; off asked alone is refused in one line, off asked with
+    others is dropped."""
+    levels, why = checkpointing.offered(8, DeviceKind.CPU, forced=True)
+    assert Checkpointing.OFF not in levels and Checkpointing.ON in levels
+    assert "prepare_model_for_kbit_training" in dict(why)["checkpointing off"]
+    assert checkpointing.offered(8, DeviceKind.CPU)[0][0] is Checkpointing.OFF
+    with pytest.raises(ValueError, match="--checkpointing off: your factory turns"):
+        checkpointing.narrowed(levels, why, ("off",), forced=True)
+    assert checkpointing.narrowed(levels, why, ("off", "on"), forced=True) == (Checkpointing.ON,)

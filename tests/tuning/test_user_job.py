@@ -9,13 +9,12 @@ import pytest
 from helpers import SPEC
 
 from autotune.core.device import DeviceInfo
-from autotune.core.errors import SpaceError, UsageError
+from autotune.core.errors import SpaceError
 from autotune.core.job import JobFacts
 from autotune.core.space import derive_space
 from autotune.tuning._user_job import (
     fixed_by_job,
     held_in,
-    job_checkpointing,
     job_counts,
     job_optimizers,
     job_profile,
@@ -59,14 +58,6 @@ def test_the_users_own_optimizer_is_always_searched_and_a_quantized_base_gets_pa
     assert quantized is not None and {"paged_adamw_8bit", "adamw_bnb_8bit"} <= set(quantized)
     assert "paged_adamw_32bit" not in quantized  # not installed here
     assert job_optimizers(("sgd",), INSTALLED, recipe, QLORA) == ("sgd",)  # asked: as asked
-
-
-def test_checkpointing_a_factory_forces_is_never_off_with_the_reason() -> None:
-    assert job_checkpointing(None, BF16) == ""
-    assert "prepare_model_for_kbit_training" in job_checkpointing(None, QLORA)
-    assert "prepare_model_for_kbit_training" in job_checkpointing(("on", "every-2"), QLORA)
-    with pytest.raises(UsageError, match="--checkpointing off: your factory turns"):
-        job_checkpointing(("off",), QLORA)
 
 
 def test_the_recipe_is_their_class_with_its_defaults_under_their_file() -> None:
@@ -113,9 +104,9 @@ def test_adapters_trained_in_bf16_are_offered_no_fp16_on_a_gpu() -> None:
         )
 
     assert space(QLORA).precisions == ("as-loaded", "bf16")
-    assert [name for name, _ in fixed_by_job(QLORA, "", offers_fp16=True)] == ["fp32", "fp16"]
-    assert "gradient scaler" in dict(fixed_by_job(QLORA, "", offers_fp16=True))["fp16"]
-    assert "fp16" not in dict(fixed_by_job(QLORA, "", offers_fp16=False))  # the CPU has none
+    assert [name for name, _ in fixed_by_job(QLORA, offers_fp16=True)] == ["fp32", "fp16"]
+    assert "gradient scaler" in dict(fixed_by_job(QLORA, offers_fp16=True))["fp16"]
+    assert "fp16" not in dict(fixed_by_job(QLORA, offers_fp16=False))  # the CPU has none
     with pytest.raises(SpaceError, match="--precisions fp16: your job trains its parameters"):
         space(QLORA, precisions=["fp16"])
     assert space(BF16).precisions == ("as-loaded", "fp16", "bf16")  # fp32 adapters: it can
