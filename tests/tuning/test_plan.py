@@ -1,4 +1,5 @@
-"""The plan from options: what it takes from a default is said, with how to set it."""
+"""The plan from the resolved facts and the options: what it takes from a default is
+said, with how to set it."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import pytest
 from helpers import SPEC
 
 from autotune.core.checkpointing import Checkpointing
+from autotune.core.device import DeviceInfo
 from autotune.core.enums import DeviceKind
 from autotune.core.errors import UsageError
-from autotune.core.job import BaseArguments, JobFacts
+from autotune.core.job import BaseArguments, JobFacts, ParameterCount
+from autotune.core.trial import ModelSpec
 from autotune.tuning.options import SearchOptions
-from autotune.tuning.plan import _graded, workload_defaults
-from autotune.tuning.resolve import read_base
+from autotune.tuning.plan import Layout, _graded, plan, workload_defaults
+from autotune.tuning.resolve import Facts, read_base
 
 OPTIONS = SearchOptions(model="tiny", device="cpu")
 NO_FILE = BaseArguments(None, None, None, {})
@@ -74,3 +77,42 @@ def _job() -> dict[str, object]:
         "embedding": 0,
         "largest": 1,
     }
+
+
+def _facts(**changes: object) -> Facts:
+    """A job resolved by hand: what tuning/resolve.py would read, with no hf call."""
+    facts = Facts(
+        device=DeviceInfo("cpu", None, "test cpu", 16 * 2**30),
+        model=ModelSpec("tiny", "local", "causal-lm", {"num_hidden_layers": 2}),
+        job=None,
+        base=NO_FILE,
+        counted=ParameterCount(total=10**6, embedding=10**5, largest=10**5, checkpoint_layers=2),
+        max_positions=256,
+        installed_optimizers=("adamw_torch", "adamw_torch_fused", "adafactor"),
+        levers=(),
+        levers_not_offered=(("torch_compile", "no compiler"),),
+        checkpointing_field="activation_checkpointing",
+        gpus=0,
+    )
+    return dataclasses.replace(facts, **changes)  # type: ignore[arg-type]
+
+
+def test_the_plan_is_derived_from_the_resolved_facts_alone() -> None:
+    """plan() reads typed facts, never hf: the space, the lengths and the budget follow
+    from them, and what they say is not offered is said."""
+    spec, slots = plan(OPTIONS, _facts(), Layout(), with_dataset=False)
+    assert slots == [] and spec.global_batch_size == 32
+    assert spec.space.optimizers == ("adamw_torch", "adamw_torch_fused", "adafactor")
+    assert spec.space.checkpointing == (Checkpointing.OFF, Checkpointing.EVERY_2, Checkpointing.ON)
+    assert dict(spec.space.not_offered)["torch_compile"] == "no compiler"
+    assert spec.seq_len == 256 and spec.parameters == 10**6
+    with pytest.raises(UsageError, match="exceeds tiny's limit of 256"):
+        plan(dataclasses.replace(OPTIONS, seq_len=512), _facts(), Layout(), with_dataset=False)
+
+
+def test_the_users_global_batch_counts_every_process() -> None:
+    """Their 16 x 1 per device over 2 processes is a global batch of 32, as torchrun runs
+    it: each process takes 16."""
+    theirs = BaseArguments(16, None, None, {})
+    spec, _ = plan(OPTIONS, _facts(base=theirs), Layout(nproc_per_node=2), with_dataset=False)
+    assert spec.global_batch_size == 32 and spec.space.global_batch_size == 16
