@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -23,16 +24,19 @@ from typing import Any
 from autotune.core.enums import DeviceKind, Outcome
 from autotune.core.rehearsal import EVENTS_NAME, Event, Rehearsal, read_events
 from autotune.core.spec import SearchSpec
-from autotune.core.trial import TrialRecord
+from autotune.core.trial import Candidate, TrialRecord
 from autotune.core.units import format_duration
 from autotune.tuning._context import RunContext
 from autotune.tuning.deadline import Deadline
+from autotune.tuning.estimate import state_bytes
 from autotune.tuning.selection import select_for
 
 REHEARSALS = 3  # configs rehearsed at most, the selected first
 DEFAULT_EVAL_BATCH = 8  # TrainingArguments' per_device_eval_batch_size
 STAND_IN_EVAL_BATCHES = 2  # a stand-in's synthetic evaluation set, in batches
 HALVINGS = 3  # evaluation batches tried below the user's: half, a quarter, an eighth
+# A checkpoint written and read back, planned at a modest local disk's speed
+SAVE_BYTES_PER_S = 200 * 2**20
 # An evaluation out of memory this far through its batches: the kept logits piling up
 LATE = 0.5
 # The run's fields a rehearsal runs with: its evaluation and its saving
@@ -82,7 +86,7 @@ def plan_line(spec: SearchSpec) -> str:
     skipped = "".join(f"; no {why}" for why in run.why_not)
     return (
         f"rehearsal: before the export, the config to export runs {what} under the budget "
-        f"(about a probe's time, reserved from exploring){skipped}"
+        f"(its time reserved from exploring){skipped}"
     )
 
 
@@ -101,10 +105,10 @@ def rehearse_selected(
         if chosen is None or chosen.rehearsal is not None:
             return None
         left = deadline.left()
-        if left is not None and expected_s(chosen) > left:
+        if left is not None and expected_s(chosen, run.spec) > left:
             if chosen.number != said:
                 run.observer.on_plan(
-                    f"rehearsal: not run (about {format_duration(expected_s(chosen))}, "
+                    f"rehearsal: not run (about {format_duration(expected_s(chosen, run.spec))}, "
                     f"{format_duration(left)} of the time budget left): trial "
                     f"{chosen.number} is exported unrehearsed"
                 )
@@ -117,10 +121,34 @@ def rehearse_selected(
     return None
 
 
-def expected_s(record: TrialRecord) -> float:
-    """A rehearsal takes about what the config's probe took (a child, a model built,
-    a few steps; an evaluation pass and a save instead of the measured steps)."""
-    return record.result.phases_s.get("wall", 0.0) or record.result.phases_s.get("total", 0.0)
+def expected_s(record: TrialRecord, spec: SearchSpec) -> float:
+    """What rehearsing `record` takes: its probe's one-time part (a child, the imports,
+    the model built), two training steps, and the checkpoint written and read back.
+    Where the run evaluates, its evaluation pass over data of unknown size is planned at
+    a whole probe's time on top of that."""
+    result = record.result
+    wall = result.phases_s.get("wall", 0.0) or result.phases_s.get("total", 0.0)
+    step = result.step_time_median_s or 0.0
+    once = max(0.0, wall - result.phases_s.get("train", 0.0))
+    save = 2 * checkpoint_bytes(spec, record.candidate) / SAVE_BYTES_PER_S
+    evaluation = wall if RunEvents.of(spec).evaluate else 0.0
+    return once + 2 * step + save + evaluation
+
+
+def checkpoint_bytes(spec: SearchSpec, candidate: Candidate) -> int:
+    """What a checkpoint holds: the weights as held (the trained ones in 32 bits) and,
+    unless the run saves the model only, the optimizer's state for those that train."""
+    trained = spec.trainable_parameters or spec.parameters
+    frozen = spec.frozen_bytes if spec.trainable_parameters else 0
+    only_model = RunEvents.of(spec).fields.get("save_only_model") is True
+    return trained * 4 + frozen + (0 if only_model else trained * state_bytes(candidate.optim))
+
+
+def reserved_s(records: list[TrialRecord], spec: SearchSpec, probe_s: float) -> float:
+    """The time exploring leaves the rehearsal before the export: the median rehearsal
+    of the configs that fit so far (a probe's time, `probe_s`, before any fits)."""
+    fitting = [expected_s(r, spec) for r in records if r.result.outcome == Outcome.OK]
+    return statistics.median(fitting) if fitting else probe_s
 
 
 def rehearse(
@@ -161,7 +189,7 @@ def rehearse(
             return dataclasses.replace(found, note=_tried(tried))
     for batch in _halves(theirs):  # the largest that fits, from half of theirs
         left = deadline.left()
-        if left is not None and expected_s(record) > left:
+        if left is not None and expected_s(record, run.spec) > left:
             return dataclasses.replace(
                 found, note=f"{_tried(tried)}; no time left to try a smaller evaluation batch"
             )

@@ -45,7 +45,7 @@ from autotune.tuning.parity import (
     reference_candidate,
     run_s,
 )
-from autotune.tuning.rehearsal import RunEvents, rehearse_selected
+from autotune.tuning.rehearsal import RunEvents, rehearse_selected, reserved_s
 from autotune.tuning.selection import (
     compare,
     duel_pair,
@@ -147,8 +147,9 @@ class SearchRun:
             )
         expected = probe_wall_s(recs)
         events = RunEvents.of(self.spec)
-        # the rehearsal before the export takes about a probe's time: it is left its time
-        rehearsal = expected if limits.rehearse and (events.evaluate or events.save) else 0.0
+        # the rehearsal before the export is left its time
+        rehearse = limits.rehearse and (events.evaluate or events.save)
+        rehearsal = reserved_s(recs, self.spec, expected) if rehearse else 0.0
         if end is not None and (left := end.left()) is not None and expected + rehearsal > left:
             also = " and the rehearsal" if rehearsal else ""
             return (
