@@ -446,9 +446,11 @@ class SearchRun:
 
 def probe_wall_s(records: list[TrialRecord]) -> float:
     """What a new probe is expected to take, start to end: the median wall time of this
-    study's probes (0 before any)."""
-    walls = [w for r in records if is_probe(r) and (w := r.result.phases_s.get("wall", 0.0)) > 0]
-    return statistics.median(walls) if walls else 0.0
+    study's probes that ran to their end (one out of memory stops early, and the next
+    may fit), of all its probes before any did (0 before any)."""
+    probes = [r for r in records if is_probe(r) and r.result.phases_s.get("wall", 0.0) > 0]
+    ended = [r for r in probes if r.result.outcome == Outcome.OK] or probes
+    return statistics.median(r.result.phases_s["wall"] for r in ended) if ended else 0.0
 
 
 def is_probe(record: TrialRecord) -> bool:
