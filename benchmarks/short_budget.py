@@ -146,11 +146,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--no-append", dest="append", action="store_false")
     options = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="autotune-short-"))
-    (work / "neox").mkdir()
-    (work / "neox" / "config.json").write_text(json.dumps(NEOX))
     rows = []
     for budget in BUDGETS_GIB:
+        # a folder (and a study storage) of its own: no search reuses another's probes
+        work = Path(tempfile.mkdtemp(prefix=f"autotune-short-{budget}g-"))
+        (work / "neox").mkdir()
+        (work / "neox" / "config.json").write_text(json.dumps(NEOX))
         found = search(work, budget)
         print(f"{budget} GiB: {found['probes']} probes in {found['wall_s']} s; {found['headline']}")
         export = found["export"]
