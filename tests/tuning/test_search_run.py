@@ -383,8 +383,10 @@ def test_the_search_options_reach_the_probes_and_the_export(tmp_path: Path) -> N
     chosen = summary["best"]["trial"]
     shown = json.loads(autotune(tmp_path, "show", "--study", "tiny", "--format", "json").stdout)
     best = next(t for t in shown["trials"] if t["best"])
-    per_gib = [t["samples_per_s_per_gib"] for t in shown["trials"] if t["outcome"] == "ok"]
-    assert best["trial"] == chosen and best["samples_per_s_per_gib"] == max(per_gib)
+    # listed first, with its per-GiB figure; selection ranks by the quiet step and lets a
+    # tie keep the recipe's arithmetic, so its median-step figure need not be the largest
+    assert shown["trials"][0] is best and best["trial"] == chosen
+    assert best["samples_per_s_per_gib"] is not None
     table = autotune(tmp_path, "show", "--study", "tiny").stdout
     assert "samples/s per GiB" in table and "objective efficiency" in table
     assert autotune(tmp_path, "report", "--study", "tiny").returncode == 0
