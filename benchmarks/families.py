@@ -281,6 +281,8 @@ def autotune(
         ",".join(PRECISIONS),
         "--optimizers",
         ",".join(OPTIMIZERS),
+        "--checkpointing",
+        "off,on",
         "--lever",
         "torch_compile=false",
         "--lever",
