@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,30 @@ def test_the_gpu_block_is_the_sequence_the_tune_your_script_section_explains() -
     explained = _commands(body.split("\n## ", 1)[0])
     assert gpu and gpu == explained[: len(gpu)]
     assert "python train.py my_args.json" in head and "python train.py my_args.json" in body
+
+
+def test_the_docs_script_runs_every_command_the_readme_and_the_examples_write() -> None:
+    """benchmarks/docs_as_written.py (45 minutes: the searches keep their time budgets)
+    runs every command these two documents give, as written: the one change is
+    `--device cpu` on a search written for a GPU, where there is none."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import docs_as_written as docs
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    def same(commands: list[str]) -> set[str]:
+        return {" ".join(c.split()) for c in commands}
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    gpu = docs.gpu_block(readme)
+    ran = [*docs.try_out(readme), *gpu, docs.stand_in(readme)]
+    ran += [*docs.review_block(readme), *docs.doctor(readme)]
+    assert same(_commands(readme)) <= same(ran)
+    assert docs.on_this_machine(gpu[0], gpu=False) == f"{gpu[0]} --device cpu"
+    assert [docs.on_this_machine(c, gpu=False) for c in gpu[1:]] == gpu[1:]
+    examples = (ROOT / "examples/README.md").read_text(encoding="utf-8")
+    assert same(_commands(examples)) <= same(docs.shell_commands(examples))
 
 
 def test_the_readmes_train_py_and_my_args_are_what_python_and_sftconfig_accept() -> None:

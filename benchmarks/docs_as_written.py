@@ -1,0 +1,214 @@
+#!/usr/bin/env python
+"""Every command block of the README and of examples/README.md, run as written on this
+machine, in order, each document in a fresh folder. Prints each command's exit code and
+wall time, and what the README's export changed in its my_args.json.
+
+What runs, and the only changes made to what is written:
+- README, the CPU try-out: the command after its install line (the install is the one
+  this environment already did).
+- README, the GPU block: its train.py and my_args.json copied word for word, a small
+  Llama checkpoint and its tokenizer at `my/checkpoint` and a `train.jsonl`, then each
+  command in order, `--device cpu` added to the search where there is no GPU.
+- README, the stand-in line (`--model google/mt5-small --base-args my_args.json`), in
+  the GPU block's folder, `--device cpu` added likewise; then the "Review a study"
+  block there (its study is the stand-in's, `mt5-small`, beside a my_args.json):
+  `dashboard` serves until stopped, so it is stopped after 15 s, and counts as run
+  when it printed its address; then `autotune doctor`.
+- examples/README.md: each command of its blocks in order (comments and continuation
+  lines as a shell reads them), from a folder holding a copy of `examples/`; then the
+  `tune_on_local_text.py WORKDIR` its prose describes.
+
+    python benchmarks/docs_as_written.py [--work DIR] [--only readme|examples]
+
+tests/test_readme.py checks the same blocks without running them (every command parses,
+the files are what Python and SFTConfig accept); this runs them, which takes about 45
+minutes on 2 cores: the searches keep their written time budgets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import ROOT
+
+sys.path.insert(0, str(ROOT / "tests"))
+from job_script import write_job  # a small Llama, a byte-level tokenizer, jsonl data
+
+INSTALL = 'pip install torch && pip install -e ".[peft]"'
+SERVE_S = 15.0  # how long `autotune dashboard` serves before it is stopped
+
+
+def try_out(readme: str) -> list[str]:
+    """The README's CPU try-out: the command its install line runs last."""
+    line = next(x.strip() for x in readme.splitlines() if "autotune search --model" in x)
+    return [line.rsplit(" && ", 1)[-1]]
+
+
+def gpu_block(readme: str) -> list[str]:
+    """The commands of the README's GPU block after its install line, in order."""
+    head = readme.split("## Tune your own training script", 1)[0]
+    block = head.split(INSTALL, 1)[1]
+    lines = [line.strip() for line in block.split("\n\n", 1)[0].splitlines()]
+    return [line for line in lines if line]
+
+
+def stand_in(readme: str) -> str:
+    """The README's stand-in command, written inline across lines in backquotes."""
+    head = readme.split("## What it does", 1)[0]
+    (found,) = re.findall(r"`(autotune search --model [^`]*--base-args[^`]*)`", head, re.S)
+    return " ".join(found.split())
+
+
+def review_block(readme: str) -> list[str]:
+    """The README's "Review a study" block."""
+    section = readme.split("## Review a study", 1)[1]
+    return shell_commands(section.split("\n## ", 1)[0])
+
+
+def doctor(readme: str) -> list[str]:
+    """The README's "Check the machine first" line, without its comment."""
+    section = readme.split("## Check the machine first", 1)[1].split("\n## ", 1)[0]
+    return [x.split(" #", 1)[0].strip() for x in section.splitlines() if x.startswith("    ")]
+
+
+def shell_commands(markdown: str) -> list[str]:
+    """Every command of the document's ``` blocks, in order: comments dropped, a line
+    ending in a backslash joined with the next, as a shell reads them."""
+    commands = []
+    for block in re.findall(r"```\n(.*?)```", markdown, re.S):
+        joined = re.sub(r"\\\n\s*", " ", block)
+        for line in joined.splitlines():
+            line = line.split(" #", 1)[0].strip() if not line.lstrip().startswith("#") else ""
+            if line:
+                commands.append(line)
+    return commands
+
+
+def prepare_readme(work: Path, readme: str) -> None:
+    """train.py and my_args.json as the README writes them; the checkpoint and data they
+    name."""
+    (script,) = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "# train.py" in b]
+    (args_json,) = re.findall(r"```json\n(.*?)```", readme, re.S)
+    (work / "train.py").write_text(script)
+    (work / "my_args.json").write_text(args_json)
+    job = work / "job"
+    write_job(job)
+    checkpoint = work / "my" / "checkpoint"
+    shutil.copytree(job / "model", checkpoint)
+    for file in (job / "tokenizer").iterdir():
+        shutil.copy(file, checkpoint / file.name)
+    shutil.copy(job / "train.jsonl", work / "train.jsonl")
+
+
+def on_this_machine(command: str, gpu: bool) -> str:
+    """The one substitution: a search written for a GPU runs on the CPU here."""
+    if command.startswith("autotune search") and "--device" not in command and not gpu:
+        return command + " --device cpu"
+    return command
+
+
+class Runner:
+    """Runs commands with this interpreter's environment (`autotune` and `python`)."""
+
+    def __init__(self) -> None:
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "PATH": path}
+        self.rows: list[tuple[str, str, int, float]] = []
+
+    def run(self, where: str, command: str, cwd: Path) -> int:
+        print(f"\n$ {command}   (in {cwd})", flush=True)
+        started = time.monotonic()
+        if command.startswith("autotune dashboard"):
+            code = self.serve(command, cwd)
+        else:
+            code = subprocess.run(command, shell=True, cwd=cwd, env=self.env).returncode
+        self.rows.append((where, command, code, time.monotonic() - started))
+        return code
+
+    def serve(self, command: str, cwd: Path, seconds: float = SERVE_S) -> int:
+        """A server runs until stopped: 0 when it printed its address and was still
+        serving `seconds` later (then stopped, as Ctrl-C stops it), else its exit code."""
+        server = subprocess.Popen(
+            command, shell=True, cwd=cwd, env=self.env, stdout=subprocess.PIPE, text=True
+        )
+        time.sleep(seconds)
+        if server.poll() is not None:
+            print(server.stdout.read() if server.stdout else "")
+            return server.returncode or 1
+        server.send_signal(signal.SIGINT)
+        out, _ = server.communicate(timeout=30)
+        print(out)
+        return 0 if "http://" in out else 1
+
+
+def readme_blocks(runner: Runner, work: Path, gpu: bool) -> dict[str, object]:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    cpu = work / "readme-try-out"
+    cpu.mkdir()
+    for command in try_out(readme):
+        runner.run("README, CPU try-out", command, cpu)
+    block = work / "readme-gpu"
+    block.mkdir()
+    prepare_readme(block, readme)
+    before = json.loads((block / "my_args.json").read_text())
+    for command in gpu_block(readme):
+        if runner.run("README, GPU block", on_this_machine(command, gpu), block) != 0:
+            break
+    after = json.loads((block / "my_args.json").read_text())
+    runner.run("README, stand-in", on_this_machine(stand_in(readme), gpu), block)
+    for command in review_block(readme):
+        runner.run("README, review", command, block)
+    for command in doctor(readme):
+        runner.run("README, doctor", command, block)
+    return {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v}
+
+
+def example_blocks(runner: Runner, work: Path) -> None:
+    folder = work / "examples-readme"
+    folder.mkdir()
+    shutil.copytree(ROOT / "examples", folder / "examples")
+    markdown = (ROOT / "examples" / "README.md").read_text(encoding="utf-8")
+    for command in shell_commands(markdown):
+        runner.run("examples/README.md", command, folder)
+    runner.run(
+        "examples/README.md, tune_on_local_text",
+        "python examples/tune_on_local_text.py local-text",
+        folder,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--work", type=Path, help="a fresh folder [default: a temporary one]")
+    parser.add_argument("--only", choices=["readme", "examples"], help="one document")
+    options = parser.parse_args()
+    import torch
+
+    work = options.work or Path(tempfile.mkdtemp(prefix="autotune-docs-"))
+    work.mkdir(parents=True, exist_ok=True)
+    runner = Runner()
+    changed: dict[str, object] = {}
+    if options.only in (None, "readme"):
+        changed = readme_blocks(runner, work, torch.cuda.is_available())
+    if options.only in (None, "examples"):
+        example_blocks(runner, work)
+    print(f"\nin {work}:\n\n| document | command | exit | wall |\n| --- | --- | --- | --- |")
+    for where, command, code, seconds in runner.rows:
+        print(f"| {where} | `{command}` | {code} | {seconds:.0f} s |")
+    if changed:
+        print(f"\nthe README's my_args.json, changed by its export: {changed}")
+    sys.exit(max((code for *_, code, _ in runner.rows), default=0))
+
+
+if __name__ == "__main__":
+    main()
