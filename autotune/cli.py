@@ -30,6 +30,8 @@ from autotune.core.units import format_size
 from autotune.tuning.options import SearchOptions
 from autotune.views.doctor import print_report
 from autotune.views.estimate_table import estimate_json, print_estimate
+from autotune.views.show import print_view
+from autotune.views.summary import change_lines, finish_lines, outcome_json, versus_line
 
 # Deferred imports: each command imports what it runs (Optuna, the planner, torch), so --help
 # and a bad option answer at once
@@ -56,8 +58,6 @@ def search(**options: Any) -> None:
     outcome = search_command(asked, studies_dir=DEFAULT_STUDIES, log_to_stderr=fmt == "json")
     best = outcome.best
     if fmt == "json":
-        from autotune.views.summary import outcome_json
-
         click.echo(outcome_json(outcome))
         return
     console = Console(highlight=False, soft_wrap=True, markup=False)
@@ -69,9 +69,9 @@ def search(**options: Any) -> None:
         f"best: trial {best.number}: {best.candidate.describe()}: {sps:.2f} samples/s, "
         f"peak {format_size(peak)}{per_gib}"
     )
-    from autotune.views.summary import change_lines, finish_lines, versus_line
 
     lines = [*versus_line(outcome), *finish_lines(outcome.best, outcome.train_steps)]
+    lines += [f"in your script: {line}" for line in outcome.script_changes]
     for line in [*lines, *change_lines(outcome.parity)]:
         console.print(line)
     console.print(f"wrote {outcome.output}")
@@ -227,7 +227,6 @@ def _still_searching(folder: Path) -> list[str]:
 def show(study_name: str, storage: str | None, fmt: str, objective: str | None) -> None:
     """Every trial of a study, best first, and why each non-ok trial failed."""
     from autotune import commands
-    from autotune.views.show import print_view
 
     view = commands.show_command(
         study_name=study_name,

@@ -117,7 +117,10 @@ def hand_off(
             "--for-device cuda (and tune on the GPU for its figures)"
         )
 
-    notes.extend(f"in your script: {line}" for line in script_changes(record.candidate))
+    factory = bool(spec.model.trainer)
+    notes.extend(
+        f"in your script: {line}" for line in script_changes(record.candidate, factory=factory)
+    )
     return tuned, notes
 
 

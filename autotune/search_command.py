@@ -38,7 +38,12 @@ from autotune.tuning.run import prepare_store, run_search
 from autotune.tuning.selection import compare, nothing_fits
 from autotune.tuning.time_plan import plan_for_budget
 from autotune.tuning.workers import run_workers
-from autotune.views.export import export_selected, parity_summary, previous_export
+from autotune.views.export import (
+    export_selected,
+    parity_summary,
+    previous_export,
+    script_changes,
+)
 from autotune.views.progress import Progress
 
 
@@ -230,6 +235,7 @@ def _outcome(
         versus_default=ratio,
         baseline=against,
         args_class=spec.model.args_class,
+        script_changes=tuple(script_changes(best.candidate, factory=bool(spec.model.trainer))),
     )
 
 

@@ -63,6 +63,9 @@ class JobFacts:
     largest: int
     adapter: dict[str, Any] = dataclasses.field(default_factory=dict)  # PEFT's config
     longest: int | None = None  # tokens in its longest sample; None: it has no input_ids
+    # Its longest samples' indices, longest first (at most LONGEST_KEPT): read once here,
+    # handed to every probe, which trains on them
+    longest_samples: tuple[int, ...] = ()
     per_device_train_batch_size: int = 8  # from the arguments the factory was given
     gradient_accumulation_steps: int = 1
     max_length: int | None = None  # SFTConfig's max_length (or max_seq_length)
@@ -85,6 +88,12 @@ class JobFacts:
     # The optimizer the factory built the Trainer with (`optimizers=`), by class name:
     # every probe trains it, whatever `optim` says ("": the Trainer builds it from optim)
     own_optimizer: str = ""
+    # How the Trainer builds its batches: its collator's class, dotted; whether it packs
+    # samples (SFTConfig's packing) and whether it flattens them without padding already
+    # (SFTConfig's padding-free mode, or packing with best-fit decreasing)
+    collator: str = ""
+    packing: bool = False
+    flattens: bool = False
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -93,4 +102,5 @@ class JobFacts:
     def from_json(cls, text: str) -> JobFacts:
         raw = json.loads(text)
         raw["args_fields"] = tuple(raw.get("args_fields", ()))
+        raw["longest_samples"] = tuple(raw.get("longest_samples", ()))
         return cls(**raw)

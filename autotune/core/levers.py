@@ -55,6 +55,10 @@ class Lever:
     owns: tuple[str, ...] = ()
     model_arguments: Callable[[Any], dict[str, Any]] = _none  # from_pretrained's kwargs
     script_lines: Callable[[Any], list[str]] = _no_lines  # what the arguments file cannot say
+    # The fields of the user's own arguments class that a value sets where their factory
+    # builds the Trainer (TRL's SFTConfig: its offer rule checked the class has them);
+    # the stand-in's probe does the same itself, and script_lines tell the user how
+    class_fields: Callable[[Any], dict[str, Any]] = _none
     # What a value other than the plain one does besides its fields: its first steps pay
     # a compile (probes keep a cold cache of their own; the summary weighs it once), the
     # batches are flattened without padding (the probe's collator, the user's), the
@@ -151,12 +155,15 @@ LIGER = Lever(
 PADDING_FREE = Lever(
     "padding_free",
     boolean,
-    "--dataset, causal LMs whose loss is unchanged on a checked batch",
+    "--dataset or your SFTTrainer's own, causal LMs whose loss is unchanged on a checked batch",
     label=lambda _: "padding-free",
     script_lines=lambda _: [
         "batch without padding: Trainer(..., data_collator=DataCollatorWithFlattening()) "
         "(from transformers)"
     ],
+    # SFTTrainer builds the flattened batches; without packing it refuses a max_length,
+    # which it would no longer apply (offered only where the data never reaches it)
+    class_fields=lambda _: {"padding_free": True, "max_length": None},
     flattens_batches=True,
 )
 LOADER_WORKERS = Lever(

@@ -11,6 +11,7 @@ from autotune.core.checkpointing import as_recorded
 from autotune.core.dataset import DataSpec
 from autotune.core.device import DeviceInfo
 from autotune.core.enums import Task
+from autotune.core.levers import BY_NAME
 from autotune.core.space import SearchSpace
 from autotune.core.trial import ModelSpec
 
@@ -56,11 +57,24 @@ class SearchSpec:
     # With the user's factory, which of their samples the probes train on: "" when their
     # dataset exposes its lengths (the longest ones), else why not (their own batches)
     unmeasured_lengths: str = ""
+    # With the user's factory, their longest samples' indices as the survey read them, a
+    # global batch's worth, longest first: every probe trains on these (not part of the
+    # identity, which holds the data's lengths)
+    longest_samples: tuple[int, ...] = ()
 
     @property
     def global_batch_size(self) -> int:
         """The effective batch: per-device batch x accumulation x processes."""
         return self.space.global_batch_size * self.nproc_per_node
+
+    @property
+    def own_batches(self) -> bool:
+        """A user's job whose padding is searched: probes time their own batches after
+        the worst case (a lever that flattens batches gains only where they have padding,
+        and their longest samples have little)."""
+        return bool(self.model.trainer) and any(
+            BY_NAME[name].flattens_batches and len(values) > 1 for name, values in self.space.levers
+        )
 
     @property
     def tokens_per_sample(self) -> int:
@@ -148,6 +162,7 @@ class SearchSpec:
         raw["space"] = SearchSpace(**space)  # type: ignore[arg-type]
         if raw.get("data"):
             raw["data"] = DataSpec.from_dict(raw["data"])
+        raw["longest_samples"] = tuple(raw.get("longest_samples", ()))
         return cls(**raw)
 
     def describe(self) -> str:

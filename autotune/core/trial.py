@@ -163,6 +163,11 @@ class TrialConfig:
     training_arguments: dict[str, Any] = dataclasses.field(default_factory=dict)
     concurrent: int = 1  # probes sharing the machine's cores while this one runs
     data_path: str = ""  # the user's tokenized data: real batches are timed after the worst case
+    # A user's job whose padding is searched: their own batches are timed after the worst
+    # case (padding-free gains only where batches have padding)
+    own_batches: bool = False
+    # A user's job: their longest samples' indices, longest first, as the survey read them
+    longest_samples: tuple[int, ...] = ()
     pad_token_id: int = 0
     nproc_per_node: int = 1  # >1: a DDP run of this many processes, launched by torchrun
     # CUDA: what the probe sets CUDA_VISIBLE_DEVICES to before CUDA starts ("": leave it),
@@ -214,6 +219,7 @@ class TrialConfig:
             raise ValueError("this config.json predates autotune 0.2; rerun the search")
         raw["model"] = ModelSpec(**raw["model"])
         raw["candidate"] = Candidate(**raw["candidate"])
+        raw["longest_samples"] = tuple(raw.get("longest_samples", ()))
         return cls(**raw)
 
 

@@ -5,11 +5,15 @@ dataset's lengths, so that probes can measure on the longest samples."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from autotune.core.job import JobFacts
 from autotune.hf.factory import class_name
+from autotune.hf.levers import flattens_batches
 from autotune.hf.models import detect_task, parameter_count, parameter_elements
+
+LONGEST_KEPT = 4096  # the longest samples' indices a survey keeps: a global batch's worth
 
 # Deferred imports: pyarrow and torch load only where the data is read (the survey, a probe);
 # the planner imports this module without them
@@ -36,6 +40,7 @@ def job_facts(trainer: Any) -> JobFacts:
         config=config,
         adapter=adapter_config(model),
         longest=max(lengths) if lengths else None,
+        longest_samples=tuple(longest_first(lengths, LONGEST_KEPT)) if lengths else (),
         per_device_train_batch_size=int(args.per_device_train_batch_size),
         gradient_accumulation_steps=int(args.gradient_accumulation_steps),
         max_length=int(length) if isinstance(length, int) else None,
@@ -51,6 +56,9 @@ def job_facts(trainer: Any) -> JobFacts:
         samples=_length(trainer.train_dataset),
         own_optimizer=type(trainer.optimizer).__name__ if trainer.optimizer is not None else "",
         tokens=sum(lengths) if lengths else None,
+        collator=class_name(type(trainer.data_collator)) if trainer.data_collator else "",
+        packing=getattr(args, "packing", False) is True,
+        flattens=flattens_batches(trainer),
     )
 
 
@@ -151,14 +159,23 @@ def _arrow_column(dataset: Any, name: str) -> Any:
     return dataset[name]
 
 
-def longest_samples(dataset: Any, count: int, batch: int) -> Any:
+def longest_first(lengths: list[int], count: int) -> list[int]:
+    """The indices of the `count` longest samples, longest first (ties in data order)."""
+    return sorted(range(len(lengths)), key=lambda i: -lengths[i])[:count]
+
+
+def longest_samples(dataset: Any, count: int, batch: int, known: Sequence[int] = ()) -> Any:
     """`count` samples drawn from the dataset's `batch` longest, so that every batch
     of a probe is a worst case whatever the sampler's order; the dataset unchanged
-    when it does not expose its lengths."""
-    lengths = sample_lengths(dataset)
-    if not lengths:
-        return dataset
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])[: max(1, batch)]
+    when it does not expose its lengths. `known`: their indices, longest first, as the
+    survey read them (enough of them: the lengths are not read again)."""
+    if len(known) >= min(batch, _length(dataset) or 0) > 0:
+        order = list(known[: max(1, batch)])
+    else:
+        lengths = sample_lengths(dataset)
+        if not lengths:
+            return dataset
+        order = longest_first(lengths, max(1, batch))
     indices = [order[i % len(order)] for i in range(count)]
     if hasattr(dataset, "select"):
         return dataset.select(indices)

@@ -16,6 +16,7 @@ from typing import Any
 
 from autotune.core.enums import DeviceKind, Task
 from autotune.core.errors import UsageError
+from autotune.core.job import JobFacts
 from autotune.core.levers import (
     ATTENTION,
     BY_NAME,
@@ -90,11 +91,13 @@ def offer(
     asked: Mapping[str, tuple[Any, ...]],
     nproc_per_node: int = 1,
     own_deepspeed: bool = False,
+    job: JobFacts | None = None,
 ) -> tuple[list[tuple[str, tuple[Any, ...]]], list[tuple[str, str]]]:
     """(levers with the values to search, [(lever, why it is not searched)]).
 
     `own_deepspeed`: the user's base arguments carry a DeepSpeed config of their own,
-    which every probe runs as given."""
+    which every probe runs as given. `job`: what the user's factory built, when the
+    search tunes their job."""
     factory = bool(model.trainer)  # the user's factory builds the model and the batches
     # Each declared lever's rule (core/levers.py): the values offered here, or why none
     available: dict[Lever, tuple[tuple[Any, ...], str]] = {
@@ -106,9 +109,7 @@ def offer(
         ),
         LIGER: _liger(model, device_kind),
         PADDING_FREE: (
-            ((), "your factory's collator builds the batches (SFTConfig has padding_free)")
-            if factory
-            else _padding_free(model, dataset)
+            _sft_padding_free(model, job) if job is not None else _padding_free(model, dataset)
         ),
         LOADER_WORKERS: _loader_workers(dataset),
         ZERO_STAGE: _zero(device_kind, nproc_per_node, own_deepspeed),
@@ -229,6 +230,48 @@ def _padding_free(model: ModelSpec, dataset: bool) -> tuple[tuple[Any, ...], str
     if model.task != Task.CAUSAL_LM:
         return (), f"padding-free batches are for causal LMs; this is {model.task}"
 
+    error = packing_error(model)
+    if error:
+        return (), error
+    return (False, True), ""
+
+
+def flattens_batches(trainer: Any) -> bool:
+    """Whether a user's Trainer flattens its batches without padding already: TRL's
+    SFTTrainer does under `padding_free`, or packing with best-fit decreasing."""
+    return getattr(trainer, "padding_free", False) is True
+
+
+def _sft_padding_free(model: ModelSpec, job: JobFacts) -> tuple[tuple[Any, ...], str]:
+    """Padding-free batches in the user's job: TRL's SFTTrainer builds them itself when
+    their SFTConfig says `padding_free`, from its own collator, without packing; it
+    refuses them while `max_length` is set (it could no longer truncate), so they are
+    offered only where no sample of the data reaches it: `max_length` then goes too, and
+    their samples stay as they are."""
+    if "padding_free" not in job.args_fields:
+        name = job.args_class.rsplit(".", 1)[-1]
+        return (), f"your factory's collator builds the batches ({name} has no padding_free)"
+    if job.flattens:
+        return (), "your SFTTrainer flattens the batches already (padding_free, or bfd packing)"
+    if job.packing:
+        return (), "your SFTConfig packs samples into full rows: there is no padding to drop"
+    if not job.collator.startswith("trl."):
+        return (), (
+            f"your factory passes its own data_collator ({job.collator.rsplit('.', 1)[-1]}); "
+            "SFTTrainer's padding-free batches need its own"
+        )
+    if model.task != Task.CAUSAL_LM:
+        return (), f"padding-free batches are for causal LMs; this is {model.task}"
+    if job.max_length is not None and (job.longest is None or job.longest >= job.max_length):
+        reach = (
+            f"your data reaches max_length {job.max_length}"
+            if job.longest is not None
+            else "your dataset's lengths are unknown"
+        )
+        return (), (
+            "SFTTrainer takes padding_free without packing only with max_length null, and "
+            f"{reach}: its samples would no longer be truncated"
+        )
     error = packing_error(model)
     if error:
         return (), error

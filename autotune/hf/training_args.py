@@ -47,12 +47,15 @@ def tuned_arguments(
     checkpointing_field: str = CHECKPOINTING_FIELDS[0],
     tf32_kept: bool = False,
     checkpointing_kwargs: dict[str, Any] | None = None,
+    factory: bool = False,
 ) -> dict[str, Any]:
     """The TrainingArguments fields a candidate sets: what the probe runs and export writes.
 
     `tf32_kept`: the user's recipe turns TF32 on; under fp16 and bf16, where TF32 is not
     the precision searched but what the matmuls left in 32 bits use, theirs is kept.
-    `checkpointing_kwargs`: the recipe's own, kept beside the level's (core/checkpointing.py)."""
+    `checkpointing_kwargs`: the recipe's own, kept beside the level's (core/checkpointing.py).
+    `factory`: the user's factory builds the Trainer with their arguments class, so a
+    lever set through a field of that class (SFTConfig's padding-free switch) sets it."""
     precision_flags = flags(candidate.precision, tf32_kept=tf32_kept)
     args: dict[str, Any] = {
         "per_device_train_batch_size": candidate.per_device_train_batch_size,
@@ -71,6 +74,8 @@ def tuned_arguments(
     # without them reads as it always did
     for lever, value in candidate.levers_set():
         args.update(lever.fields(value))
+        if factory:
+            args.update(lever.class_fields(value))
     return args
 
 
@@ -82,6 +87,7 @@ def study_arguments(spec: SearchSpec, candidate: Candidate) -> dict[str, Any]:
         checkpointing_field=spec.checkpointing_field,
         tf32_kept=spec.recipe_settings.get("tf32") is True,
         checkpointing_kwargs=spec.recipe_settings.get(f"{spec.checkpointing_field}_kwargs"),
+        factory=bool(spec.model.trainer),
     )
 
 

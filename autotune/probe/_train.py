@@ -47,7 +47,12 @@ def worst_case(
         schedule=schedule,
     )
     fields = {**recipe, **probe_only_arguments(config, steps)}
-    trainer = worst_case_trainer(config, fields, model, [timer], steps)
+    if config.own_batches:  # a user's job: their batches are timed after the worst case
+        trainer = factory_trainer(config, fields, [timer])
+        own = trainer.train_dataset
+        trainer.train_dataset = _longest(trainer.train_dataset, config, steps)
+    else:
+        trainer = worst_case_trainer(config, fields, model, [timer], steps)
     timer.attach(trainer)
     losses = StepLosses(trainer, config.candidate.gradient_accumulation_steps)
     tick = time.perf_counter()
@@ -56,17 +61,20 @@ def worst_case(
     ended = time.perf_counter()
     phases["train"] = ended - tick
     model = trainer.model
-    del trainer
     result = _measured(config, timer, float(output.training_loss))
     result = result.replace(step_losses=losses.per_step())
     if result.step_time_median_s is None:
         return result, model
     # Setup, compilation and slow first steps: all the warm-up cost beyond steady steps
-    return result.replace(
+    result = result.replace(
         one_time_s=round(timer.one_time_s(ended), 3),
         warmup_steps=timer.warmup_steps,
         measure_stop=timer.stop_reason,
-    ), model
+    )
+    if config.own_batches and result.outcome == Outcome.OK:
+        trainer.remove_callback(timer)
+        result = own_batches(config, trainer, own, result)
+    return result, model
 
 
 class StepLosses:
@@ -109,12 +117,41 @@ def worst_case_trainer(
 
     if config.model.trainer:
         trainer = factory_trainer(config, fields, callbacks)
-        trainer.train_dataset = longest_samples(
-            trainer.train_dataset, steps * config.global_batch_size, config.global_batch_size
-        )
+        trainer.train_dataset = _longest(trainer.train_dataset, config, steps)
         return trainer
     dataset = WorstCaseDataset.of(config, steps * config.global_batch_size)
     return plain_trainer(fields, model, dataset, _packed(config), callbacks)
+
+
+def _longest(dataset: Any, config: TrialConfig, steps: int) -> Any:
+    """The user's samples a probe's `steps` steps train on: their longest."""
+    return longest_samples(
+        dataset, steps * config.global_batch_size, config.global_batch_size, config.longest_samples
+    )
+
+
+def own_batches(config: TrialConfig, trainer: Any, dataset: Any, worst: TrialResult) -> TrialResult:
+    """Time the user's own batches, in their order, on the Trainer the worst case trained
+    (the same model and optimizer: no second copy raises the peak). For a user's job
+    whose padding is searched: the longest samples have little padding to drop, their
+    batches do. One warm-up step and the measured steps; samples/s, real (non-pad)
+    tokens/s and the step times become those of their batches."""
+    from autotune.probe.data import TokenCount
+    from autotune.probe.timing import StepTimer
+
+    steps = 1 + config.measure_steps
+    timer = StepTimer(device_kind=config.device_kind, warmup_steps=1)
+    trainer.add_callback(timer)
+    trainer.train_dataset = dataset
+    trainer.args.max_steps = steps
+    trainer.args.output_dir = str(Path(config.trial_dir) / "trainer-own")
+    count = TokenCount(config.model.task)
+    hook = trainer.model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        trainer.train()
+    finally:
+        hook.remove()
+    return timed_batches(config, timer, count, worst)
 
 
 def plain_trainer(
@@ -188,11 +225,17 @@ def real_batches(
     finally:
         hook.remove()
     del trainer
+    return timed_batches(config, timer, count, worst)
+
+
+def timed_batches(config: TrialConfig, timer: Any, count: Any, worst: TrialResult) -> TrialResult:
+    """The worst case's result with the speed of the real batches `timer` timed and
+    `count` counted (their step times, real tokens and padding)."""
     times = timer.measured_step_times()
     if not times:
         return worst.replace(outcome=Outcome.ERROR, reason="no real batch step completed")
     accumulation = config.candidate.gradient_accumulation_steps
-    window = count.fed()[accumulation : accumulation * steps]
+    window = count.fed()[accumulation : accumulation * (1 + config.measure_steps)]
     real, fed = sum(r for r, _ in window), sum(f for _, f in window)
     stats = StepStats.of(times)
     return worst.replace(

@@ -39,6 +39,8 @@ class SearchOutcome:
     versus_default: SpeedRatio | None = None
     baseline: str = "the plain default"
     args_class: str = ""  # your factory's arguments class; "": TrainingArguments
+    # what your script needs besides the arguments file (views.export.script_changes)
+    script_changes: tuple[str, ...] = ()
 
     def arguments(self) -> Any:
         """The exported arguments as an object of your class (`SFTConfig` stays

@@ -101,6 +101,7 @@ def plan(
         base_arguments=base.carried,
         kept_arguments=base.kept,
         unmeasured_lengths=unmeasured(job),
+        longest_samples=job.longest_samples[:batch] if job else (),
         recipe_settings=facts.recipe,
         parameters=counted.total,
         embedding_parameters=counted.embedding,

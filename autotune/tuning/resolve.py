@@ -98,6 +98,7 @@ def resolve(o: SearchOptions, *, nproc_per_node: int, with_dataset: bool) -> Fac
         asked=parse_lever_options(o.levers),
         nproc_per_node=nproc_per_node,
         own_deepspeed=bool(base.carried.get("deepspeed")),
+        job=job,
     )
     return Facts(
         device=device,

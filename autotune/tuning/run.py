@@ -437,6 +437,8 @@ class SearchRun:
             concurrent=concurrent or self.limits.concurrent,
             nproc_per_node=spec.nproc_per_node,
             data_path=spec.data.path if spec.data else "",
+            own_batches=spec.own_batches,
+            longest_samples=spec.longest_samples,
             pad_token_id=spec.data.pad_token_id if spec.data else 0,
             adaptive=adaptive,
             incumbent_s=incumbent_s,

@@ -104,7 +104,7 @@ def export_best(
         "arguments": arguments,
         "your_arguments": spec.kept_arguments,  # written back from --base-args
         "model_arguments": record.candidate.model_arguments(),
-        "script_changes": script_changes(record.candidate),
+        "script_changes": script_changes(record.candidate, factory=bool(spec.model.trainer)),
     }
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -213,9 +213,15 @@ def written_script_changes(output: Path) -> list[str]:
     return [str(line) for line in summary.get("script_changes", [])]
 
 
-def script_changes(candidate: Candidate) -> list[str]:
-    """The lines the user's script needs besides the arguments file, as measured."""
-    return [line for lever, value in candidate.levers_set() for line in lever.script_lines(value)]
+def script_changes(candidate: Candidate, *, factory: bool = False) -> list[str]:
+    """The lines the user's script needs besides the arguments file, as measured: none
+    for a lever their factory's arguments class turns on itself (the file sets it)."""
+    return [
+        line
+        for lever, value in candidate.levers_set()
+        if not (factory and lever.class_fields(value))
+        for line in lever.script_lines(value)
+    ]
 
 
 def _figures(record: TrialRecord) -> dict[str, Any]:

@@ -36,8 +36,9 @@ class TrialRow:
     step_time_spread_pct: float | None
     mfu_pct: float | None
     why: str
-    # With --dataset: samples/s and tokens/s (real, non-pad) are on real batches; these
-    # are the pad share of the timed real batches and the worst case's samples/s.
+    # With --dataset, or a user's job whose padding is searched: samples/s and tokens/s
+    # (real, non-pad) are on their real batches; these are the pad share of the timed
+    # real batches and the worst case's samples/s.
     padding_pct: float | None = None
     worst_case_samples_per_s: float | None = None
     # Training parity with the user's recipe: same-arithmetic, ok, diverged or unchecked
@@ -172,7 +173,7 @@ def render_table(
     objective: Objective = Objective.THROUGHPUT,
 ) -> Table:
     table = Table(title=f"{study_name}: {spec.describe()}", title_justify="left")
-    real = spec.data is not None
+    real = spec.data is not None or spec.own_batches
     per_gib = objective == Objective.EFFICIENCY
     columns = ["trial", "config", "outcome", "samples/s"]
     columns += ["samples/s per GiB"] if per_gib else []
@@ -233,6 +234,12 @@ def print_table(
         console.print(
             "samples/s and real tokens/s: real batches of your data, padded per micro-batch, "
             "at the median step, by which configs are ranked; peak memory: worst-case batches"
+        )
+    elif spec.own_batches:
+        console.print(
+            "samples/s and real tokens/s: your own batches, in your order, at the median step, "
+            "by which configs are ranked (their padding is searched); peak memory: batches "
+            "of your longest samples"
         )
     elif objective == Objective.EFFICIENCY:
         console.print(

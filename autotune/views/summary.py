@@ -6,7 +6,6 @@ import json
 
 from autotune.core.trial import TrialRecord
 from autotune.tuning.outcome import SearchOutcome
-from autotune.views.export import script_changes
 
 
 def record_dict(record: TrialRecord) -> dict[str, object]:
@@ -43,7 +42,7 @@ def outcome_json(outcome: SearchOutcome) -> str:
             "time_to_finish_s": outcome.best.result.time_to_finish_s(outcome.train_steps)
             if outcome.train_steps
             else None,
-            "script_changes": script_changes(outcome.best.candidate),
+            "script_changes": list(outcome.script_changes),
             "versus_default": _versus(outcome),
         },
         indent=2,
@@ -96,7 +95,6 @@ def finish_lines(record: TrialRecord, train_steps: int) -> list[str]:
             f"compiled: {r.one_time_s:.1f} s once (compilation, first steps) before "
             "the measured speed; pass --train-steps to weigh it"
         )
-    lines += [f"in your script: {line}" for line in script_changes(record.candidate)]
     return lines
 
 

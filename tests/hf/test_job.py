@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 from helpers import loaded_llama
 
-from autotune.hf.job import checkpointing, held_dtypes, quantization_settings, sample_lengths
+from autotune.hf.job import (
+    checkpointing,
+    held_dtypes,
+    longest_first,
+    longest_samples,
+    quantization_settings,
+    sample_lengths,
+)
 from autotune.hf.models import parameter_count
 
 
@@ -45,3 +52,23 @@ def test_lengths_come_from_the_column_in_the_dataset_order(column: str) -> None:
     assert sample_lengths(dataset) == [3, 7, 1, 5]
     assert sample_lengths(dataset.select([3, 1])) == [5, 7]  # a selection is honoured
     assert sample_lengths(Dataset.from_dict({"text": ["a"]})) is None
+
+
+def test_probes_train_on_the_longest_samples_the_survey_found_without_reading_lengths(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from datasets import Dataset
+
+    dataset = Dataset.from_dict({"input_ids": [[1] * n for n in (3, 7, 1, 5, 7)]})
+    known = longest_first(sample_lengths(dataset) or [], 4096)
+    assert known == [1, 4, 3, 0, 2]  # longest first, ties in the data's order
+    picked = longest_samples(dataset, 6, 2)
+    assert sample_lengths(picked) == [7, 7, 7, 7, 7, 7]
+
+    def unread(_: object) -> None:
+        raise AssertionError("a probe read the lengths again")
+
+    monkeypatch.setattr("autotune.hf.job.sample_lengths", unread)
+    handed = longest_samples(dataset, 6, 2, known)
+    assert list(handed["input_ids"]) == [[1] * 7] * 6
+    assert len(longest_samples(dataset, 4, 3, known)) == 4  # the batch's longest, cycled

@@ -3,6 +3,7 @@ and the one-batch check that padding-free batches leave the loss alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from typing import Any
 
@@ -11,9 +12,12 @@ from conftest import TINY_GPT2, TINY_T5
 
 from autotune.core.enums import DeviceKind
 from autotune.core.errors import UsageError
-from autotune.core.trial import ModelSpec
+from autotune.core.job import JobFacts
+from autotune.core.trial import Candidate, ModelSpec
 from autotune.hf._packing import losses, packing_error
 from autotune.hf.levers import offer, parse_lever_options
+from autotune.hf.training_args import tuned_arguments
+from autotune.views.export import script_changes
 
 GPT2 = ModelSpec("gpt2", "local", "causal-lm", TINY_GPT2)
 T5 = ModelSpec("t5", "local", "seq2seq", TINY_T5)
@@ -121,6 +125,74 @@ def test_padding_free_batches_are_refused_where_they_change_the_loss() -> None:
     assert "does not keep packed sequences apart" in packing_error(OPT)
     levers, reasons = offered(OPT, dataset=True)
     assert "padding_free" not in levers and "change the loss" in reasons["padding_free"]
+
+
+def sft_job(**changed: Any) -> JobFacts:
+    """What the survey reads off an SFTTrainer job: TRL's collator, no packing, data
+    whose longest sample (120 tokens) is under max_length (1024, SFTConfig's default)."""
+    facts = JobFacts(
+        args_class="trl.SFTConfig",
+        args_fields=("output_dir", "max_length", "packing", "padding_free"),
+        model_name="llama",
+        model_class="LlamaForCausalLM",
+        task="causal-lm",
+        config=LLAMA.config,
+        parameters=1,
+        trainable=1,
+        embedding=0,
+        largest=1,
+        longest=120,
+        max_length=1024,
+        collator="trl.trainer.sft_trainer.DataCollatorForLanguageModeling",
+    )
+    return dataclasses.replace(facts, **changed)
+
+
+def sft_offer(model: ModelSpec = LLAMA, **changed: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    factory = dataclasses.replace(model, trainer="/job.py:make_trainer")
+    levers, reasons = offer(
+        factory, DeviceKind.CPU, dataset=False, fixed={}, asked={}, job=sft_job(**changed)
+    )
+    return dict(levers), dict(reasons)
+
+
+def test_an_sft_job_gets_padding_free_where_sfttrainer_takes_it_and_else_says_why() -> None:
+    levers, _ = sft_offer()
+    assert levers["padding_free"] == (False, True)
+    assert sft_offer(max_length=None)[0]["padding_free"] == (False, True)
+    # SFTTrainer refuses padding_free without packing while max_length is set: only
+    # where no sample reaches it (truncation then changes nothing)
+    refused = {
+        "reaches max_length 64": {"max_length": 64, "longest": 64},
+        "lengths are unknown": {"longest": None},
+        "flattens the batches already": {"flattens": True},
+        "packs samples": {"packing": True},
+        "own data_collator (MyCollator)": {"collator": "job.MyCollator"},
+        "TrainingArguments has no padding_free": {
+            "args_class": "transformers.TrainingArguments",
+            "args_fields": ("output_dir",),
+        },
+    }
+    for said, facts in refused.items():
+        levers, reasons = sft_offer(**facts)
+        assert "padding_free" not in levers and said in reasons["padding_free"], facts
+    levers, reasons = sft_offer(OPT)  # its attention lets packed sequences see each other
+    assert "padding_free" not in levers and "change the loss" in reasons["padding_free"]
+
+
+def test_padding_free_in_an_sft_job_is_set_in_their_sftconfig_not_their_script() -> None:
+    candidate = Candidate(8, 1, "fp32", False, "adamw_torch", padding_free=True)
+    fields = tuned_arguments(candidate, device_kind=DeviceKind.CPU, factory=True)
+    assert (fields["padding_free"], fields["max_length"]) == (True, None)
+    assert script_changes(candidate, factory=True) == []
+    # the stand-in's probe flattens the batches itself; the user's script is told how
+    plain = tuned_arguments(candidate, device_kind=DeviceKind.CPU)
+    assert "padding_free" not in plain and "max_length" not in plain
+    assert "DataCollatorWithFlattening" in script_changes(candidate)[0]
+    off = tuned_arguments(
+        dataclasses.replace(candidate, padding_free=False), device_kind=DeviceKind.CPU, factory=True
+    )
+    assert "max_length" not in off  # their own max_length stays
 
 
 def test_a_lever_in_the_users_arguments_is_kept_not_searched() -> None:

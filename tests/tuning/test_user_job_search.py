@@ -172,6 +172,68 @@ def test_a_factory_that_fails_for_one_config_makes_that_trial_an_error(
     )
 
 
+def test_sft_padding_free_is_timed_on_their_own_batches_and_runs_in_their_sftconfig(
+    job: Path,
+) -> None:
+    """Under a max_length their data never reaches, SFTTrainer takes padding_free: the
+    search tries it against padded batches, both also timed on the user's own batches in
+    their order (their longest samples, which set the peak, have little padding to
+    drop), and sets it in their SFTConfig with max_length null, as SFTTrainer asks."""
+    from transformers import HfArgumentParser
+    from trl import SFTConfig
+
+    base = {**BASE_ARGS, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}
+    (job.parent / "unpadded.json").write_text(json.dumps({**base, "max_length": 200}))
+    done = autotune(
+        job.parent,
+        "search",
+        "--trainer",
+        "job.py:make_trainer",
+        "--base-args",
+        "unpadded.json",
+        *SMALL,
+        "--precisions",
+        "fp32",
+        "--optimizers",
+        "adamw_torch",
+        "--checkpointing",
+        "off",
+        "--max-trials",
+        "2",
+        "--confirm-top",
+        "0",
+        "--parity",
+        "off",
+        "--study",
+        "unpadded",
+        "--no-reuse",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    shown = autotune(job.parent, "show", "--study", "unpadded", "--format", "json")
+    ok = [t for t in json.loads(shown.stdout)["trials"] if t["outcome"] == "ok"]
+    trials = {t["training_arguments"].get("padding_free", False): t for t in ok}
+    assert set(trials) == {False, True}, [t["config"] for t in ok]
+    flat, padded = trials[True], trials[False]
+    assert "padding-free" in flat["config"] and flat["training_arguments"]["max_length"] is None
+    assert "max_length" not in padded["training_arguments"]  # theirs, 200, stays
+    for trial in (flat, padded):  # the worst case set the peak; their batches the speed
+        assert trial["worst_case_samples_per_s"] and trial["samples_per_s"], trial
+    assert padded["padding_pct"] > 10 and flat["padding_pct"] == 0
+    # what an export of it writes trains in their own script
+    fields = {**base, "max_length": 200, **flat["training_arguments"]}
+    fields |= {"max_steps": 2, "output_dir": str(job.parent / "runs")}
+    (args,) = HfArgumentParser(SFTConfig).parse_dict(fields)
+    sys.path.insert(0, str(job.parent))
+    try:
+        import job as theirs  # type: ignore[import-not-found]
+
+        trainer = theirs.make_trainer(args)
+        assert trainer.padding_free and trainer.train().global_step == 2
+    finally:
+        sys.path.remove(str(job.parent))
+        sys.modules.pop("job", None)
+
+
 def test_a_lora_stand_in_probes_the_adapter_and_exports_plain_arguments(tmp_path: Path) -> None:
     from conftest import TINY_GPT2, write_model
 
@@ -254,3 +316,8 @@ def test_a_factorys_probes_train_on_its_longest_samples_only(
     lengths = [int(n) for line in log.read_text().splitlines() for n in line.split()]
     assert len(lengths) >= 8  # a probe's batches were collated and logged
     assert set(lengths) == {max(lengths)}, sorted(set(lengths))
+    # which samples those are was read once, in the survey, and handed to the probe
+    trial = json.loads(
+        next((job.parent / "studies/longest/trials").glob("*/config.json")).read_text()
+    )
+    assert len(trial["longest_samples"]) == 8  # a global batch's worth
