@@ -139,14 +139,27 @@ class Runner:
         """A server runs until stopped: 0 when it printed its address and was still
         serving `seconds` later (then stopped, as Ctrl-C stops it), else its exit code."""
         server = subprocess.Popen(
-            command, shell=True, cwd=cwd, env=self.env, stdout=subprocess.PIPE, text=True
+            command,
+            shell=True,
+            cwd=cwd,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # Ctrl-C reaches the shell and the server alike
         )
         time.sleep(seconds)
         if server.poll() is not None:
             print(server.stdout.read() if server.stdout else "")
             return server.returncode or 1
-        server.send_signal(signal.SIGINT)
-        out, _ = server.communicate(timeout=30)
+        os.killpg(server.pid, signal.SIGINT)
+        try:
+            out, _ = server.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            out, _ = server.communicate()
+            print(out)
+            return 1
         print(out)
         return 0 if "http://" in out else 1
 
