@@ -92,6 +92,7 @@ class JobFacts:
     # samples (SFTConfig's packing) and whether it flattens them without padding already
     # (SFTConfig's padding-free mode, or packing with best-fit decreasing)
     collator: str = ""
+    attention: str = ""  # the attention kernel the built model runs ("": not said)
     packing: bool = False
     flattens: bool = False
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from autotune.core.job import JobFacts
 from autotune.hf.factory import class_name
-from autotune.hf.levers import flattens_batches
+from autotune.hf.levers import attention_kernel, flattens_batches
 from autotune.hf.models import detect_task, parameter_count, parameter_elements
 
 LONGEST_KEPT = 4096  # the longest samples' indices a survey keeps: a global batch's worth
@@ -59,6 +59,7 @@ def job_facts(trainer: Any) -> JobFacts:
         collator=class_name(type(trainer.data_collator)) if trainer.data_collator else "",
         packing=getattr(args, "packing", False) is True,
         flattens=flattens_batches(trainer),
+        attention=attention_kernel(base),
     )
 
 

@@ -109,7 +109,9 @@ def offer(
         ),
         LIGER: _liger(model, device_kind),
         PADDING_FREE: (
-            _sft_padding_free(model, job) if job is not None else _padding_free(model, dataset)
+            _sft_padding_free(model, job, PADDING_FREE.name in asked)
+            if job is not None
+            else _padding_free(model, dataset)
         ),
         LOADER_WORKERS: _loader_workers(dataset),
         ZERO_STAGE: _zero(device_kind, nproc_per_node, own_deepspeed),
@@ -242,12 +244,15 @@ def flattens_batches(trainer: Any) -> bool:
     return getattr(trainer, "padding_free", False) is True
 
 
-def _sft_padding_free(model: ModelSpec, job: JobFacts) -> tuple[tuple[Any, ...], str]:
+def _sft_padding_free(model: ModelSpec, job: JobFacts, asked: bool) -> tuple[tuple[Any, ...], str]:
     """Padding-free batches in the user's job: TRL's SFTTrainer builds them itself when
     their SFTConfig says `padding_free`, from its own collator, without packing; it
     refuses them while `max_length` is set (it could no longer truncate), so they are
     offered only where no sample of the data reaches it: `max_length` then goes too, and
-    their samples stay as they are."""
+    their samples stay as they are. They pay with an attention kernel that skips what
+    the flattened row masks out (flash attention's variable-length kernels, flex
+    attention's block mask); sdpa and eager attend over the whole row under a mask, a
+    (batch x length)^2 cost, so there they are searched only when `asked`."""
     if "padding_free" not in job.args_fields:
         name = job.args_class.rsplit(".", 1)[-1]
         return (), f"your factory's collator builds the batches ({name} has no padding_free)"
@@ -272,10 +277,22 @@ def _sft_padding_free(model: ModelSpec, job: JobFacts) -> tuple[tuple[Any, ...],
             "SFTTrainer takes padding_free without packing only with max_length null, and "
             f"{reach}: its samples would no longer be truncated"
         )
+    if not asked and not _skips_masked(job.attention):
+        return (), (
+            f"padding-free batches pay with flash or flex attention; your model runs "
+            f"{job.attention or 'its default attention'}, which attends over the whole "
+            "flattened row ((batch x length)^2): load it with "
+            'attn_implementation="flash_attention_2", or --lever padding_free=false,true'
+        )
     error = packing_error(model)
     if error:
         return (), error
     return (False, True), ""
+
+
+def _skips_masked(attention: str) -> bool:
+    """Whether an attention kernel skips the blocks a flattened row's mask leaves out."""
+    return "flash" in attention or attention == "flex_attention"
 
 
 def _loader_workers(dataset: bool) -> tuple[tuple[Any, ...], str]:

@@ -129,7 +129,8 @@ def test_padding_free_batches_are_refused_where_they_change_the_loss() -> None:
 
 def sft_job(**changed: Any) -> JobFacts:
     """What the survey reads off an SFTTrainer job: TRL's collator, no packing, data
-    whose longest sample (120 tokens) is under max_length (1024, SFTConfig's default)."""
+    whose longest sample (120 tokens) is under max_length (1024, SFTConfig's default),
+    a model loaded with flash attention."""
     facts = JobFacts(
         args_class="trl.SFTConfig",
         args_fields=("output_dir", "max_length", "packing", "padding_free"),
@@ -144,14 +145,18 @@ def sft_job(**changed: Any) -> JobFacts:
         longest=120,
         max_length=1024,
         collator="trl.trainer.sft_trainer.DataCollatorForLanguageModeling",
+        attention="flash_attention_2",
     )
     return dataclasses.replace(facts, **changed)
 
 
-def sft_offer(model: ModelSpec = LLAMA, **changed: Any) -> tuple[dict[str, Any], dict[str, str]]:
+def sft_offer(
+    model: ModelSpec = LLAMA, asked: dict[str, Any] | None = None, **changed: Any
+) -> tuple[dict[str, Any], dict[str, str]]:
     factory = dataclasses.replace(model, trainer="/job.py:make_trainer")
+    job = sft_job(**changed)
     levers, reasons = offer(
-        factory, DeviceKind.CPU, dataset=False, fixed={}, asked={}, job=sft_job(**changed)
+        factory, DeviceKind.CPU, dataset=False, fixed={}, asked=asked or {}, job=job
     )
     return dict(levers), dict(reasons)
 
@@ -178,6 +183,18 @@ def test_an_sft_job_gets_padding_free_where_sfttrainer_takes_it_and_else_says_wh
         assert "padding_free" not in levers and said in reasons["padding_free"], facts
     levers, reasons = sft_offer(OPT)  # its attention lets packed sequences see each other
     assert "padding_free" not in levers and "change the loss" in reasons["padding_free"]
+
+
+def test_padding_free_in_an_sft_job_waits_for_a_kernel_that_skips_the_masked_row() -> None:
+    """sdpa and eager attend over the whole flattened row under a mask, a (batch x
+    length)^2 cost: offered with flash or flex attention, else only when asked."""
+    assert sft_offer(attention="flex_attention")[0]["padding_free"] == (False, True)
+    levers, reasons = sft_offer(attention="sdpa")
+    assert "padding_free" not in levers
+    assert "your model runs sdpa" in reasons["padding_free"]
+    assert "--lever padding_free=false,true" in reasons["padding_free"]
+    asked = {"padding_free": (False, True)}
+    assert sft_offer(attention="sdpa", asked=asked)[0]["padding_free"] == (False, True)
 
 
 def test_padding_free_in_an_sft_job_is_set_in_their_sftconfig_not_their_script() -> None:

@@ -176,9 +176,10 @@ def test_sft_padding_free_is_timed_on_their_own_batches_and_runs_in_their_sftcon
     job: Path,
 ) -> None:
     """Under a max_length their data never reaches, SFTTrainer takes padding_free: the
-    search tries it against padded batches, both also timed on the user's own batches in
-    their order (their longest samples, which set the peak, have little padding to
-    drop), and sets it in their SFTConfig with max_length null, as SFTTrainer asks."""
+    search tries it against padded batches (asked for: on sdpa it is not offered), both
+    also timed on the user's own batches in their order (their longest samples, which
+    set the peak, have little padding to drop), and sets it in their SFTConfig with
+    max_length null, as SFTTrainer asks."""
     from transformers import HfArgumentParser
     from trl import SFTConfig
 
@@ -192,6 +193,8 @@ def test_sft_padding_free_is_timed_on_their_own_batches_and_runs_in_their_sftcon
         "--base-args",
         "unpadded.json",
         *SMALL,
+        "--lever",  # it runs sdpa: searched where asked
+        "padding_free=false,true",
         "--precisions",
         "fp32",
         "--optimizers",
