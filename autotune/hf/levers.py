@@ -108,11 +108,7 @@ def offer(
             else _attention(model, device_kind)
         ),
         LIGER: _liger(model, device_kind),
-        PADDING_FREE: (
-            _sft_padding_free(model, job, PADDING_FREE.name in asked)
-            if job is not None
-            else _padding_free(model, dataset)
-        ),
+        PADDING_FREE: _padding_free(model, dataset, job, PADDING_FREE.name in asked),
         LOADER_WORKERS: _loader_workers(dataset),
         ZERO_STAGE: _zero(device_kind, nproc_per_node, own_deepspeed),
     }
@@ -226,7 +222,13 @@ def _liger(model: ModelSpec, kind: DeviceKind) -> tuple[tuple[Any, ...], str]:
     return (False, True), ""
 
 
-def _padding_free(model: ModelSpec, dataset: bool) -> tuple[tuple[Any, ...], str]:
+def _padding_free(
+    model: ModelSpec, dataset: bool, job: JobFacts | None, asked: bool
+) -> tuple[tuple[Any, ...], str]:
+    """The stand-in's padding-free batches (with --dataset: the probe's collator), or the
+    user's job's (their SFTTrainer's)."""
+    if job is not None:
+        return _sft_padding_free(model, job, asked)
     if not dataset:
         return (), "padding-free batches need your data (--dataset): probes have no padding"
     if model.task != Task.CAUSAL_LM:
