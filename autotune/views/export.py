@@ -187,8 +187,9 @@ def parity_summary(
 
 
 NOT_REHEARSED = (
-    "rehearsal: not run for this config (--no-rehearse, no time left within the budget, "
-    "or the configs rehearsed before it failed: see `autotune show`)"
+    "rehearsal: not run for this config (your run neither evaluates nor saves checkpoints, "
+    "--no-rehearse, no time left within the budget, or the configs rehearsed before it "
+    "failed: see `autotune show`)"
 )
 
 
