@@ -30,7 +30,7 @@ def test_skips_only_batches_above_a_measured_oom(
     tmp_path: Path, tiny_gpt2: Path, tiny_budgets: TinyBudgets
 ) -> None:
     model = resolve_model(str(tiny_gpt2))
-    limit = int(tiny_budgets.sixteen_fits_thirty_two_does_not * 0.95)
+    limit = int(tiny_budgets.eight_fits_thirty_two_does_not * 0.95)
     # forked from one server, as a search's probes are (one import for the four)
     server = ForkServer(tmp_path / "forkserver.log", data_limit=limit)
     measured = {}
