@@ -7,9 +7,14 @@ the arguments it was given), so a test can tell that the probes called it."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import random
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 SCRIPT = """
 import os
@@ -148,6 +153,18 @@ def raises(args):
 
 EVAL_ROWS = 2048
 WORDS = "the model reads text and learns the next token while the adapter trains".split()
+
+
+@contextlib.contextmanager
+def imported(folder: Path) -> Iterator[Any]:
+    """The job script `write_job` wrote in `folder`, imported as the user's own script
+    runs it (and forgotten afterwards, so the next test imports its own)."""
+    sys.path.insert(0, str(folder))
+    try:
+        yield importlib.import_module("job")
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop("job", None)
 
 
 def write_job(folder: Path) -> Path:

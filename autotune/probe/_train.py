@@ -48,9 +48,7 @@ def worst_case(
     )
     fields = {**recipe, **probe_only_arguments(config, steps)}
     if config.own_batches:  # a user's job: their batches are timed after the worst case
-        trainer = factory_trainer(config, fields, [timer])
-        own = trainer.train_dataset
-        trainer.train_dataset = _longest(trainer.train_dataset, config, steps)
+        trainer, own = on_longest(config, fields, [timer], steps)
     else:
         trainer = worst_case_trainer(config, fields, model, [timer], steps)
     timer.attach(trainer)
@@ -116,18 +114,22 @@ def worst_case_trainer(
     from autotune.probe.data import WorstCaseDataset
 
     if config.model.trainer:
-        trainer = factory_trainer(config, fields, callbacks)
-        trainer.train_dataset = _longest(trainer.train_dataset, config, steps)
-        return trainer
+        return on_longest(config, fields, callbacks, steps)[0]
     dataset = WorstCaseDataset.of(config, steps * config.global_batch_size)
     return plain_trainer(fields, model, dataset, _packed(config), callbacks)
 
 
-def _longest(dataset: Any, config: TrialConfig, steps: int) -> Any:
-    """The user's samples a probe's `steps` steps train on: their longest."""
-    return longest_samples(
-        dataset, steps * config.global_batch_size, config.global_batch_size, config.longest_samples
+def on_longest(
+    config: TrialConfig, fields: dict[str, Any], callbacks: list[Any], steps: int
+) -> tuple[Any, Any]:
+    """The user's Trainer set to train `steps` steps on their longest samples (the
+    survey's), and the train dataset their factory gave it."""
+    trainer = factory_trainer(config, fields, callbacks)
+    theirs = trainer.train_dataset
+    trainer.train_dataset = longest_samples(
+        theirs, steps * config.global_batch_size, config.global_batch_size, config.longest_samples
     )
+    return trainer, theirs
 
 
 def own_batches(config: TrialConfig, trainer: Any, dataset: Any, worst: TrialResult) -> TrialResult:

@@ -6,13 +6,12 @@ get one line and leave nothing behind."""
 from __future__ import annotations
 
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from conftest import autotune
-from job_script import BASE_ARGS, write_job
+from job_script import BASE_ARGS, imported, write_job
 
 pytestmark = pytest.mark.slow
 
@@ -92,15 +91,9 @@ def test_a_lora_sft_job_is_searched_through_its_factory_and_exported_as_sftconfi
     result = json.loads(next((job.parent / "studies/job/trials").glob("*/result.json")).read_text())
     assert result["outcome"] == "ok" and result["peak_memory_bytes"] > 0
     # their own script trains with the export
-    sys.path.insert(0, str(job.parent))
-    try:
-        import job as theirs  # type: ignore[import-not-found]
-
+    with imported(job.parent) as theirs:
         args.max_steps, args.output_dir = 2, str(job.parent / "runs")
         assert theirs.make_trainer(args).train().global_step == 2
-    finally:
-        sys.path.remove(str(job.parent))
-        sys.modules.pop("job", None)
 
 
 @pytest.mark.parametrize(
@@ -226,15 +219,9 @@ def test_sft_padding_free_is_timed_on_their_own_batches_and_runs_in_their_sftcon
     fields = {**base, "max_length": 200, **flat["training_arguments"]}
     fields |= {"max_steps": 2, "output_dir": str(job.parent / "runs")}
     (args,) = HfArgumentParser(SFTConfig).parse_dict(fields)
-    sys.path.insert(0, str(job.parent))
-    try:
-        import job as theirs  # type: ignore[import-not-found]
-
+    with imported(job.parent) as theirs:
         trainer = theirs.make_trainer(args)
         assert trainer.padding_free and trainer.train().global_step == 2
-    finally:
-        sys.path.remove(str(job.parent))
-        sys.modules.pop("job", None)
 
 
 def test_a_lora_stand_in_probes_the_adapter_and_exports_plain_arguments(tmp_path: Path) -> None:
