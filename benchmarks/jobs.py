@@ -8,6 +8,8 @@ measured peak.
 
     python benchmarks/jobs.py [--no-append] [--quick]
     python benchmarks/jobs.py --device cuda --budget 20GiB --jobs qlora --no-append
+    python benchmarks/jobs.py --device cuda --budget 20GiB --jobs qlora --long \
+        --attention flex_attention --no-append  # padding-free batches where they pay
 """
 
 from __future__ import annotations
@@ -26,14 +28,18 @@ from typing import Any
 from _common import ROOT, autotune, machine, save
 
 sys.path.insert(0, str(ROOT / "tests"))
-from job_script import BASE_ARGS, write_job  # the tests' job; a bigger model below
+from job_script import BASE_ARGS, WORDS, write_job  # the tests' job; a bigger model below
 
 JOBS = ("qlora", "lora", "full")  # QLoRA, LoRA on the bf16 base, the full fine-tuning stand-in
 
 
-def prepare(work: Path, quick: bool) -> Path:
+def prepare(work: Path, quick: bool, long: bool) -> Path:
     """The tests' job (tokenizer, jsonl, the qlora factory) with a bigger checkpoint,
-    stored in bf16: a Llama of ~58M parameters (a 32k vocabulary, untied head)."""
+    stored in bf16: a Llama of ~58M parameters (a 32k vocabulary, untied head). `long`:
+    samples of about 50 to 1700 tokens, none cut (max_length 2048), where a batch padded
+    to its longest sample is about half padding."""
+    import random
+
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -47,7 +53,7 @@ def prepare(work: Path, quick: bool) -> Path:
         num_hidden_layers=layers,
         num_attention_heads=8,
         num_key_value_heads=4,
-        max_position_embeddings=512,
+        max_position_embeddings=2048 if long else 512,
         tie_word_embeddings=False,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -56,6 +62,11 @@ def prepare(work: Path, quick: bool) -> Path:
     shutil.rmtree(work / "model-bf16")
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(work / "model-bf16")
     recipe = {**BASE_ARGS, "per_device_train_batch_size": 8, "learning_rate": 2e-4}
+    if long:
+        rng = random.Random(0)
+        lines = [" ".join(rng.choices(WORDS, k=rng.randint(10, 300))) for _ in range(120)]
+        (work / "train.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in lines))
+        recipe["max_length"] = 2048
     (work / "lora.json").write_text(json.dumps(recipe))
     qlora = {**recipe, "bf16": True, "optim": "paged_adamw_8bit"}
     (work / "qlora.json").write_text(json.dumps(qlora))
@@ -104,6 +115,12 @@ def main() -> None:
         "--jobs", default=",".join(JOBS), help=f"which of {', '.join(JOBS)} (comma-separated)"
     )
     parser.add_argument(
+        "--long", action="store_true", help="samples of 50 to 1700 tokens (max_length 2048)"
+    )
+    parser.add_argument(
+        "--attention", help="the kernel the QLoRA and LoRA factories load with, e.g. flex_attention"
+    )
+    parser.add_argument(
         "--also",
         default="",
         help='more `autotune search` options for every job, e.g. "--checkpointing every-2,on"',
@@ -112,16 +129,19 @@ def main() -> None:
     chosen = options.jobs.split(",")
     if unknown := set(chosen) - set(JOBS):
         parser.error(f"--jobs: no job named {', '.join(sorted(unknown))}; choose from {JOBS}")
-    work = prepare(Path(tempfile.mkdtemp(prefix="autotune-jobs-")), options.quick)
+    work = prepare(Path(tempfile.mkdtemp(prefix="autotune-jobs-")), options.quick, options.long)
     minutes = options.time_budget or ("1m" if options.quick else "3m")
     common = ["--device", options.device, "--memory-budget", options.budget]
     common += ["--time-budget", minutes, "--lever", "torch_compile=false", "--quiet"]
     common += shlex.split(options.also)
     factory = ["--trainer", "job.py:qlora"]
+    script = work / "job.py"
+    if options.attention:
+        loads = f"ATTENTION = {options.attention!r}"
+        script.write_text(script.read_text().replace("ATTENTION = None", loads))
     results = {}
     if "qlora" in chosen:
         results["qlora"] = search(work, "qlora", [*factory, "--base-args", "qlora.json"], common)
-    script = work / "job.py"
     script.write_text(script.read_text().replace("BITS = 4", "BITS = 16"))
     if "lora" in chosen:
         lora = [*factory, "--base-args", "lora.json"]

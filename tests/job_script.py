@@ -24,6 +24,7 @@ from trl import SFTConfig
 
 HERE = Path(__file__).parent
 BITS = 4  # the QLoRA factory's base: 4-bit NF4, or 16 (the bf16 checkpoint as stored)
+ATTENTION = None  # the QLoRA factory's attention kernel (None: transformers' default)
 
 
 def _optim(args):
@@ -79,11 +80,16 @@ def qlora(args: SFTConfig):
         )
         device = "cuda" if torch.cuda.is_available() else "cpu"
         model = AutoModelForCausalLM.from_pretrained(
-            HERE / "model-bf16", quantization_config=quantized, device_map=device
+            HERE / "model-bf16",
+            quantization_config=quantized,
+            device_map=device,
+            attn_implementation=ATTENTION,
         )
         model = prepare_model_for_kbit_training(model)
     else:
-        model = AutoModelForCausalLM.from_pretrained(HERE / "model-bf16")
+        model = AutoModelForCausalLM.from_pretrained(
+            HERE / "model-bf16", attn_implementation=ATTENTION
+        )
     return SFTTrainer(
         model=model,
         args=args,

@@ -1,12 +1,14 @@
 #!/bin/bash
 # One prepared GPU check. Its steps, each with its own limit and its output in $OUT:
 #   qlora   a QLoRA factory search at 1 minute (benchmarks/jobs.py)       ~110 s
+#   padfree the same job on flex attention, samples of 50-1700 tokens:     ~210 s
+#           padding-free batches searched where they can pay (3 minutes)
 #   cuda    the cuda tests ($CUDA_TESTS, default tests/probe)               ~240 s
 #   doctor  autotune doctor                                                 ~60 s
 #   levels  graded checkpointing where memory binds, the search alone       ~200 s
 #           (benchmarks/checkpoint_levels.py --budget auto)
 #   mt5     the README's main job on a 1-minute budget                      ~95 s
-# STEPS picks them (default: all, about 12.5 minutes: more than one call may run); e.g.
+# STEPS picks them (default: all, about 16 minutes: more than one call may run); e.g.
 #   STEPS="cuda qlora levels" CUDA_TESTS="tests/probe/test_cuda_checkpointing.py" \
 #       bash benchmarks/gpu/device_check.sh
 # Wheels of what the image lacks travel in .whl/ (carry it: optuna, optuna-dashboard,
@@ -14,7 +16,7 @@
 # transformers, peft, trl, bitsandbytes with its other CUDA builds zipped out).
 cd "$(dirname "$0")/../.."  # the repo root
 root=$PWD
-steps=" ${STEPS:-qlora cuda doctor levels mt5} "
+steps=" ${STEPS:-qlora padfree cuda doctor levels mt5} "
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$root HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $OUT/gpu.txt
@@ -25,7 +27,13 @@ fi
 if [[ $steps == *" qlora "* ]]; then  # QLoRA as users run it: 4-bit NF4 on the GPU, SFTTrainer
   export TMPDIR=/tmp/jobs && mkdir -p $TMPDIR
   ( time timeout 110 python3 benchmarks/jobs.py --device cuda --budget 20GiB --jobs qlora --time-budget 1m --no-append ) > $OUT/qlora.log 2>&1
-  ( cd $TMPDIR/autotune-jobs-* && cp qlora.search.log $OUT/ ; python3 -m autotune show --study qlora ) > $OUT/qlora_show.txt 2>&1
+  ( cd $TMPDIR/autotune-jobs-* && cat qlora.search.log >> $OUT/qlora.log ; python3 -m autotune show --study qlora ) > $OUT/qlora_show.txt 2>&1
+  unset TMPDIR
+fi
+if [[ $steps == *" padfree "* ]]; then  # where padding-free batches can pay: flex attention
+  export TMPDIR=/tmp/padfree && mkdir -p $TMPDIR
+  ( time timeout 230 python3 benchmarks/jobs.py --device cuda --budget 20GiB --jobs qlora --long --attention flex_attention --time-budget 3m --no-append ) > $OUT/padfree.log 2>&1
+  ( cd $TMPDIR/autotune-jobs-* && cat qlora.search.log >> $OUT/padfree.log ; python3 -m autotune show --study qlora ) > $OUT/padfree_show.txt 2>&1
   unset TMPDIR
 fi
 if [[ $steps == *" levels "* ]]; then  # a GPT-2 shape at 8192 tokens: one sample binds
