@@ -24,6 +24,10 @@ from autotune.core.units import format_size
 MIN_NOISE = 0.01  # two configs closer than 1% are a tie even when both measured tight
 MAX_NOISE = 0.10  # a noisy measurement never makes a config >10% slower count as a tie
 RESOLVED = 0.02  # paired rounds whose interval lies within 1 +- this: a tie, settled
+# Runs not side by side drift apart by more than their steps vary: the same config read
+# 22% apart in its probe and its confirmation on an H100, 20-30% on a 2-core host, 39%
+# once. A gain from such runs, not paired rounds, must clear this to be significant
+DRIFT = 0.25
 GIB = float(2**30)
 
 
@@ -194,13 +198,16 @@ def verified(record: TrialRecord, recipe: Arithmetic) -> bool:
 
 
 def significant(chosen: TrialRecord, other: TrialRecord, objective: Objective) -> bool:
-    """Whether `chosen` beats `other` beyond the noise of their steps: its speed ratio's
-    whole range above 1 (with --objective efficiency, its samples/s per GiB above the
-    other's by more than their noise)."""
+    """Whether `chosen` beats `other` beyond the noise: from paired rounds, its speed
+    ratio's interval above 1; from runs not side by side, its range above 1 + `DRIFT`,
+    what separate runs of one config drift apart (with --objective efficiency, its
+    samples/s per GiB above the other's by more than their noise)."""
     if objective == Objective.EFFICIENCY:
         return efficiency(chosen) > efficiency(other) * (1.0 + noise_band(other))
     ratio = compare(chosen, other)
-    return ratio is not None and ratio.low > 1.0
+    if ratio is None:
+        return False
+    return ratio.low > (1.0 if ratio.rounds else 1.0 + DRIFT)
 
 
 def unverified_note(spec: SearchSpec, records: Sequence[TrialRecord], chosen: TrialRecord) -> str:

@@ -144,6 +144,21 @@ def test_an_unchecked_change_is_exported_only_when_significantly_faster() -> Non
     assert select_best([yours, ok], fit_limit_bytes=LIMIT, recipe=RECIPE).number == 1
 
 
+def test_separate_runs_must_clear_their_drift_for_an_unchecked_change() -> None:
+    """Steady steps in two separate probes, 15% apart with no overlap: separate runs of
+    one config drift further apart than that, so without paired rounds the recipe's
+    arithmetic is kept (a 1-minute QLoRA search here exported bf16 -> as-loaded for
+    1.04x). Paired rounds at the same 15% decide it."""
+    yours = _timed(0, cand(8), (1.00, 1.01, 0.99, 1.00, 1.00), peak_gib=2.0)
+    steady = _timed(1, BF16_FUSED, (0.87, 0.87, 0.86, 0.87, 0.88), peak_gib=2.0)
+    assert select_best([yours, steady], fit_limit_bytes=LIMIT, recipe=RECIPE).number == 0
+    paired = [
+        dataclasses.replace(yours, rounds=_rounds(1.00, 1.02, 0.99, 1.01)),
+        dataclasses.replace(steady, rounds=_rounds(0.87, 0.88, 0.86, 0.88)),
+    ]
+    assert select_best(paired, fit_limit_bytes=LIMIT, recipe=RECIPE).number == 1
+
+
 def test_the_export_says_why_an_unverified_change_was_taken() -> None:
     yours = _timed(0, cand(8), (1.00, 1.10, 0.95, 1.05, 1.00), peak_gib=2.0)
     far = _timed(2, BF16_FUSED, (0.50, 0.52, 0.49, 0.51, 0.50), peak_gib=2.0)
