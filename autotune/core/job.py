@@ -95,6 +95,8 @@ class JobFacts:
     attention: str = ""  # the attention kernel the built model runs ("": not said)
     packing: bool = False
     flattens: bool = False
+    # The save and load methods their Trainer class overrides ("": the library's own)
+    own_save: str = ""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -29,7 +29,9 @@ class Event:
     """One event of a rehearsal: how it ended and the process's peak after it."""
 
     name: str
-    outcome: str  # "ok", "oom", "error", "skipped" (with why), "not reached"
+    # "ok", "oom", "error", "skipped" (with why), "not reached", "cut" (the time budget
+    # ended while it ran: neither a fit nor a failure)
+    outcome: str
     peak_bytes: int | None = None
     reason: str = ""
     done: float | None = None  # the evaluation: the share of its batches done (a failure)
@@ -47,6 +49,9 @@ class Rehearsal:
     # the evaluation does not fit at any evaluation batch: no config's would
     hopeless: bool = False
     note: str = ""  # what was tried, or what would fit when nothing did
+    # not run, as its bound shows it fits: what the run's save and resume add at most
+    # (the whole checkpoint) beside the training's measured peak is within the budget
+    unneeded: str = ""
 
     @property
     def failed(self) -> Event | None:
@@ -60,17 +65,30 @@ class Rehearsal:
         return failed is not None and failed.outcome == "oom"
 
     @property
+    def cut(self) -> Event | None:
+        """The event the time budget ended in (the rest not reached)."""
+        return next((e for e in self.events if e.outcome == "cut"), None)
+
+    @property
     def passed(self) -> bool:
-        return self.failed is None and any(e.outcome == "ok" for e in self.events)
+        return (
+            self.failed is None and self.cut is None and any(e.outcome == "ok" for e in self.events)
+        )
 
     def describe(self) -> str:
         """One line: what ran and its peaks, or which event failed at what peak."""
         failed = self.failed
-        if failed is not None:
+        if self.unneeded:
+            line = f"rehearsal: not needed: {self.unneeded}"
+        elif failed is not None:
             peak = f" at a peak of {_gib(failed.peak_bytes)}" if failed.peak_bytes else ""
             what = "out of memory" if failed.outcome == "oom" else f"failed ({failed.reason})"
             through = f", {failed.done:.0%} of the way through" if failed.done else ""
             line = f"rehearsal: {what} at {failed.name}{peak}{through}"
+        elif (cut := self.cut) is not None:
+            fit = [f"{e.name} {_gib(e.peak_bytes)}" for e in self.events if e.outcome == "ok"]
+            before = f" ({'; '.join(fit)} fit)" if fit else ""
+            line = f"rehearsal: cut by the time budget at {cut.name}{before}"
         else:
             parts = [
                 f"{e.name} {_gib(e.peak_bytes)}" if e.outcome == "ok" else f"{e.name} {e.reason}"
@@ -95,8 +113,8 @@ def read_events(
 ) -> tuple[Event, ...]:
     """The events the child wrote (a JSON object a line: `{"event", "state", ...}`). An
     event started and never ended is the one the process failed in, as `failure` says
-    ("oom" or "error": how the run ended), at the process's `peak_bytes` (read after it
-    failed; else the peak when the event started)."""
+    ("oom" or "error": how the run ended; "cut": the time budget ended it), at the
+    process's `peak_bytes` (read after it failed; else the peak when the event started)."""
     started: dict[str, dict[str, Any]] = {}
     done: dict[str, Event] = {}
     progress: dict[str, float] = {}
@@ -122,7 +140,7 @@ def read_events(
             events.append(done[name])
         elif name in started:
             peak = peak_bytes or started[name].get("peak_bytes")
-            why = "" if failure == "oom" else reason
+            why = "" if failure in ("oom", "cut") else reason
             events.append(Event(name, failure, peak, why, done=progress.get(name, 0.0)))
         else:
             events.append(Event(name, "not reached"))

@@ -13,6 +13,10 @@ from autotune.hf.factory import class_name
 from autotune.hf.levers import attention_kernel, flattens_batches
 from autotune.hf.models import detect_task, parameter_count, parameter_elements
 
+# The Trainer's methods that save a checkpoint or load one back: where the user's class
+# overrides one, what a save holds is theirs to say (as ZeRO-3's gathering of the weights)
+SAVE_METHODS = ("_save_checkpoint", "save_model", "_save", "_load_from_checkpoint")
+LIBRARIES = ("transformers.", "trl.", "peft.", "accelerate.")
 LONGEST_KEPT = 4096  # the longest samples' indices a survey keeps: a global batch's worth
 
 # Deferred imports: pyarrow and torch load only where the data is read (the survey, a probe);
@@ -60,7 +64,21 @@ def job_facts(trainer: Any) -> JobFacts:
         packing=getattr(args, "packing", False) is True,
         flattens=flattens_batches(trainer),
         attention=attention_kernel(base),
+        own_save=own_save(trainer),
     )
+
+
+def own_save(trainer: Any) -> str:
+    """The save and load methods the user's Trainer class overrides ("Gathering.
+    _save_checkpoint"), "" where the library's own run."""
+    found = [
+        f"{cls.__name__}.{name}"
+        for cls in type(trainer).__mro__
+        if not cls.__module__.startswith(LIBRARIES)
+        for name in SAVE_METHODS
+        if name in vars(cls)
+    ]
+    return ", ".join(found)
 
 
 def held_dtypes(model: Any) -> dict[str, int]:

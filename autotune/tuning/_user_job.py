@@ -147,7 +147,8 @@ def fixed_by_job(job: JobFacts | None, offers_fp16: bool) -> list[tuple[str, str
 
 def job_profile(job: JobFacts | None) -> dict[str, Any]:
     """What the factory built that its study is bound to: the parameters as held, the
-    quantization, what trains, and the data's lengths. A job edited from a 4-bit to a
+    quantization, what trains, the save methods their Trainer overrides, and the data's
+    lengths. A job edited from a 4-bit to a
     bf16 base, or given other data, is another search, never a resume."""
     if job is None:
         return {}
@@ -156,6 +157,7 @@ def job_profile(job: JobFacts | None) -> dict[str, Any]:
         "quantization": job.quantization,
         "trainable": job.trainable,
         "forced_checkpointing": job.forced_checkpointing,
+        "own_save": job.own_save,
         "lengths": {"longest": job.longest, "samples": job.samples, "tokens": job.tokens},
     }
     return {k: v for k, v in profile.items() if v}

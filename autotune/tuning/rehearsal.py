@@ -25,7 +25,7 @@ from autotune.core.enums import DeviceKind, Outcome
 from autotune.core.rehearsal import EVENTS_NAME, Event, Rehearsal, read_events
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
-from autotune.core.units import format_duration
+from autotune.core.units import format_duration, format_size
 from autotune.tuning._context import RunContext
 from autotune.tuning.deadline import Deadline
 from autotune.tuning.estimate import state_bytes
@@ -106,6 +106,11 @@ def rehearse_selected(
         chosen = select_for(run.spec, run.store.records(), run.limits.objective)
         if chosen is None or chosen.rehearsal is not None:
             return None
+        if bound := checkpoint_room(chosen, run.spec):
+            unneeded = Rehearsal((), unneeded=bound)
+            run.store.save_rehearsal(chosen.number, unneeded)
+            run.observer.on_plan(f"trial {chosen.number}: {unneeded.describe()}")
+            return None
         left = deadline.left()
         if left is not None and expected_s(chosen, run.spec) > left:
             if chosen.number != said:
@@ -124,17 +129,39 @@ def rehearse_selected(
 
 
 def expected_s(record: TrialRecord, spec: SearchSpec) -> float:
-    """What rehearsing `record` takes: its probe's one-time part (a child, the imports,
-    the model built), two training steps, and the checkpoint written and read back.
-    Where the run evaluates, its evaluation pass over data of unknown size is planned at
-    a whole probe's time on top of that."""
-    result = record.result
-    wall = result.phases_s.get("wall", 0.0) or result.phases_s.get("total", 0.0)
-    step = result.step_time_median_s or 0.0
-    once = max(0.0, wall - result.phases_s.get("train", 0.0))
+    """What rehearsing `record` takes: its probe less what it timed (a child, the
+    imports, the job built, its first steps), the resume's new Trainer and first steps
+    again (the probe's warm-up, which holds the build where the user's factory builds
+    their model again), and the checkpoint written and read back. Where the run
+    evaluates, its evaluation pass over data of unknown size is planned at a whole
+    probe's time on top of that. (A 1-minute QLoRA search on an H100 planned its
+    rehearsal at the imports alone, 4 s, and the budget cut it at the resume.)"""
+    phases = record.result.phases_s
+    wall = phases.get("wall", 0.0) or phases.get("total", 0.0)
+    timed = sum(phases.get(k, 0.0) for k in ("measured_steps", "real_batches", "peak_flops"))
+    warmup = phases.get("warmup", 2 * (record.result.step_time_median_s or 0.0))
     save = 2 * checkpoint_bytes(spec, record.candidate) / SAVE_BYTES_PER_S
     evaluation = wall if RunEvents.of(spec).evaluate else 0.0
-    return once + 2 * step + save + evaluation
+    return max(0.0, wall - timed) + warmup + save + evaluation
+
+
+def checkpoint_room(record: TrialRecord, spec: SearchSpec) -> str:
+    """Why `record` needs no rehearsal ("" where it does): a run that does not evaluate
+    adds at most its whole checkpoint to the training's peak (a save serializes it, a
+    resume loads it back beside the fresh state), and the measured peak leaves that
+    room within the budget, as it does for a LoRA adapter's few megabytes. Where their
+    Trainer class saves or loads in its own way, it is rehearsed."""
+    peak = record.result.peak_memory_bytes
+    if RunEvents.of(spec).evaluate or peak is None or spec.job_profile.get("own_save"):
+        return ""  # their Trainer's own save may hold anything: it is rehearsed
+    saved = checkpoint_bytes(spec, record.candidate)
+    if peak + saved > spec.fit_limit_bytes:
+        return ""
+    return (
+        f"its measured peak ({format_size(peak)}) and its whole checkpoint "
+        f"({format_size(saved)}: the most a save or a resume adds) fit the budget "
+        f"({format_size(spec.fit_limit_bytes)})"
+    )
 
 
 def checkpoint_bytes(spec: SearchSpec, candidate: Candidate) -> int:
@@ -149,7 +176,11 @@ def checkpoint_bytes(spec: SearchSpec, candidate: Candidate) -> int:
 def reserved_s(records: list[TrialRecord], spec: SearchSpec, probe_s: float) -> float:
     """The time exploring leaves the rehearsal before the export: the median rehearsal
     of the configs that fit so far (a probe's time, `probe_s`, before any fits)."""
-    fitting = [expected_s(r, spec) for r in records if r.result.outcome == Outcome.OK]
+    fitting = [
+        0.0 if checkpoint_room(r, spec) else expected_s(r, spec)
+        for r in records
+        if r.result.outcome == Outcome.OK
+    ]
     return statistics.median(fitting) if fitting else probe_s
 
 
@@ -259,12 +290,16 @@ def _run(
     result = run.launcher.run(config, timeout_s=max(1.0, timeout))
     text = _read(Path(config.trial_dir) / EVENTS_NAME)
     failure = "oom" if result.outcome == Outcome.OOM else "error"
+    if result.outcome == Outcome.TIMEOUT and timeout < run.limits.trial_timeout_s:
+        failure = "cut"  # the time budget ended it, not the job
     found = read_events(
         text, failure=failure, peak_bytes=result.peak_memory_bytes, reason=result.reason
     )
-    if result.outcome != Outcome.OK and not any(e.outcome in ("oom", "error") for e in found):
+    if result.outcome != Outcome.OK and not any(
+        e.outcome in ("oom", "error", "cut") for e in found
+    ):
         # failed before any event (building the job or its model): said on the first
-        why = "" if failure == "oom" else result.reason
+        why = "" if failure in ("oom", "cut") else result.reason
         found = (Event("train", failure, result.peak_memory_bytes, why), *found[1:])
     return Rehearsal(found), _logits_kept(text)
 

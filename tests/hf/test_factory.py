@@ -174,3 +174,27 @@ def test_a_trainer_built_with_its_own_optimizer_is_seen(tmp_path: Path) -> None:
 
     given = TrainingArguments(output_dir=str(tmp_path), use_cpu=True)
     assert job_facts(build_trainer(own, given)).own_optimizer == "SGD"
+
+
+def test_a_trainer_that_saves_in_its_own_way_is_seen(tmp_path: Path) -> None:
+    """What such a save holds is the user's (a gathering of sharded weights, say): its
+    rehearsal cannot be settled by the checkpoint's size, and the study is bound to it."""
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    from autotune.hf.job import job_facts
+    from autotune.tuning._user_job import job_profile
+
+    model = torch.nn.Linear(2, 2)
+    model.config = type("Config", (), {"to_dict": lambda self: {}, "_name_or_path": "lin"})()
+
+    class Gathering(Trainer):
+        def _save_checkpoint(self, model: object, trial: object) -> None:
+            super()._save_checkpoint(model, trial)
+
+    given = TrainingArguments(output_dir=str(tmp_path), use_cpu=True)
+    plain = job_facts(build_trainer(lambda args: Trainer(model=model, args=args), given))
+    assert plain.own_save == "" and "own_save" not in job_profile(plain)
+    theirs = job_facts(build_trainer(lambda args: Gathering(model=model, args=args), given))
+    assert theirs.own_save == "Gathering._save_checkpoint"
+    assert job_profile(theirs)["own_save"] == "Gathering._save_checkpoint"

@@ -8,6 +8,7 @@ import types
 import pytest
 from helpers import SPEC, cand, rec
 
+from autotune.core.rehearsal import Event, Rehearsal
 from autotune.core.trial import TrialRecord
 from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import SearchLimits
@@ -16,6 +17,7 @@ from autotune.tuning.rehearsal import (
     RunEvents,
     _halves,
     checkpoint_bytes,
+    checkpoint_room,
     expected_s,
     plan_line,
     rehearse_selected,
@@ -56,12 +58,13 @@ def test_a_config_left_unrehearsed_for_want_of_time_is_said_once() -> None:
     """The search tries the rehearsal before confirming and again after; a config the
     time left cannot rehearse is announced the first time only."""
     said: list[str] = []
-    probe = rec(0, cand(8))
+    probe = rec(0, cand(8), peak_gib=7.0)  # its checkpoint would not fit beside it
     timed = dataclasses.replace(
         probe, result=dataclasses.replace(probe.result, phases_s={"wall": 30.0})
     )
+    big = dataclasses.replace(SPEC, parameters=10**9)
     run = types.SimpleNamespace(
-        spec=SPEC,
+        spec=big,
         store=types.SimpleNamespace(records=lambda: [timed]),
         limits=SearchLimits(),
         observer=types.SimpleNamespace(on_plan=said.append),
@@ -73,26 +76,62 @@ def test_a_config_left_unrehearsed_for_want_of_time_is_said_once() -> None:
     assert len(said) == 1
 
 
-def _probed(wall: float, train: float, step: float) -> TrialRecord:
-    probe = rec(0, cand(8))
-    result = dataclasses.replace(
-        probe.result, phases_s={"wall": wall, "train": train}, step_time_median_s=step
-    )
+def _probed(phases: dict[str, float], peak_gib: float = 1.0) -> TrialRecord:
+    probe = rec(0, cand(8), peak_gib=peak_gib)
+    result = dataclasses.replace(probe.result, phases_s=phases, step_time_median_s=4.0)
     return dataclasses.replace(probe, result=result)
 
 
 def test_a_save_only_rehearsal_is_planned_at_what_it_runs_not_a_whole_probe() -> None:
-    """Its probe's one-time part, two steps and the checkpoint written and read back; a
-    run that evaluates adds a probe's time for its evaluation pass over data of unknown
-    size. Exploring leaves the median of those (a probe's time before any fits)."""
-    probe = _probed(wall=20.0, train=14.0, step=4.0)  # 6 s once, 3 timed steps and a warm-up
-    saving = dataclasses.replace(SPEC, parameters=10**6)
+    """Its probe less what the probe timed (the child, imports, the job built, its first
+    steps), the resume's new Trainer and first steps again (the warm-up, which holds the
+    factory's build), and the checkpoint written and read back; a run that evaluates
+    adds a probe's time for its evaluation pass over data of unknown size. Exploring
+    leaves the median of those (a probe's time before any fits)."""
+    # 5 s of imports, a 7 s warm-up (the factory's build), 3 timed steps, 2 s of its own
+    # batches, 1 s for the peak FLOPs
+    phases = {"wall": 27.0, "warmup": 7.0, "measured_steps": 12.0, "real_batches": 2.0}
+    probe = _probed({**phases, "peak_flops": 1.0}, peak_gib=7.0)
+    saving = dataclasses.replace(SPEC, parameters=10**8)
     disk = 2 * checkpoint_bytes(saving, probe.candidate) / SAVE_BYTES_PER_S
-    assert checkpoint_bytes(saving, probe.candidate) == 10**6 * (4 + 8)  # fp32 + AdamW
-    assert expected_s(probe, saving) == pytest.approx(6.0 + 2 * 4.0 + disk)
+    assert checkpoint_bytes(saving, probe.candidate) == 10**8 * (4 + 8)  # fp32 + AdamW
+    assert expected_s(probe, saving) == pytest.approx(12.0 + 7.0 + disk)
     evaluating = dataclasses.replace(saving, base_arguments={"eval_strategy": "steps"})
-    assert expected_s(probe, evaluating) == pytest.approx(6.0 + 2 * 4.0 + disk + 20.0)
+    assert expected_s(probe, evaluating) == pytest.approx(12.0 + 7.0 + disk + 27.0)
     assert reserved_s([probe], saving, probe_s=20.0) == expected_s(probe, saving)
     assert reserved_s([], saving, probe_s=20.0) == 20.0
     only_model = dataclasses.replace(saving, base_arguments={"save_only_model": True})
-    assert checkpoint_bytes(only_model, probe.candidate) == 10**6 * 4
+    assert checkpoint_bytes(only_model, probe.candidate) == 10**8 * 4
+
+
+def test_a_save_whose_whole_checkpoint_fits_beside_the_peak_is_not_rehearsed() -> None:
+    """A run that does not evaluate adds at most its checkpoint to the training's peak:
+    a LoRA adapter's few megabytes beside a 1 GiB peak under 8 GiB need no rehearsal,
+    and exploring leaves it no time. Full weights and AdamW state that would not fit
+    beside the peak, an evaluation, or a Trainer that saves in its own way are
+    rehearsed."""
+    probe = _probed({"wall": 27.0, "warmup": 7.0, "measured_steps": 12.0})
+    adapter = dataclasses.replace(SPEC, parameters=10**6)
+    assert "its whole checkpoint (11 MiB: the most a save or a resume adds)" in checkpoint_room(
+        probe, adapter
+    )
+    assert reserved_s([probe], adapter, probe_s=20.0) == 0.0
+    full = dataclasses.replace(SPEC, parameters=10**9)  # 12 GB saved beside 1 GiB
+    assert checkpoint_room(probe, full) == ""
+    assert reserved_s([probe], full, probe_s=20.0) == expected_s(probe, full)
+    evaluating = dataclasses.replace(adapter, base_arguments={"eval_strategy": "steps"})
+    assert checkpoint_room(probe, evaluating) == ""
+    gathering = dataclasses.replace(adapter, job_profile={"own_save": "Gathering._save"})
+    assert checkpoint_room(probe, gathering) == ""
+
+
+def test_a_rehearsal_the_time_budget_ends_is_cut_not_failed() -> None:
+    """An event the budget's end stopped neither fails nor fits: said as cut, with what
+    fit before it, and it keeps no config from the export."""
+    train = Event("train", "ok", 2**30)
+    cut = Rehearsal((train, Event("save", "ok", 2**30), Event("resume", "cut")))
+    assert (
+        cut.describe()
+        == "rehearsal: cut by the time budget at resume (train 1.00 GiB; save 1.00 GiB fit)"
+    )
+    assert not cut.blocks_export and not cut.passed and cut.failed is None
