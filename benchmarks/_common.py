@@ -88,6 +88,19 @@ def autotune(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def stamped(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`autotune(work, *args)` with each line of its output (stderr merged into stdout)
+    stamped with the seconds since it started (benchmarks/stamped.py)."""
+    return subprocess.run(
+        [sys.executable, str(HERE / "stamped.py"), sys.executable, "-m", "autotune", *args],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+
+
 def save(name: str, figures: dict[str, Any], markdown: str, append: bool) -> None:
     print(json.dumps(figures, indent=2))
     print(markdown)

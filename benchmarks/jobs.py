@@ -25,7 +25,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from _common import ROOT, autotune, machine, save
+from _common import ROOT, autotune, machine, save, stamped
 
 sys.path.insert(0, str(ROOT / "tests"))
 from job_script import BASE_ARGS, WORDS, write_job  # the tests' job; a bigger model below
@@ -75,10 +75,10 @@ def prepare(work: Path, quick: bool, long: bool) -> Path:
 
 def search(work: Path, study: str, job: list[str], options: list[str]) -> dict[str, Any]:
     started = time.monotonic()
-    done = autotune(work, "search", *job, "--study", study, *options)
-    (work / f"{study}.search.log").write_text(done.stdout + done.stderr)  # what it said
+    done = stamped(work, "search", *job, "--study", study, *options)
+    (work / f"{study}.search.log").write_text(done.stdout)  # what it said, and when
     if done.returncode != 0:
-        raise SystemExit(f"{study} search failed:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"{study} search failed:\n{done.stdout[-3000:]}")
     shown = json.loads(autotune(work, "show", "--study", study, "--format", "json").stdout)
     trials = [t for t in shown["trials"] if t["outcome"] != "skipped"]
     best = next(t for t in trials if t["best"])

@@ -44,6 +44,6 @@ if [[ $steps == *" doctor "* ]]; then
 fi
 if [[ $steps == *" mt5 "* ]]; then
   mkdir -p /tmp/s && cd /tmp/s
-  ( time timeout 95 python3 -m autotune search --model google/mt5-small --global-batch-size 64 --seq-len 256 --target-len 64 --time-budget 1m --quiet ) > $OUT/search.log 2>&1
+  timeout 95 python3 $root/benchmarks/stamped.py python3 -m autotune search --model google/mt5-small --global-batch-size 64 --seq-len 256 --target-len 64 --time-budget 1m --quiet > $OUT/search.log 2>&1
 fi
 tail -n 3 $OUT/*.log
