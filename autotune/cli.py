@@ -27,8 +27,9 @@ from autotune.core.enums import DeviceKind, Objective, Precision, Task, values
 from autotune.core.errors import AutotuneError, Terminated, raise_terminated
 from autotune.core.paths import DEFAULT_STUDIES, searches_running, study_folder
 from autotune.core.units import format_size
+from autotune.doctor import Check
 from autotune.tuning.options import SearchOptions
-from autotune.views.doctor import print_report
+from autotune.views.doctor import print_report, progress_line
 from autotune.views.estimate_table import estimate_json, print_estimate
 from autotune.views.show import print_view
 from autotune.views.summary import change_lines, finish_lines, outcome_json, versus_line
@@ -312,7 +313,10 @@ def doctor(device: str, fmt: str) -> None:
     """Check, on this machine, what the search relies on (a few minutes); exit 1 if any fails."""
     from autotune import commands
 
-    report = commands.doctor_command(device=device)
+    def said(check: Check) -> None:  # each as it ends: the whole takes minutes on a GPU
+        click.echo(progress_line(check), err=True)
+
+    report = commands.doctor_command(device=device, on_check=said)
     print_report(report, fmt)
     if report.failed:
         raise SystemExit(1)

@@ -7,6 +7,7 @@ import ipaddress
 import json
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from autotune.core.precisions import FLAGS as PRECISION_FLAGS
 from autotune.core.space import derive_space
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import TrialRecord
-from autotune.doctor import run_doctor
+from autotune.doctor import Check, run_doctor
 from autotune.hf.models import count_parameters, max_positions, resolve_model
 from autotune.hf.training_args import (
     available_optimizers,
@@ -274,8 +275,9 @@ def estimate_command(
     return estimate_rows(model_spec, device_info.kind, space, counted, batch, seq, target_len)
 
 
-def doctor_command(*, device: str) -> Any:
-    """Check each assumption the search rests on, on this machine (views.doctor prints)."""
+def doctor_command(*, device: str, on_check: Callable[[Check], None] = lambda check: None) -> Any:
+    """Check each assumption the search rests on, on this machine (views.doctor prints),
+    each check handed to `on_check` as it ends."""
     # for their versions: the commands that only read a study never load them
     import torch
     import transformers
@@ -291,5 +293,8 @@ def doctor_command(*, device: str) -> Any:
         "cuda": str(torch.version.cuda),
     }
     return run_doctor(
-        device=info, optimizers=tuple(o for o in wanted if o in installed), versions=versions
+        device=info,
+        optimizers=tuple(o for o in wanted if o in installed),
+        versions=versions,
+        on_check=on_check,
     )

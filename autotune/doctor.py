@@ -11,7 +11,7 @@ import dataclasses
 import os
 import resource
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from autotune.core.device import DeviceInfo, supported_precisions
@@ -104,19 +104,21 @@ class Doctor:
     ) -> Candidate:
         return Candidate(batch, 1, Precision(precision), False, optim)
 
-    def run(self, optimizers: tuple[str, ...]) -> list[Check]:
+    def run(self, optimizers: tuple[str, ...]) -> Iterator[Check]:
+        """Each check as it ends (a dozen probes: on a GPU each starts CUDA afresh, and
+        the whole takes minutes)."""
         checks: list[Callable[[], Check]] = [
             self.baseline,
             self.peak_agreement,
             self.cap_enforced,
             self.fork_safety,
         ]
-        found = [check() for check in checks]
-        found += self.precisions()
-        found += self.optimizers(optimizers)
-        found += self.matmul_peaks()
-        found.append(self.ddp())
-        return found
+        for check in checks:
+            yield check()
+        yield from self.precisions()
+        yield from self.optimizers(optimizers)
+        yield from self.matmul_peaks()
+        yield self.ddp()
 
     def baseline(self) -> Check:
         """The memory a probe starts from, and that no reservation eats the budget."""
@@ -204,45 +206,37 @@ class Doctor:
             f"forked probe: {result.outcome}",
         )
 
-    def precisions(self) -> list[Check]:
-        return [
-            self.one_step(f"precision {p}", self.plain(8, p))
-            for p in supported_precisions(self.device)
-        ]
+    def precisions(self) -> Iterator[Check]:
+        for p in supported_precisions(self.device):
+            yield self.one_step(f"precision {p}", self.plain(8, p))
 
-    def optimizers(self, names: tuple[str, ...]) -> list[Check]:
-        return [self.one_step(f"optimizer {o}", self.plain(8, "fp32", o)) for o in names]
+    def optimizers(self, names: tuple[str, ...]) -> Iterator[Check]:
+        for o in names:
+            yield self.one_step(f"optimizer {o}", self.plain(8, "fp32", o))
 
     def one_step(self, what: str, candidate: Candidate) -> Check:
         r = self.probe(candidate, limit=None)
         return Check(f"{what} trains a step", r.outcome == Outcome.OK, _figures(r), r.reason)
 
-    def matmul_peaks(self) -> list[Check]:
-
+    def matmul_peaks(self) -> Iterator[Check]:
         sheet = next((v for k, v in DATASHEET.items() if k in self.device.name), None)
-        found = []
         for precision in supported_precisions(self.device):
             measured = measure_peak_flops(self.device.kind, precision)
             known = sheet.get(precision) if sheet else None
             if known is None:
-                found.append(
-                    Check(
-                        f"matmul peak {precision}",
-                        None,
-                        f"{measured / 1e12:.3f} TFLOP/s (no datasheet figure)",
-                    )
+                yield Check(
+                    f"matmul peak {precision}",
+                    None,
+                    f"{measured / 1e12:.3f} TFLOP/s (no datasheet figure)",
                 )
                 continue
-            found.append(
-                Check(
-                    f"matmul peak {precision} vs datasheet",
-                    measured >= 0.5 * known,
-                    f"{measured / 1e12:.1f} of {known / 1e12:.0f} TFLOP/s "
-                    f"({100 * measured / known:.0f}%)",
-                    "far below the datasheet: clocks, power cap, or a shared GPU",
-                )
+            yield Check(
+                f"matmul peak {precision} vs datasheet",
+                measured >= 0.5 * known,
+                f"{measured / 1e12:.1f} of {known / 1e12:.0f} TFLOP/s "
+                f"({100 * measured / known:.0f}%)",
+                "far below the datasheet: clocks, power cap, or a shared GPU",
             )
-        return found
 
     def ddp(self) -> Check:
         devices = _gpus() if self.device.kind == DeviceKind.CUDA else len(os.sched_getaffinity(0))
@@ -258,9 +252,14 @@ def run_doctor(
     optimizers: tuple[str, ...],
     versions: dict[str, str],
     work: Path | None = None,
+    on_check: Callable[[Check], None] = lambda check: None,
 ) -> DoctorReport:
+    """Every check, each handed to `on_check` as it ends."""
+    checks = []
     with tempfile.TemporaryDirectory(prefix="autotune-doctor-") as tmp:
-        checks = Doctor(device, work or Path(tmp)).run(optimizers)
+        for check in Doctor(device, work or Path(tmp)).run(optimizers):
+            on_check(check)
+            checks.append(check)
     return DoctorReport(device, versions, tuple(checks))
 
 

@@ -9,9 +9,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from autotune.doctor import DoctorReport
+from autotune.doctor import Check, DoctorReport
 
 MARK = {True: Text("pass", "green"), False: Text("FAIL", "red"), None: Text("info", "dim")}
+
+
+def progress_line(check: Check) -> str:
+    """One check as it ends, for stderr while the rest run."""
+    return f"{MARK[check.passed].plain:<4} {check.name}: {check.figures}"
 
 
 def print_report(report: DoctorReport, fmt: str = "table") -> None:
