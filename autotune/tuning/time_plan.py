@@ -184,12 +184,14 @@ def _no_runs(
 def _probes_left(
     records: Sequence[TrialRecord], explore_left_s: float | None, reserve_s: float
 ) -> str:
-    """'about N more probes; ' that fit the time left to explore beside the parity runs,
-    at the mean wall time of the probes so far ('' without a budget)."""
+    """'about N more probes; ' that start in the time left to explore beside the parity
+    runs, at the mean wall time of the probes so far ('' without a budget): a probe may
+    start until exploring ends, as long as it ends within the whole budget (a search
+    here said 'about 0 more' with 14 s left to explore, then ran a 14 s probe)."""
     walls = [w for r in records if (w := r.result.phases_s.get("wall", 0.0)) > 0]
     if explore_left_s is None or not walls:
         return ""
-    more = max(0, int((explore_left_s - reserve_s) / (sum(walls) / len(walls))))
+    more = max(0, math.ceil((explore_left_s - reserve_s) / (sum(walls) / len(walls))))
     return f"about {more} more probes fit; "
 
 

@@ -4,6 +4,7 @@ probing, the parity runs' length; each choice said, and kept by the study."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -122,8 +123,9 @@ def test_parity_runs_of_20_steps_where_they_fit_half_the_time_left_else_quick_ch
     assert "exported only when significantly faster, marked unverified" in tight.why
     afford = (60.0 + 2 * twenty) / 0.8
     assert f"a --time-budget of about {int(-(-afford // 60))}m00s affords them" in tight.why
-    # without runs, the whole time left explores: probes at the mean wall time (30 s)
-    more = int((2 * twenty - 1) / 30)
+    # without runs, the whole time left explores: probes at the mean wall time (30 s),
+    # the last starting before exploring ends
+    more = math.ceil((2 * twenty - 1) / 30)
     assert tight.why.startswith(f"about {more} more probes fit; parity: judged from the probes")
 
 
