@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
+from pathlib import Path
 
 import pytest
 from helpers import SPEC, cand, rec
@@ -135,3 +137,52 @@ def test_a_rehearsal_the_time_budget_ends_is_cut_not_failed() -> None:
         == "rehearsal: cut by the time budget at resume (train 1.00 GiB; save 1.00 GiB fit)"
     )
     assert not cut.blocks_export and not cut.passed and cut.failed is None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:  # what a rehearsal child is handed, as far as _run reads it
+    trial_dir: str
+    rehearsal: dict[str, object] | None = None
+
+
+@pytest.mark.parametrize(("left_s", "said"), [(4.0, "cut"), (None, "error")])
+def test_a_rehearsal_timed_out_by_the_budgets_end_is_cut_by_its_own_limit_failed(
+    tmp_path: Path, left_s: float | None, said: str
+) -> None:
+    """The child wrote that the train and save events ended and the resume started, then
+    was killed at its timeout: where the time budget's end set that timeout the resume
+    is cut (the job did nothing wrong); at the trial's own limit, the job failed."""
+    from autotune.core.enums import Outcome
+    from autotune.core.rehearsal import EVENTS_NAME
+    from autotune.core.trial import TrialResult
+    from autotune.tuning.rehearsal import _run
+
+    events = [
+        {"event": "train", "state": "start"},
+        {"event": "train", "state": "end", "peak_bytes": 2**30},
+        {"event": "save", "state": "start"},
+        {"event": "save", "state": "end", "peak_bytes": 2**30},
+        {"event": "resume", "state": "start"},
+    ]
+    timeouts: list[float] = []
+
+    def launched(config: _Config, timeout_s: float) -> TrialResult:
+        timeouts.append(timeout_s)
+        (tmp_path / EVENTS_NAME).write_text("".join(json.dumps(e) + "\n" for e in events))
+        return TrialResult(Outcome.TIMEOUT, reason=f"timeout after {timeout_s:.0f} s")
+
+    run = types.SimpleNamespace(
+        limits=SearchLimits(),
+        launcher=types.SimpleNamespace(run=launched),
+        trial_config=lambda *args, **kwargs: _Config(str(tmp_path)),
+    )
+    deadline = Deadline(None) if left_s is None else Deadline.after(left_s)
+    saving = RunEvents.of(SPEC)
+    fields = {**saving.fields, "per_device_eval_batch_size": 8}
+    found, _ = _run(run, rec(0, cand(8)), saving, fields, deadline)  # type: ignore[arg-type]
+    assert [e.outcome for e in found.events] == ["ok", "not reached", "ok", said]
+    if said == "cut":
+        assert timeouts[0] <= 4.0
+        assert found.describe().startswith("rehearsal: cut by the time budget at resume")
+    else:
+        assert found.describe().startswith("rehearsal: failed (timeout after")
