@@ -25,6 +25,10 @@ benchmarks/families.json and appends a section to benchmarks/RESULTS.md.
     # autotune only, scored against the grids recorded here (same machine), 3 seeds:
     python benchmarks/families.py --grid benchmarks/families.json --only "t5), memory free" \
         --keep /tmp/studies
+    # the memory-binds grids measured again under today's libraries (about 20 min),
+    # written into the file, then autotune replayed against them:
+    python benchmarks/families.py --grid benchmarks/families.json --only "memory binds" --regrid
+    python benchmarks/families.py --grid benchmarks/families.json --only "memory binds"
     # every method side by side against the recorded grids (34 min): prints the table
     python benchmarks/families.py --grid benchmarks/families.json \
         --methods autotune,tpe,random,gp
@@ -487,6 +491,60 @@ def _replay(args: argparse.Namespace, recorded: dict[str, Any], trials: int, wor
         )
 
 
+def regrid(args: argparse.Namespace, work: Path) -> None:
+    """Measure a recorded setting's whole grid again at its recorded budget, under the
+    libraries installed now (which configs fit moves with them: transformers 5.24 holds
+    more than 5.23 did), write it into the file in place of the old one, and re-score
+    the recorded methods against it (each one's figure before kept as ratio_old_grid).
+    Then `--grid` replays autotune against the new grid."""
+    path = Path(args.grid)
+    recorded = json.loads(path.read_text())
+    now = machine()
+    print(f"grid of {recorded['date']} on {recorded['machine']}; now {now['machine']}")
+    recorded.setdefault("regrids", []).append(
+        {
+            "date": now["date"],
+            "machine": now["machine"],
+            "versions": now["versions"],
+            "only": args.only,
+        }
+    )
+    for row in selected(recorded, args.only):
+        model_dir = model_folder(row, work)
+        prober = Prober(resolve_model(str(model_dir)), int(row["budget_mib"] * MIB * 0.95), work)
+        try:
+            grid = measure_grid(prober)
+        finally:
+            prober.close()
+        row["old_grid"] = {k: row[k] for k in ("fit", "best", "ties", "grid_wall_s") if k in row}
+        row.update(
+            grid_wall_s=round(grid["wall_s"], 1),
+            fit=grid["fit"],
+            grid={"|".join(map(str, k)): [round(v, 2)] for k, v in grid["scores"].items()},
+            truth={
+                **truth_json(grid["truth"]),
+                "date": now["date"],
+                "dates": [now["date"]],
+                "versions": now["versions"],
+            },
+        )
+        row["best_samples_per_s"] = round(
+            statistics.median(grid["truth"].runs[grid["best"]].values()), 2
+        )
+        for outs in row["methods"].values():
+            for out in outs:
+                out["ratio_old_grid"] = out["ratio"]
+        rescore(row)
+        print(
+            f"{row['family']}, {row['budget']}: {row['fit']} fit (was "
+            f"{row['old_grid'].get('fit')}), best {label(row['best'])} (was "
+            f"{label(row['old_grid']['best'])}), {row['grid_wall_s']} s",
+            flush=True,
+        )
+        if not args.no_append:  # each setting saved as it is done
+            path.write_text(json.dumps(recorded, indent=2) + "\n")
+
+
 def remeasure(args: argparse.Namespace, work: Path) -> None:
     """Re-time a recorded grid's contenders in interleaved rounds, write the truth into
     the file, and re-score every recorded method against it. A grid recorded back to
@@ -704,6 +762,12 @@ def main() -> None:
         "(pooled with its own rounds where it has an interleaved truth), write the truth "
         "into that file and re-score its recorded methods",
     )
+    parser.add_argument(
+        "--regrid",
+        action="store_true",
+        help="with --grid: measure the selected settings' whole grids again at their "
+        "recorded budgets, under the libraries installed now, and write them into that file",
+    )
     args = parser.parse_args()
     if unknown := set(args.methods.split(",")) - set(METHODS):
         parser.error(f"--methods: unknown {', '.join(sorted(unknown))}; of {','.join(METHODS)}")
@@ -719,6 +783,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if args.grid and args.remeasure:
             remeasure(args, Path(tmp))
+            return
+        if args.grid and args.regrid:
+            regrid(args, Path(tmp))
             return
         if args.grid:
             replay(args, trials, Path(tmp))
