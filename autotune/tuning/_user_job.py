@@ -148,8 +148,8 @@ def fixed_by_job(job: JobFacts | None, offers_fp16: bool) -> list[tuple[str, str
 def job_profile(job: JobFacts | None) -> dict[str, Any]:
     """What the factory built that its study is bound to: the parameters as held, the
     quantization, what trains, the save methods their Trainer overrides, and the data's
-    lengths. A job edited from a 4-bit to a
-    bf16 base, or given other data, is another search, never a resume."""
+    lengths. A job edited from a 4-bit to a bf16 base, or given other data, is another
+    search, never a resume."""
     if job is None:
         return {}
     profile = {
