@@ -77,22 +77,12 @@ def readme_main_job() -> list[str]:
     return words
 
 
-def autotune(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def autotune(work: Path, *args: str, stamped: bool = False) -> subprocess.CompletedProcess[str]:
+    """`autotune ARGS` in `work`, its output captured; `stamped`: each line of it
+    (stderr merged into stdout) with the seconds since it started (benchmarks/stamped.py)."""
+    command = [sys.executable, "-m", "autotune", *args]
     return subprocess.run(
-        [sys.executable, "-m", "autotune", *args],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-
-
-def stamped(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`autotune(work, *args)` with each line of its output (stderr merged into stdout)
-    stamped with the seconds since it started (benchmarks/stamped.py)."""
-    return subprocess.run(
-        [sys.executable, str(HERE / "stamped.py"), sys.executable, "-m", "autotune", *args],
+        [sys.executable, str(HERE / "stamped.py"), *command] if stamped else command,
         cwd=work,
         capture_output=True,
         text=True,

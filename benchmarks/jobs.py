@@ -25,7 +25,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from _common import ROOT, autotune, machine, save, stamped
+from _common import ROOT, autotune, machine, save
 
 sys.path.insert(0, str(ROOT / "tests"))
 from job_script import BASE_ARGS, WORDS, write_job  # the tests' job; a bigger model below
@@ -75,7 +75,7 @@ def prepare(work: Path, quick: bool, long: bool) -> Path:
 
 def search(work: Path, study: str, job: list[str], options: list[str]) -> dict[str, Any]:
     started = time.monotonic()
-    done = stamped(work, "search", *job, "--study", study, *options)
+    done = autotune(work, "search", *job, "--study", study, *options, stamped=True)
     (work / f"{study}.search.log").write_text(done.stdout)  # what it said, and when
     if done.returncode != 0:
         raise SystemExit(f"{study} search failed:\n{done.stdout[-3000:]}")
