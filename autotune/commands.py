@@ -41,7 +41,7 @@ from autotune.store.store import StudyStore
 from autotune.system.devices import detect_device
 from autotune.tuning.estimate import estimate_rows
 from autotune.tuning.selection import select_for
-from autotune.views.export import export_selected, parity_summary, script_changes
+from autotune.views.export import export_selected, parity_summary, run_changes
 from autotune.views.report import write_report
 from autotune.views.show import StudyView, trial_rows
 
@@ -118,10 +118,7 @@ def hand_off(
             "--for-device cuda (and tune on the GPU for its figures)"
         )
 
-    factory = bool(spec.model.trainer)
-    notes.extend(
-        f"in your script: {line}" for line in script_changes(record.candidate, factory=factory)
-    )
+    notes.extend(f"in your script: {line}" for line in run_changes(record, spec))
     return tuned, notes
 
 

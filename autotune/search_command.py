@@ -42,7 +42,7 @@ from autotune.views.export import (
     export_selected,
     parity_summary,
     previous_export,
-    script_changes,
+    run_changes,
 )
 from autotune.views.progress import Progress
 
@@ -235,7 +235,7 @@ def _outcome(
         versus_default=ratio,
         baseline=against,
         args_class=spec.model.args_class,
-        script_changes=tuple(script_changes(best.candidate, factory=bool(spec.model.trainer))),
+        script_changes=tuple(run_changes(best, spec)),
     )
 
 

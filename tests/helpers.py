@@ -44,6 +44,7 @@ DIMENSIONS = {
     "attn_implementation": ("sdpa", "eager"),
     "use_liger_kernel": (False, True),
     "padding_free": (False, True),
+    "packing": (False, True),
     "dataloader_num_workers": (0, 2),
     "zero_stage": (0, 2),
 }

@@ -66,6 +66,14 @@ class Lever:
     compiles: bool = False
     flattens_batches: bool = False
     shard_stage: Callable[[Any], int] = _unsharded
+    # A value other than the plain one changes the samples a step trains on (packing
+    # fills each row with several): its arithmetic is not the recipe's, its probes train
+    # other batches (their losses pair with no other probe's), its step times are
+    # compared per token, and its worst case is a full row
+    changes_samples: bool = False
+    # Levers whose non-plain value this one's non-plain value does already (packed rows
+    # are flattened): a candidate with both set is the same run as with this one alone
+    implies: tuple[str, ...] = ()
     # The engine that runs 16-bit arithmetic at a value other than the plain one ("": the
     # Trainer's autocast): a change between engines may change the sums, parity says so
     engine: str = ""
@@ -166,6 +174,18 @@ PADDING_FREE = Lever(
     class_fields=lambda _: {"padding_free": True, "max_length": None},
     flattens_batches=True,
 )
+PACKING = Lever(
+    "packing",
+    boolean,
+    "asked for (--lever packing=false,true), your SFTTrainer's own, with a max_length",
+    label=lambda _: "packed",
+    # SFTTrainer packs with best-fit decreasing: whole samples, flattened, the position
+    # ids restarting at each (the probe counts them, and the user's run does the same)
+    class_fields=lambda _: {"packing": True, "packing_strategy": "bfd"},
+    flattens_batches=True,
+    changes_samples=True,
+    implies=("padding_free",),
+)
 LOADER_WORKERS = Lever(
     "dataloader_num_workers",
     int,
@@ -192,7 +212,15 @@ ZERO_STAGE = Lever(
     # ZeRO's sums are DDP's, but in 16 bits DeepSpeed does the mixed precision itself
     engine="deepspeed",
 )
-DECLARED = (TORCH_COMPILE, ATTENTION, LIGER, PADDING_FREE, LOADER_WORKERS, ZERO_STAGE)
+DECLARED = (
+    TORCH_COMPILE,
+    ATTENTION,
+    LIGER,
+    PADDING_FREE,
+    PACKING,
+    LOADER_WORKERS,
+    ZERO_STAGE,
+)
 BY_NAME = {lever.name: lever for lever in DECLARED}
 
 

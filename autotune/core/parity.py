@@ -56,6 +56,7 @@ class Arithmetic:
     precision: Precision
     optimizer: str
     engine: str = ""  # "deepspeed": 16-bit precision under ZeRO
+    packed: bool = False  # a step trains several samples a row (core/levers.PACKING)
 
     @classmethod
     def of(cls, candidate: Candidate) -> Arithmetic:
@@ -64,11 +65,16 @@ class Arithmetic:
             candidate.precision,
             optimizer(candidate.optim).same_update_as or candidate.optim,
             candidate.engine if sixteen else "",
+            candidate.changes_samples,
         )
 
     @property
     def key(self) -> str:
-        return f"{self.precision}|{self.optimizer}" + (f"|{self.engine}" if self.engine else "")
+        return (
+            f"{self.precision}|{self.optimizer}"
+            + (f"|{self.engine}" if self.engine else "")
+            + ("|packed" if self.packed else "")
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +119,7 @@ def changes(reference: Candidate, candidate: Candidate) -> list[Change]:
     for lever, after in zip(DECLARED, candidate.lever_values().values(), strict=True):
         before = theirs[lever.name]
         if before != after:
-            keeps = not lever.engine or engines
+            keeps = (not lever.engine or engines) and not lever.changes_samples
             found.append(
                 Change(lever.name, str(before or "default"), str(after or "default"), keeps)
             )
@@ -255,6 +261,15 @@ def judge(reference: Curve, run: Curve, tol: Tolerance) -> Parity:
 
 
 MIN_PROBE_STEPS = 3  # a start and a tail of two: the fewest losses a probe verdict reads
+
+# A config whose steps train other samples than the recipe's (packed rows) has no verdict:
+# its probes train other batches, so their losses pair with none of the recipe's, and a
+# parity run of as many steps trains it on more samples than the reference
+UNPAIRED = Parity(
+    Status.UNCHECKED,
+    "its steps train other samples than your recipe's (packed rows hold several): no run "
+    "of as many steps pairs with the recipe's",
+)
 
 
 def probe_curve(losses: tuple[float, ...], steps: int) -> Curve:

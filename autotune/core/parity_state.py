@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from autotune.core.parity import Arithmetic, Curve, Tolerance
+from autotune.core.parity import UNPAIRED, Arithmetic, Curve, Tolerance
 from autotune.core.parity_verdict import Parity, Status
 from autotune.core.trial import Candidate
 
@@ -32,6 +32,8 @@ class ParityState:
         """The candidate's verdict; None when its arithmetic was not checked."""
         if Arithmetic.of(candidate) == Arithmetic.of(self.reference):
             return Parity(Status.SAME)
+        if candidate.changes_samples and not self.reference.changes_samples:
+            return UNPAIRED
         found = self.verdicts.get(Arithmetic.of(candidate).key)
         if found is not None and found.status == Status.UNVERIFIED:
             return dataclasses.replace(found, allowed=self.quick)

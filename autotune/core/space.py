@@ -16,6 +16,7 @@ from autotune.core.checkpointing import Checkpointing
 from autotune.core.device import DeviceInfo, supported_precisions
 from autotune.core.enums import DeviceKind, Precision
 from autotune.core.errors import SpaceError
+from autotune.core.levers import BY_NAME
 from autotune.core.optimizers import DEFAULT as DEFAULT_OPTIMIZERS
 from autotune.core.precisions import precision_spec
 from autotune.core.trial import LEVERS, Candidate
@@ -62,6 +63,16 @@ class SearchSpace:
             if level in self.checkpointing:
                 return level
         return self.checkpointing[0]
+
+    @property
+    def changes_samples(self) -> bool:
+        """Whether some candidate's steps train other samples than the recipe's: a lever
+        that does so searched, or fixed on."""
+        return any(
+            BY_NAME[name].changes_samples and not BY_NAME[name].is_plain(value)
+            for name, values in self.levers
+            for value in values
+        )
 
     @property
     def varied_levers(self) -> dict[str, tuple[Any, ...]]:

@@ -13,7 +13,7 @@ from autotune.core.device import DeviceInfo
 from autotune.core.enums import Task
 from autotune.core.levers import BY_NAME
 from autotune.core.space import SearchSpace
-from autotune.core.trial import ModelSpec
+from autotune.core.trial import Candidate, ModelSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +61,9 @@ class SearchSpec:
     # global batch's worth, longest first: every probe trains on these (not part of the
     # identity, which holds the data's lengths)
     longest_samples: tuple[int, ...] = ()
+    # With packing searched (core/levers.PACKING): the length of the rows it fills, the
+    # user's max_length (a packed candidate's worst case); 0 otherwise
+    packed_len: int = 0
 
     @property
     def global_batch_size(self) -> int:
@@ -79,6 +82,19 @@ class SearchSpec:
     @property
     def tokens_per_sample(self) -> int:
         return self.seq_len + (self.target_len if self.model.task == Task.SEQ2SEQ else 0)
+
+    def trained_len(self, candidate: Candidate) -> int:
+        """The longest row a candidate's probe trains on: a full packed row where its
+        rows are packed, else the longest sample."""
+        return self.packed_len if candidate.changes_samples and self.packed_len else self.seq_len
+
+    @property
+    def sample_tokens(self) -> float:
+        """The user's samples' mean length in tokens, as the survey read them (0 when
+        unknown): the unit a packed step's tokens are counted in samples by."""
+        lengths = self.job_profile.get("lengths", {})
+        tokens, samples = lengths.get("tokens"), lengths.get("samples")
+        return tokens / samples if tokens and samples else 0.0
 
     @property
     def fit_limit_bytes(self) -> int:
@@ -120,6 +136,7 @@ class SearchSpec:
         job = {"adapter": self.model.adapter, "trainer": self.model.trainer}
         job["args_class"] = self.model.args_class
         job["job"] = self.job_profile
+        job["packed_len"] = self.packed_len
         return {k: v for k, v in job.items() if v}
 
     def measurement_identity(self) -> dict[str, Any]:

@@ -35,6 +35,7 @@ class Candidate:
     attn_implementation: str = ""
     use_liger_kernel: bool = False
     padding_free: bool = False
+    packing: bool = False
     dataloader_num_workers: int = 0
     zero_stage: int = 0
 
@@ -80,6 +81,27 @@ class Candidate:
     def flattens_batches(self) -> bool:
         """Its batches are rows packed without padding (a flattening collator)."""
         return any(lever.flattens_batches for lever, _ in self.levers_set())
+
+    @property
+    def changes_samples(self) -> bool:
+        """Its steps train other samples than the recipe's (packed rows hold several)."""
+        return any(lever.changes_samples for lever, _ in self.levers_set())
+
+    @property
+    def redundant(self) -> str:
+        """Why it is the same run as another candidate ("" when it is not): a lever set
+        that another set does already (packed rows are flattened)."""
+        names = {lever.name for lever, _ in self.levers_set()}
+        for lever, _ in self.levers_set():
+            done = sorted(names.intersection(lever.implies))
+            if done:
+                return f"{lever.name} does what {', '.join(done)} does already"
+        return ""
+
+    def keeping_samples(self) -> Candidate:
+        """The same config, its steps training the recipe's samples (no rows packed)."""
+        plain = {lever.name: lever.plain for lever, _ in self.levers_set() if lever.changes_samples}
+        return dataclasses.replace(self, **plain)  # type: ignore[arg-type]
 
     @property
     def flash_attention(self) -> bool:
@@ -168,6 +190,9 @@ class TrialConfig:
     own_batches: bool = False
     # A user's job: their longest samples' indices, longest first, as the survey read them
     longest_samples: tuple[int, ...] = ()
+    # A candidate whose steps train other samples than the recipe's (packed rows): the
+    # user's mean sample length, by which its steps' tokens count in samples
+    sample_tokens: float = 0.0
     pad_token_id: int = 0
     nproc_per_node: int = 1  # >1: a DDP run of this many processes, launched by torchrun
     # CUDA: what the probe sets CUDA_VISIBLE_DEVICES to before CUDA starts ("": leave it),
@@ -251,6 +276,9 @@ class TrialResult:
     # real batches; the worst case's samples/s is kept here.
     worst_case_samples_per_s: float | None = None
     padding_fraction: float | None = None  # pad share of the tokens in the timed real batches
+    # Packed rows: the samples (of the data's mean length) a timed step trained, where
+    # its step times are those of the global batch's (probe/_train.per_global_batch)
+    samples_per_step: float | None = None
     # The memory the probe process held before training (CPU: data segment and resident
     # set after the imports; CUDA: the context and how it was measured).
     baseline: dict[str, Any] = dataclasses.field(default_factory=dict)

@@ -23,6 +23,7 @@ from autotune.core.levers import (
     DECLARED,
     LIGER,
     LOADER_WORKERS,
+    PACKING,
     PADDING_FREE,
     TORCH_COMPILE,
     ZERO_STAGE,
@@ -109,6 +110,7 @@ def offer(
         ),
         LIGER: _liger(model, device_kind),
         PADDING_FREE: _padding_free(model, dataset, job, PADDING_FREE.name in asked),
+        PACKING: _packing(model, job, PACKING.name in asked),
         LOADER_WORKERS: _loader_workers(dataset),
         ZERO_STAGE: _zero(device_kind, nproc_per_node, own_deepspeed),
     }
@@ -286,6 +288,39 @@ def _sft_padding_free(model: ModelSpec, job: JobFacts, asked: bool) -> tuple[tup
             "flattened row ((batch x length)^2): load it with "
             'attn_implementation="flash_attention_2", or --lever padding_free=false,true'
         )
+    error = packing_error(model)
+    if error:
+        return (), error
+    return (False, True), ""
+
+
+def _packing(model: ModelSpec, job: JobFacts | None, asked: bool) -> tuple[tuple[Any, ...], str]:
+    """Packed rows in the user's job: TRL's SFTTrainer fills rows of `max_length` tokens
+    with whole samples (best-fit decreasing), flattened as padding-free batches are. A
+    step then trains several samples a row, not the recipe's: a change of the training
+    itself, which no parity run pairs with the recipe's, so searched only when `asked`,
+    and exported only for a significant gain, said."""
+    if job is None:
+        return (), "packing is your SFTTrainer's (--trainer with an SFTConfig)"
+    if "packing" not in job.args_fields:
+        name = job.args_class.rsplit(".", 1)[-1]
+        return (), f"your factory's collator builds the batches ({name} has no packing)"
+    if job.packing:
+        return (), "your SFTConfig packs already"
+    if not asked:
+        return (), (
+            "packed rows train several samples a step, not your recipe's: a change of "
+            "your training, searched where asked (--lever packing=false,true)"
+        )
+    if job.max_length is None:
+        return (), "SFTTrainer packs rows of max_length tokens, and your max_length is null"
+    if not job.collator.startswith("trl."):
+        return (), (
+            f"your factory passes its own data_collator ({job.collator.rsplit('.', 1)[-1]}); "
+            "SFTTrainer packs only with its own"
+        )
+    if model.task != Task.CAUSAL_LM:
+        return (), f"packing is for causal LMs; this is {model.task}"
     error = packing_error(model)
     if error:
         return (), error

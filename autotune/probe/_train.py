@@ -123,11 +123,13 @@ def on_longest(
     config: TrialConfig, fields: dict[str, Any], callbacks: list[Any], steps: int
 ) -> tuple[Any, Any]:
     """The user's Trainer set to train `steps` steps on their longest samples (the
-    survey's), and the train dataset their factory gave it."""
+    survey's), and the train dataset their factory gave it. Packed, the rows are the
+    Trainer's own (the survey's indices are of the samples): the fullest rows."""
     trainer = factory_trainer(config, fields, callbacks)
     theirs = trainer.train_dataset
+    known = () if config.candidate.changes_samples else config.longest_samples
     trainer.train_dataset = longest_samples(
-        theirs, steps * config.global_batch_size, config.global_batch_size, config.longest_samples
+        theirs, steps * config.global_batch_size, config.global_batch_size, known
     )
     return trainer, theirs
 
@@ -239,17 +241,35 @@ def timed_batches(config: TrialConfig, timer: Any, count: Any, worst: TrialResul
     accumulation = config.candidate.gradient_accumulation_steps
     window = count.fed()[accumulation : accumulation * (1 + config.measure_steps)]
     real, fed = sum(r for r, _ in window), sum(f for _, f in window)
+    trained = None
+    if config.candidate.changes_samples and config.sample_tokens > 0:
+        steps = [
+            sum(r for r, _ in window[i : i + accumulation]) * config.nproc_per_node
+            for i in range(0, len(times) * accumulation, accumulation)
+        ]
+        times = per_global_batch(times, steps, config.global_batch_size * config.sample_tokens)
+        counted = [n for n in steps if n] or [0]
+        trained = round(sum(counted) / len(counted) / config.sample_tokens, 2)
     stats = StepStats.of(times)
     return worst.replace(
         samples_per_s=config.global_batch_size / stats.median_s,
-        tokens_per_s=real * config.nproc_per_node / sum(times),
+        tokens_per_s=real * config.nproc_per_node / sum(timer.measured_step_times()),
         step_time_median_s=stats.median_s,
         step_time_spread=stats.spread,
         step_time_quiet_s=stats.median_s,  # a step's time depends on its batch: the median ranks
         step_times_s=tuple(round(t, 6) for t in times),
         worst_case_samples_per_s=worst.samples_per_s,
         padding_fraction=round(1 - real / fed, 4) if fed else None,
+        samples_per_step=trained,
     )
+
+
+def per_global_batch(times: list[float], tokens: list[int], batch_tokens: float) -> list[float]:
+    """Packed steps' times as the time of a step of the global batch's samples at their
+    mean length (`batch_tokens`): each step's time scaled by the tokens it trained. A
+    packed row holds several samples, so its raw step trains more of them than the
+    recipe's: compared per token, its step times rank with the others'."""
+    return [t * batch_tokens / n if n else t for t, n in zip(times, tokens, strict=False)]
 
 
 def probe_only_arguments(config: TrialConfig, total_steps: int) -> dict[str, Any]:

@@ -118,7 +118,7 @@ def spec_breakdown(spec: SearchSpec, candidate: Candidate) -> Breakdown:
         spec.model.config,
         spec.model.task,
         candidate,
-        spec.seq_len,
+        spec.trained_len(candidate),
         spec.target_len,
         spec.nproc_per_node,
         spec.embedding_parameters,

@@ -285,8 +285,8 @@ def probe_state(spec: SearchSpec, records: Sequence[TrialRecord]) -> ParityState
     longest: dict[Arithmetic, TrialRecord] = {}
     for r in fits:
         key = Arithmetic.of(r.candidate)
-        if key == recipe or r.candidate.train_sampling_strategy != order:
-            continue
+        if key == recipe or key.packed or r.candidate.train_sampling_strategy != order:
+            continue  # a packed probe trained other batches: its verdict stands unpaired
         if key not in longest or len(r.result.step_losses) > len(longest[key].result.step_losses):
             longest[key] = r
     verdicts, curves, tol = {}, {}, None

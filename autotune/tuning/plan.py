@@ -112,6 +112,7 @@ def plan(
         nproc_per_node=layout.nproc_per_node,
         checkpointing_field=facts.checkpointing_field,
         train_steps=_train_steps(o.train_steps, base),
+        packed_len=(job.max_length or 0) if job and space.changes_samples else 0,
     )
     return spec, slots
 

@@ -243,16 +243,19 @@ def unverified_note(spec: SearchSpec, records: Sequence[TrialRecord], chosen: Tr
 
 
 def keeping_twin(spec: SearchSpec, records: Sequence[TrialRecord]) -> Candidate | None:
-    """The best so far with the recipe's precision and optimizer, where the best changes
-    them and parity has not verified that: the config a tie would go to, measured beside
-    it so that the gain of the change is weighed against its own batch split and levers,
-    not against whichever arithmetic-keeping config happened to be probed."""
+    """The best so far with the recipe's precision, optimizer and samples a step, where
+    the best changes them and parity has not verified that: the config a tie would go
+    to, measured beside it so that the gain of the change is weighed against its own
+    batch split and levers, not against whichever arithmetic-keeping config happened to
+    be probed."""
     best = select_for(spec, records)
     recipe = recipe_arithmetic(spec)
     if best is None or verified(best, recipe):
         return None
     optim = str(spec.recipe_settings.get("optim", "adamw_torch"))
-    twin = dataclasses.replace(best.candidate, precision=recipe.precision, optim=optim)
+    twin = dataclasses.replace(
+        best.candidate.keeping_samples(), precision=recipe.precision, optim=optim
+    )
     return twin if Arithmetic.of(twin) == recipe else None
 
 
@@ -402,6 +405,6 @@ def plain_default(records: Sequence[TrialRecord], spec: SearchSpec) -> TrialReco
     for r in records:
         c = r.candidate
         plain = (c.precision, c.optim, c.activation_checkpointing, c.per_device_train_batch_size)
-        if plain == wanted and r.result.outcome == Outcome.OK:
+        if plain == wanted and not c.changes_samples and r.result.outcome == Outcome.OK:
             return r
     return None

@@ -104,7 +104,7 @@ def export_best(
         "arguments": arguments,
         "your_arguments": spec.kept_arguments,  # written back from --base-args
         "model_arguments": record.candidate.model_arguments(),
-        "script_changes": script_changes(record.candidate, factory=bool(spec.model.trainer)),
+        "script_changes": run_changes(record, spec),
     }
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -223,6 +223,28 @@ def script_changes(candidate: Candidate, *, factory: bool = False) -> list[str]:
         if not (factory and lever.class_fields(value))
         for line in lever.script_lines(value)
     ]
+
+
+def run_changes(record: TrialRecord, spec: SearchSpec) -> list[str]:
+    """What the user's script and run need besides the arguments file: the levers'
+    lines, and where its rows are packed, the run length that trains their samples."""
+    lines = script_changes(record.candidate, factory=bool(spec.model.trainer))
+    trained = record.result.samples_per_step
+    if record.candidate.changes_samples and trained:
+        batch = spec.global_batch_size
+        steps = int(spec.kept_arguments.get("max_steps") or 0)
+        length = (
+            f"; your max_steps {steps} would train {trained / batch:.1f}x the samples, "
+            f"max_steps {max(1, round(steps * batch / trained))} as many"
+            if steps > 0
+            else ""
+        )
+        lines.append(
+            f"packed rows: a step trains about {trained:.0f} of your samples, {batch} a "
+            f"step of your recipe's{length}; set warm-up and learning rate for fewer, "
+            "fuller steps"
+        )
+    return lines
 
 
 def _figures(record: TrialRecord) -> dict[str, Any]:

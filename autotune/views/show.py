@@ -53,6 +53,9 @@ class TrialRow:
     predicted_peak_gib: float | None = None
     # samples/s per GiB of peak: what --objective efficiency selects by
     samples_per_s_per_gib: float | None = None
+    # Packed rows: the samples (at the data's mean length) a step trained; its samples/s
+    # and step times count those, as the recipe's steps of the global batch
+    samples_per_step: float | None = None
 
 
 def explain(record: TrialRecord, spec: SearchSpec) -> str:
@@ -128,6 +131,7 @@ def trial_rows(
                 else None,
                 reused_from=r.reused_from,
                 mfu_unknown=r.mfu_unknown or _as_loaded(record),
+                samples_per_step=r.samples_per_step,
             )
         )
     # The selected trial first, then the rest as ranked.
@@ -188,7 +192,8 @@ def render_table(
     for row in rows:
         cells = [
             f"{row.trial}{' *' if row.best else ''}",
-            row.config,
+            row.config
+            + (f" ({row.samples_per_step:g} samples a step)" if row.samples_per_step else ""),
             row.outcome,
             _fmt(row.samples_per_s, ".2f"),
             *([_fmt(row.samples_per_s_per_gib, ".2f")] if per_gib else []),

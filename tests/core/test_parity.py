@@ -8,7 +8,7 @@ from typing import Any
 
 from helpers import SPEC, cand, rec
 
-from autotune.core.enums import Outcome
+from autotune.core.enums import Objective, Outcome
 from autotune.core.parity import (
     FLOOR,
     Arithmetic,
@@ -277,3 +277,24 @@ def test_probe_parity_takes_the_recipes_probe_as_reference_and_its_other_split_a
     assert state.verdicts[sgd].status == Status.DIVERGED
     assert {"reference", "twin"} <= set(state.curves)
     assert state.verdict(cand(64)) == Parity(Status.SAME)
+
+
+def test_a_packed_probe_is_paired_with_no_other_and_its_verdict_is_unchecked() -> None:
+    """Packed rows train other batches than the recipe's probe: even with losses that
+    track the reference's step by step, no verdict is read from them, and no parity
+    run is owed either (its steps train more samples than the reference's)."""
+    from autotune.core.parity import UNPAIRED
+    from autotune.tuning.parity import probe_state, unjudged
+
+    def probe(number: int, candidate: Any, losses: tuple[float, ...]) -> Any:
+        r = rec(number, candidate)
+        return dataclasses.replace(r, result=r.result.replace(step_losses=losses))
+
+    packed = dataclasses.replace(cand(64), packing=True)
+    records = [probe(0, cand(64), PROBE), probe(1, packed, PROBE)]
+    state = probe_state(SPEC, records)
+    assert Arithmetic.of(packed).key not in state.verdicts
+    assert state.verdict(packed) == UNPAIRED and UNPAIRED.status == Status.UNCHECKED
+    assert not UNPAIRED.blocks_export
+    runs = ParityState(cand(64), 20, 1e-3)
+    assert packed not in unjudged(SPEC, runs, records, 3, Objective.THROUGHPUT)

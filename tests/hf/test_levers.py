@@ -197,6 +197,38 @@ def test_padding_free_in_an_sft_job_waits_for_a_kernel_that_skips_the_masked_row
     assert sft_offer(attention="sdpa", asked=asked)[0]["padding_free"] == (False, True)
 
 
+def test_packing_in_an_sft_job_is_searched_only_where_asked_and_sfttrainer_packs() -> None:
+    """Packed rows train several samples a step, not the recipe's: never offered
+    unasked; asked, only where SFTTrainer packs (its own collator, a max_length, a
+    causal LM whose loss the flattened row keeps)."""
+    asked = {"packing": (False, True)}
+    levers, reasons = sft_offer()
+    assert "packing" not in levers and "--lever packing=false,true" in reasons["packing"]
+    assert sft_offer(asked=asked)[0]["packing"] == (False, True)
+    refused = {
+        "packs already": {"packing": True},
+        "max_length is null": {"max_length": None},
+        "own data_collator (MyCollator)": {"collator": "job.MyCollator"},
+        "TrainingArguments has no packing": {
+            "args_class": "transformers.TrainingArguments",
+            "args_fields": ("output_dir",),
+        },
+    }
+    for said, facts in refused.items():
+        try:
+            levers, reasons = sft_offer(asked=asked, **facts)
+        except UsageError as exc:  # asked for where it cannot run: one line says why
+            assert said in str(exc), facts
+        else:
+            raise AssertionError(f"packing offered with {facts}")
+    levers, reasons = sft_offer(OPT)
+    assert "packing" not in levers
+    with pytest.raises(UsageError, match="change the loss"):
+        sft_offer(OPT, asked=asked)
+    stand_in, why = offer(LLAMA, DeviceKind.CPU, dataset=True, fixed={}, asked={})
+    assert "packing" not in dict(stand_in) and "--trainer" in dict(why)["packing"]
+
+
 def test_padding_free_in_an_sft_job_is_set_in_their_sftconfig_not_their_script() -> None:
     candidate = Candidate(8, 1, "fp32", False, "adamw_torch", padding_free=True)
     fields = tuned_arguments(candidate, device_kind=DeviceKind.CPU, factory=True)

@@ -192,6 +192,31 @@ def test_an_unverified_best_has_its_arithmetic_keeping_twin_probed_next() -> Non
     assert keeping_twin(spec, [yours, verified]) is None
 
 
+def test_packed_rows_are_a_change_exported_only_for_a_significant_gain() -> None:
+    """Packed rows train several samples a step: whatever its precision and optimizer,
+    a packed config changes the recipe's training, parity cannot pair it (unchecked),
+    and it is exported only where its gain clears the drift of separate runs; the
+    config a tie goes to is its own unpacked twin."""
+    from autotune.core.parity import UNPAIRED
+    from autotune.tuning.selection import keeping_twin
+
+    packed = dataclasses.replace(cand(8), packing=True)
+    assert Arithmetic.of(packed) != RECIPE and Arithmetic.of(packed).key.endswith("|packed")
+    yours = _timed(0, cand(8), (1.00, 1.01, 0.99, 1.00, 1.00), peak_gib=2.0)
+    close = dataclasses.replace(
+        _timed(1, packed, (0.87, 0.87, 0.86, 0.87, 0.88), peak_gib=2.0), parity=UNPAIRED
+    )
+    assert select_best([yours, close], fit_limit_bytes=LIMIT, recipe=RECIPE).number == 0
+    far = dataclasses.replace(close, number=2, result=_timed(2, packed, (0.5,) * 5, 2.0).result)
+    assert select_best([yours, far], fit_limit_bytes=LIMIT, recipe=RECIPE).number == 2
+    assert unverified_note(SPEC, [yours, far], far).startswith(
+        "exported without verified parity for its gain: 2.0"
+    )
+    assert keeping_twin(dataclasses.replace(SPEC, memory_budget_bytes=8 * GIB), [yours, far]) == (
+        cand(8)
+    )
+
+
 def _rounds(*step_s: float, start: int = 0) -> tuple[tuple[int, float], ...]:
     return tuple(enumerate(step_s, start=start))
 

@@ -262,3 +262,14 @@ def test_an_oom_with_more_checkpointing_rules_out_less_at_that_batch_and_above()
         )
     # more checkpointing may fit where less did not
     assert skip_reason(graded.candidate(16, "fp32", "on", "adamw_torch"), records, graded) is None
+
+
+def test_packed_rows_with_padding_free_set_too_are_the_packed_run_and_not_probed() -> None:
+    """SFTTrainer flattens packed rows itself: packing with padding_free set as well is
+    the same run as packing alone, a redundant proposal (not an infeasible point)."""
+    packed = dataclasses.replace(cand(8), packing=True)
+    both = dataclasses.replace(packed, padding_free=True)
+    skip = skip_reason(both, [], SPACE)
+    assert skip is not None and not skip.implies_oom
+    assert skip.reason == "redundant: packing does what padding_free does already"
+    assert skip_reason(packed, [], SPACE) is None

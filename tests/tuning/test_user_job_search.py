@@ -166,14 +166,17 @@ def test_a_factory_that_fails_for_one_config_makes_that_trial_an_error(
     )
 
 
-def test_sft_padding_free_is_timed_on_their_own_batches_and_runs_in_their_sftconfig(
+def test_sft_padding_free_and_packing_are_timed_on_their_own_batches_in_their_sftconfig(
     job: Path,
 ) -> None:
     """Under a max_length their data never reaches, SFTTrainer takes padding_free: the
-    search tries it against padded batches (asked for: on sdpa it is not offered), both
+    search tries it against padded batches (asked for: on sdpa it is not offered), all
     also timed on the user's own batches in their order (their longest samples, which
     set the peak, have little padding to drop), and sets it in their SFTConfig with
-    max_length null, as SFTTrainer asks."""
+    max_length null, as SFTTrainer asks. Packing, asked for, fills rows of max_length
+    with several samples: its probe trains the fullest rows, its step times count as a
+    step of the global batch at the data's mean length, its parity is unchecked (its
+    steps train other samples), and its fields pack in their own script."""
     from transformers import HfArgumentParser
     from trl import SFTConfig
 
@@ -189,6 +192,8 @@ def test_sft_padding_free_is_timed_on_their_own_batches_and_runs_in_their_sftcon
         *SMALL,
         "--lever",  # it runs sdpa: searched where asked
         "padding_free=false,true",
+        "--lever",
+        "packing=false,true",
         "--precisions",
         "fp32",
         "--optimizers",
@@ -196,11 +201,11 @@ def test_sft_padding_free_is_timed_on_their_own_batches_and_runs_in_their_sftcon
         "--checkpointing",
         "off",
         "--max-trials",
-        "2",
+        "3",
         "--confirm-top",
         "0",
         "--parity",
-        "off",
+        "quick",
         "--study",
         "unpadded",
         "--no-reuse",
@@ -208,21 +213,38 @@ def test_sft_padding_free_is_timed_on_their_own_batches_and_runs_in_their_sftcon
     assert done.returncode == 0, done.stderr[-3000:]
     shown = autotune(job.parent, "show", "--study", "unpadded", "--format", "json")
     ok = [t for t in json.loads(shown.stdout)["trials"] if t["outcome"] == "ok"]
-    trials = {t["training_arguments"].get("padding_free", False): t for t in ok}
-    assert set(trials) == {False, True}, [t["config"] for t in ok]
-    flat, padded = trials[True], trials[False]
+    trials = {
+        (
+            t["training_arguments"].get("padding_free", False),
+            "packing" in t["training_arguments"],
+        ): t
+        for t in ok
+    }
+    assert set(trials) == {(False, False), (True, False), (False, True)}, [t["config"] for t in ok]
+    flat, padded, packed = trials[True, False], trials[False, False], trials[False, True]
     assert "padding-free" in flat["config"] and flat["training_arguments"]["max_length"] is None
     assert "max_length" not in padded["training_arguments"]  # theirs, 200, stays
-    for trial in (flat, padded):  # the worst case set the peak; their batches the speed
+    for trial in (flat, padded, packed):  # the worst case set the peak; their batches the speed
         assert trial["worst_case_samples_per_s"] and trial["samples_per_s"], trial
-    assert padded["padding_pct"] > 10 and flat["padding_pct"] == 0
-    # what an export of it writes trains in their own script
-    fields = {**base, "max_length": 200, **flat["training_arguments"]}
-    fields |= {"max_steps": 2, "output_dir": str(job.parent / "runs")}
-    (args,) = HfArgumentParser(SFTConfig).parse_dict(fields)
-    with imported(job.parent) as theirs:
-        trainer = theirs.make_trainer(args)
-        assert trainer.padding_free and trainer.train().global_step == 2
+        assert trial["predicted_peak_gib"] and trial["peak_memory_gib"], trial
+    assert padded["padding_pct"] > 10 and flat["padding_pct"] == 0 == packed["padding_pct"]
+    # rows of 200 tokens hold several of their samples (mean ~60 tokens): a step of 8
+    # rows trains far more than the global batch of 8
+    assert "packed" in packed["config"] and packed["samples_per_step"] > 16
+    assert packed["training_arguments"]["packing_strategy"] == "bfd"
+    assert packed["parity"] == "unchecked" and "packed rows" in packed["parity_figures"]
+    assert padded["parity"] == flat["parity"] == "same-arithmetic"
+    # what an export of either writes trains in their own script
+    for trial, flattened in ((flat, "padding_free"), (packed, "packing")):
+        fields = {**base, "max_length": 200, **trial["training_arguments"]}
+        fields |= {"max_steps": 2, "output_dir": str(job.parent / "runs")}
+        (args,) = HfArgumentParser(SFTConfig).parse_dict(fields)
+        with imported(job.parent) as theirs:
+            trainer = theirs.make_trainer(args)
+            assert trainer.padding_free and getattr(args, flattened) is True
+            packs = "seq_lengths" in trainer.train_dataset.column_names
+            assert packs == (flattened == "packing")
+            assert trainer.train().global_step == 2
 
 
 def test_a_lora_stand_in_probes_the_adapter_and_exports_plain_arguments(tmp_path: Path) -> None:

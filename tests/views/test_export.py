@@ -136,3 +136,17 @@ def test_the_users_max_steps_is_the_run_length_selection_weighs() -> None:
     assert base_arguments({"max_steps": 1000}).train_steps == 1000
     assert base_arguments({"max_steps": -1}).train_steps is None  # Trainer: run the epochs
     assert base_arguments({}).train_steps is None
+
+
+def test_an_exported_packed_config_says_the_run_length_that_trains_their_samples() -> None:
+    """Packed rows train several samples a step: the user's max_steps would train more
+    of them, and the export says how many steps train as many as their recipe's."""
+    from autotune.views.export import run_changes
+
+    spec = dataclasses.replace(SPEC, kept_arguments={"max_steps": 300})
+    packed = rec(1, dataclasses.replace(cand(8), packing=True))
+    packed = dataclasses.replace(packed, result=packed.result.replace(samples_per_step=256.0))
+    (line,) = run_changes(packed, spec)
+    assert line.startswith("packed rows: a step trains about 256 of your samples, 64 a step")
+    assert "your max_steps 300 would train 4.0x the samples, max_steps 75 as many" in line
+    assert run_changes(rec(0, cand(8)), spec) == []

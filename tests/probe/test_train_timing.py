@@ -1,0 +1,71 @@
+"""How a probe turns the steps it timed on the user's own batches into the figures
+selection ranks (probe/_train.timed_batches): packed rows counted per token."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from helpers import cand
+
+from autotune.core.enums import Outcome
+from autotune.core.trial import ModelSpec, TrialConfig, TrialResult
+from autotune.probe._train import per_global_batch, timed_batches
+
+MODEL = ModelSpec("llama", "factory", "causal-lm", {"vocab_size": 64})
+
+
+class Timer:
+    def __init__(self, times: list[float]) -> None:
+        self.times = times
+
+    def measured_step_times(self) -> list[float]:
+        return list(self.times)
+
+
+class Count:
+    def __init__(self, fed: list[tuple[int, int]]) -> None:
+        self.counts = fed
+
+    def fed(self) -> list[tuple[int, int]]:
+        return list(self.counts)
+
+
+def config(packed: bool, **changed: object) -> TrialConfig:
+    candidate = dataclasses.replace(cand(8), gradient_accumulation_steps=1, packing=packed)
+    raw = dict(
+        number=0,
+        trial_dir="/tmp/t",
+        model=MODEL,
+        candidate=candidate,
+        device="cpu",
+        seq_len=200,
+        target_len=0,
+        memory_limit_bytes=None,
+        measure_steps=2,
+        sample_tokens=50.0 if packed else 0.0,
+    )
+    return TrialConfig(**{**raw, **changed})  # type: ignore[arg-type]
+
+
+WORST = TrialResult(Outcome.OK, samples_per_s=4.0, step_time_median_s=2.0)
+
+
+def test_a_packed_step_counts_as_the_global_batch_at_the_mean_length() -> None:
+    """8 rows of 200 tokens hold 32 samples of 50 tokens: a step of 1 s trains four
+    global batches of 8, so it ranks as a step of 0.25 s (32 samples/s), the speed of
+    the user's samples; their tokens/s stay as trained."""
+    fed = [(1600, 1600)] * 3  # the warm-up step, then the two timed ones
+    result = timed_batches(config(True), Timer([1.0, 1.0]), Count(fed), WORST)
+    assert result.step_times_s == (0.25, 0.25) and result.samples_per_s == pytest.approx(32.0)
+    assert result.samples_per_step == 32.0 and result.tokens_per_s == pytest.approx(1600.0)
+    assert result.padding_fraction == 0.0 and result.worst_case_samples_per_s == 4.0
+    # unpacked, the step trains the global batch: its time stands as measured
+    plain = timed_batches(config(False), Timer([1.0, 1.0]), Count([(400, 800)] * 3), WORST)
+    assert plain.step_times_s == (1.0, 1.0) and plain.samples_per_s == pytest.approx(8.0)
+    assert plain.samples_per_step is None and plain.padding_fraction == 0.5
+
+
+def test_each_packed_step_is_scaled_by_its_own_tokens() -> None:
+    assert per_global_batch([1.0, 2.0], [800, 1600], 400.0) == [0.5, 0.5]
+    assert per_global_batch([1.0], [0], 400.0) == [1.0]  # nothing counted: as measured
