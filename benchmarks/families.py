@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -61,6 +62,7 @@ from search_efficiency import score  # samples/s within the limit, as the search
 from autotune.core.space import SearchSpace, batch_choices
 from autotune.core.trial import Candidate, ModelSpec, TrialConfig, TrialResult
 from autotune.hf.models import resolve_model
+from autotune.hf.peft import parse_lora
 from autotune.launch.forkserver import ForkServer
 from autotune.launch.runner import run_trial
 from autotune.probe.shared_model import SharedModel
@@ -113,7 +115,18 @@ FAMILIES: dict[str, dict[str, Any]] = {
         **SMALL,
     },
 }
+# A LoRA adapter on the causal LM (the stand-in's `--lora`): only the adapter trains, so
+# the optimizers' state is tiny and the activations decide the memory
+FAMILIES["causal LM with LoRA (gpt2)"] = FAMILIES["causal LM (gpt2)"]
+LORA = {"causal LM with LoRA (gpt2)": "r=8,alpha=16,targets=c_attn"}
 Key = tuple[int, str, bool, str]
+
+
+def family_model(family: str, model_dir: Path) -> ModelSpec:
+    """The family's model as its probes build it: with its LoRA adapter where it has one."""
+    model = resolve_model(str(model_dir))
+    lora = LORA.get(family)
+    return dataclasses.replace(model, adapter=parse_lora(lora)) if lora else model
 
 
 def key_of(c: Candidate) -> Key:
@@ -255,10 +268,17 @@ def plain(name: str, prober: Prober, trials: int, seed: int) -> dict[str, Any]:
 
 
 def autotune(
-    model_dir: Path, work: Path, budget: int, trials: int, seed: int, keep: str | None = None
+    model_dir: Path,
+    work: Path,
+    budget: int,
+    trials: int,
+    seed: int,
+    keep: str | None = None,
+    lora: str = "",
 ) -> dict[str, Any]:
     """`autotune search` with its defaults, in a fresh directory (nothing to reuse);
-    with `keep`, its studies/ are copied to keep/<model>-<budget>-seed<seed>."""
+    with `keep`, its studies/ are copied to keep/<model>-<budget>-seed<seed>; `lora`:
+    the stand-in's adapter."""
     run_dir = Path(tempfile.mkdtemp(dir=work))
     argv = [
         sys.executable,
@@ -267,6 +287,7 @@ def autotune(
         "search",
         "--model",
         str(model_dir),
+        *(["--lora", lora] if lora else []),
         "--device",
         "cpu",
         "--study",
@@ -357,12 +378,13 @@ def seeds(
     keep: str | None,
     *,
     label: str,
+    family: str,
 ) -> list[dict[str, Any]]:
     """One method's searches, a seed each, run for real and scored by the grid's truth."""
     outs = []
     for seed in SEEDS:
         if name == "autotune":
-            out = autotune(model_dir, work, budget, trials, seed, keep)
+            out = autotune(model_dir, work, budget, trials, seed, keep, LORA.get(family, ""))
         else:
             assert prober is not None, "the plain samplers probe through a Prober"
             out = plain(name, prober, trials, seed)
@@ -455,7 +477,7 @@ def _replay(args: argparse.Namespace, recorded: dict[str, Any], trials: int, wor
         prober = None
         if set(names) - {"autotune"}:  # the plain samplers' probe, as the full run's
             prober = Prober(
-                resolve_model(str(model_dir)), int(row["budget_mib"] * MIB * 0.95), work
+                family_model(row["family"], model_dir), int(row["budget_mib"] * MIB * 0.95), work
             )
         methods: dict[str, list[dict[str, Any]]] = {}
         try:
@@ -511,7 +533,8 @@ def regrid(args: argparse.Namespace, work: Path) -> None:
     )
     for row in selected(recorded, args.only):
         model_dir = model_folder(row, work)
-        prober = Prober(resolve_model(str(model_dir)), int(row["budget_mib"] * MIB * 0.95), work)
+        model = family_model(row["family"], model_dir)
+        prober = Prober(model, int(row["budget_mib"] * MIB * 0.95), work)
         try:
             grid = measure_grid(prober)
         finally:
@@ -565,7 +588,8 @@ def remeasure(args: argparse.Namespace, work: Path) -> None:
         before = recorded_grid(row)["truth"].runs if "truth" in row else {}
         near = {k for k, v in medians.items() if v >= (1 - REMEASURE_NEAR) * top}
         contenders = sorted((set(before) if before else near) | found)
-        prober = Prober(resolve_model(str(model_dir)), int(row["budget_mib"] * MIB * 0.95), work)
+        model = family_model(row["family"], model_dir)
+        prober = Prober(model, int(row["budget_mib"] * MIB * 0.95), work)
         started = time.monotonic()
         try:
             truth = measure(prober.speed, contenders, before)
@@ -727,6 +751,90 @@ The recorded searches are re-scored (nothing re-run): one day → pooled, mean /
 """
 
 
+def measure_family(
+    family: str, work: Path, names: tuple[str, ...] | list[str], trials: int, keep: str | None
+) -> list[dict[str, Any]]:
+    """A family's two settings (memory free; a budget under which that grid's best does
+    not fit): each grid measured, then each method's searches scored against it."""
+    config = FAMILIES[family]
+    model_dir = work / family.replace(" ", "_").replace("(", "").replace(")", "")
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(config))
+    model = family_model(family, model_dir)
+    budget = GENEROUS
+    rows = []
+    for label in ("memory free", "memory binds"):
+        prober = Prober(model, int(budget * 0.95), work)
+        try:
+            grid = measure_grid(prober)
+            while grid["fit"] < 3:  # too tight to compare searches: loosen by 10%
+                prober.close()
+                budget = int(budget * 1.1) // MIB * MIB
+                prober = Prober(model, int(budget * 0.95), work)
+                grid = measure_grid(prober)
+            row: dict[str, Any] = {
+                "family": family,
+                "budget": label,
+                "budget_mib": budget // MIB,
+                "grid_wall_s": round(grid["wall_s"], 1),
+                "fit": grid["fit"],
+                "best": list(grid["best"]),
+                "ties": [list(k) for k in grid["truth"].ties],
+                "best_samples_per_s": round(
+                    statistics.median(grid["truth"].runs[grid["best"]].values()), 2
+                ),
+                "grid": {"|".join(map(str, k)): [round(v, 2)] for k, v in grid["scores"].items()},
+                "truth": truth_json(grid["truth"]),
+                "methods": {},
+            }
+            print(
+                f"{family}, {label}: grid",
+                {k: v for k, v in row.items() if k != "grid"},
+                flush=True,
+            )
+            for name in names:
+                outs = seeds(
+                    name,
+                    model_dir,
+                    work,
+                    budget,
+                    trials,
+                    prober,
+                    grid,
+                    keep,
+                    label="",
+                    family=family,
+                )
+                row["methods"][name] = [
+                    {**o, "found": o["found"] and list(o["found"]), "wall_s": round(o["wall_s"], 1)}
+                    for o in outs
+                ]
+            rows.append(row)
+        finally:
+            prober.close()
+        budget = binding_budget(grid)
+    return rows
+
+
+def add(args: argparse.Namespace, trials: int, work: Path) -> None:
+    """Measure the families named by --family that a recorded families.json (--add-to)
+    lacks, run --methods against their grids, and append them to that file; prints
+    their table (the recorded settings are not run again)."""
+    path = Path(args.add_to)
+    recorded = json.loads(path.read_text())
+    have = {r["family"] for r in recorded["settings"]}
+    names = args.methods.split(",")
+    rows = []
+    for family in [f for f in FAMILIES if args.family in f and f not in have]:
+        rows += measure_family(family, work, names, trials, args.keep)
+        recorded["settings"] += rows[-2:]
+        if not args.no_append:
+            path.write_text(json.dumps(recorded, indent=2) + "\n")
+    if rows:
+        command = f"python benchmarks/families.py --add-to {args.add_to} --family '{args.family}'"
+        print(markdown({**recorded, **machine(), "settings": rows}, names=names, command=command))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--no-append", action="store_true", help="do not touch RESULTS.md")
@@ -768,6 +876,14 @@ def main() -> None:
         help="with --grid: measure the selected settings' whole grids again at their "
         "recorded budgets, under the libraries installed now, and write them into that file",
     )
+    parser.add_argument(
+        "--add-to",
+        help="measure the families --family names that this recorded families.json lacks "
+        "(their grids, then --methods against them) and append them to it",
+    )
+    parser.add_argument(
+        "--family", default="", help="with --add-to: families whose name contains this"
+    )
     args = parser.parse_args()
     if unknown := set(args.methods.split(",")) - set(METHODS):
         parser.error(f"--methods: unknown {', '.join(sorted(unknown))}; of {','.join(METHODS)}")
@@ -790,60 +906,12 @@ def main() -> None:
         if args.grid:
             replay(args, trials, Path(tmp))
             return
-        work = Path(tmp)
-        for family, config in FAMILIES.items():
-            model_dir = work / config["model_type"]
-            model_dir.mkdir()
-            (model_dir / "config.json").write_text(json.dumps(config))
-            model = resolve_model(str(model_dir))
-            budget = GENEROUS
-            for label in ("memory free", "memory binds"):
-                prober = Prober(model, int(budget * 0.95), work)
-                try:
-                    grid = measure_grid(prober)
-                    while grid["fit"] < 3:  # too tight to compare searches: loosen by 10%
-                        prober.close()
-                        budget = int(budget * 1.1) // MIB * MIB
-                        prober = Prober(model, int(budget * 0.95), work)
-                        grid = measure_grid(prober)
-                    row: dict[str, Any] = {
-                        "family": family,
-                        "budget": label,
-                        "budget_mib": budget // MIB,
-                        "grid_wall_s": round(grid["wall_s"], 1),
-                        "fit": grid["fit"],
-                        "best": list(grid["best"]),
-                        "ties": [list(k) for k in grid["truth"].ties],
-                        "best_samples_per_s": round(
-                            statistics.median(grid["truth"].runs[grid["best"]].values()), 2
-                        ),
-                        "grid": {
-                            "|".join(map(str, k)): [round(v, 2)] for k, v in grid["scores"].items()
-                        },
-                        "truth": truth_json(grid["truth"]),
-                        "methods": {},
-                    }
-                    print(
-                        f"{family}, {label}: grid",
-                        {k: v for k, v in row.items() if k != "grid"},
-                        flush=True,
-                    )
-                    for name in METHODS:
-                        outs = seeds(
-                            name, model_dir, work, budget, trials, prober, grid, args.keep, label=""
-                        )
-                        row["methods"][name] = [
-                            {
-                                **o,
-                                "found": o["found"] and list(o["found"]),
-                                "wall_s": round(o["wall_s"], 1),
-                            }
-                            for o in outs
-                        ]
-                    figures["settings"].append(row)
-                finally:
-                    prober.close()
-                budget = binding_budget(grid)
+        if args.add_to:
+            add(args, trials, Path(tmp))
+            return
+        for family in FAMILIES:
+            rows = measure_family(family, Path(tmp), METHODS, trials, args.keep)
+            figures["settings"] += rows
     save("families", figures, markdown(figures), not args.no_append)
 
 

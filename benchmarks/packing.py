@@ -34,7 +34,7 @@ from _common import ROOT, autotune, machine, save
 from jobs import prepare
 
 sys.path.insert(0, str(ROOT / "tests"))
-from job_script import WORDS  # noqa: E402
+from job_script import WORDS
 
 SAMPLES = 960  # an epoch: 60 padded steps of 16, fewer packed ones
 
@@ -109,10 +109,9 @@ def run_epoch(work: Path, spec: Path, out: Path) -> None:
     """The child: their factory, one epoch, the samples each step trained counted from
     the position ids a packed row restarts (a padded batch: its rows)."""
     sys.path.insert(0, str(work))
+    import job  # the user's script
     from transformers import HfArgumentParser, TrainerCallback
     from trl import SFTConfig
-
-    import job  # the user's script
 
     (args,) = HfArgumentParser(SFTConfig).parse_dict(json.loads(spec.read_text()))
     trainer = job.qlora(args)
