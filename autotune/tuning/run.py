@@ -20,6 +20,7 @@ import optuna
 
 from autotune.core.enums import Objective, Outcome
 from autotune.core.errors import AutotuneError, StudyError
+from autotune.core.parity import Arithmetic
 from autotune.core.space import seed_candidates
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialConfig, TrialRecord, TrialResult
@@ -47,6 +48,7 @@ from autotune.tuning.parity import (
 )
 from autotune.tuning.rehearsal import RunEvents, rehearse_selected, reserved_s
 from autotune.tuning.selection import (
+    DRIFT,
     compare,
     duel_pair,
     exportable,
@@ -368,8 +370,9 @@ class SearchRun:
             ratio = compare(a, b)
             together = len(dict(a.rounds).keys() & dict(b.rounds).keys())
             left = deadline.left()
+            alike = Arithmetic.of(a.candidate) == Arithmetic.of(b.candidate)
             if (
-                settled(ratio)
+                settled(ratio, 0.0 if alike else DRIFT)
                 or together >= most
                 or (left is not None and self._confirm_s(a) + self._confirm_s(b) > left)
             ):

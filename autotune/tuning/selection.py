@@ -179,11 +179,16 @@ def duel_pair(
     return (chosen, rivals[0]) if rivals else None
 
 
-def settled(ratio: SpeedRatio | None) -> bool:
+def settled(ratio: SpeedRatio | None, drift: float = 0.0) -> bool:
     """Whether a comparison of two configs is decided: its interval leaves out 1 (one
-    is faster), or, from paired rounds, lies within 1 +- `RESOLVED` (a tie)."""
+    is faster), or, from paired rounds, lies within 1 +- `RESOLVED` (a tie). Where the
+    decision is a significant gain's (`drift`: the two differ in arithmetic), a range
+    from runs not side by side decides only beyond that drift, as `significant` reads
+    it; within it, paired rounds must tell."""
     if ratio is None:
         return False
+    if drift and not ratio.rounds:
+        return ratio.low > 1.0 + drift or ratio.high < 1.0 / (1.0 + drift)
     if not ratio.tie:
         return True
     return ratio.rounds >= 2 and 1 - RESOLVED <= ratio.low and ratio.high <= 1 + RESOLVED

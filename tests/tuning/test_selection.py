@@ -257,3 +257,11 @@ def test_the_duel_is_between_the_export_and_the_config_it_would_yield_to() -> No
     assert not settled(SpeedRatio(1.0, 0.9, 1.1))  # pooled steps that overlap
     assert not settled(SpeedRatio(1.0, 0.9, 1.1, rounds=3))  # rounds, still wide
     assert settled(SpeedRatio(1.0, 0.99, 1.015, rounds=5))  # a tie within 2%
+    # Where the export hinges on a significant gain (the two differ in arithmetic), runs
+    # not side by side decide only beyond their drift: a LoRA stand-in's bf16 read 1.14x
+    # its fp32 recipe over their steps, and without paired rounds the recipe stayed
+    from autotune.tuning.selection import DRIFT
+
+    assert not settled(SpeedRatio(1 / 1.14, 0.85, 0.90), DRIFT)
+    assert settled(SpeedRatio(0.5, 0.45, 0.55), DRIFT) and settled(SpeedRatio(2, 1.8, 2.2), DRIFT)
+    assert settled(SpeedRatio(1.14, 1.05, 1.2, rounds=4), DRIFT)  # paired rounds: above 1
