@@ -59,6 +59,7 @@ from _common import machine, save
 from _truth import ROUNDS, Truth, measure, paired
 from search_efficiency import score  # samples/s within the limit, as the search judges
 
+from autotune.core.checkpointing import Checkpointing
 from autotune.core.space import SearchSpace, batch_choices
 from autotune.core.trial import Candidate, ModelSpec, TrialConfig, TrialResult
 from autotune.hf.models import resolve_model
@@ -130,7 +131,10 @@ def family_model(family: str, model_dir: Path) -> ModelSpec:
 
 
 def key_of(c: Candidate) -> Key:
-    return (c.per_device_train_batch_size, str(c.precision), c.activation_checkpointing, c.optim)
+    """A config as the grids name it: checkpointing off or on as a bool, as the export's
+    fields read back (`parse_key`) and a search's pick is named."""
+    checkpointed = c.activation_checkpointing != Checkpointing.OFF
+    return (c.per_device_train_batch_size, str(c.precision), checkpointed, c.optim)
 
 
 def candidate(key: Key) -> Candidate:
@@ -231,8 +235,12 @@ def truth_json(truth: Truth[Key]) -> dict[str, Any]:
 
 
 def parse_key(text: str) -> Key:
+    """A grid's config as families.json names it: checkpointing "True"/"False" (grids
+    measured while it was a bool), "on"/"off" (since it is graded)."""
     batch, precision, ckpt, optim = text.split("|")
-    return (int(batch), precision, ckpt == "True", optim)
+    if ckpt not in ("True", "False", "on", "off"):
+        raise ValueError(f"{text}: checkpointing {ckpt!r} is not on/off")
+    return (int(batch), precision, ckpt in ("True", "on"), optim)
 
 
 def plain(name: str, prober: Prober, trials: int, seed: int) -> dict[str, Any]:
