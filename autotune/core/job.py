@@ -97,6 +97,9 @@ class JobFacts:
     flattens: bool = False
     # The save and load methods their Trainer class overrides ("": the library's own)
     own_save: str = ""
+    # The model scores tokens through TRL's fused LM head (SFTTrainer patches its forward
+    # so): the logits are folded in tiles, never held whole (tuning/estimate.logit_bytes)
+    fused_head: bool = False
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -65,7 +65,16 @@ def job_facts(trainer: Any) -> JobFacts:
         flattens=flattens_batches(trainer),
         attention=attention_kernel(base),
         own_save=own_save(trainer),
+        fused_head=fused_head(base),
     )
+
+
+def fused_head(model: Any) -> bool:
+    """Whether the model's forward is TRL's fused LM head (SFTTrainer patches it in: its
+    loss folds the logits tile by tile). The patch wraps the model's own forward, so it
+    is told by its code, not its name."""
+    code = getattr(getattr(getattr(model, "forward", None), "__func__", None), "__code__", None)
+    return code is not None and code.co_name == "_fused_forward" and "trl" in code.co_filename
 
 
 def own_save(trainer: Any) -> str:

@@ -126,6 +126,7 @@ def spec_breakdown(spec: SearchSpec, candidate: Candidate) -> Breakdown:
         spec.device.kind,
         spec.trainable_parameters,
         spec.frozen_bytes,
+        bool(spec.job_profile.get("fused_head")),
     )
 
 

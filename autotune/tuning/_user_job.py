@@ -158,6 +158,7 @@ def job_profile(job: JobFacts | None) -> dict[str, Any]:
         "trainable": job.trainable,
         "forced_checkpointing": job.forced_checkpointing,
         "own_save": job.own_save,
+        "fused_head": job.fused_head,
         "lengths": {"longest": job.longest, "samples": job.samples, "tokens": job.tokens},
     }
     return {k: v for k, v in profile.items() if v}

@@ -132,6 +132,30 @@ def trained(parameters: int, trainable: int, embedding: int) -> tuple[int, int]:
     return trainable, 0
 
 
+# TRL's SFTTrainer (1.x) scores tokens through a fused LM head (trl/kernels/
+# chunked_logprob.py): the logits are never held whole but folded tile by tile, at most
+# 4096 tokens x 32768 vocabulary entries at a time. A tile's entry takes its buffer in
+# the compute dtype and, where the fold runs in torch for want of Triton (the CPU), the
+# backward's fp32 temporaries besides: the tile's logits, scaled logits, log-probs,
+# probabilities and gradient, a bool mask and three fp32 terms of the gradient (33 bytes)
+FUSED_TILE_TOKENS = 4096
+FUSED_TILE_VOCAB = 32768
+FUSED_TORCH_BYTES = 33
+
+
+def logit_bytes(
+    tokens: int, vocab: int, candidate: Candidate, device_kind: str, fused_head: bool
+) -> int:
+    """What scoring a micro-batch's `tokens` against the vocabulary holds at its peak:
+    the logits and their gradient in fp32 (the Trainer's head), or one tile of a fused
+    head (`fused_head`: TRL's SFTTrainer)."""
+    if not fused_head:
+        return 12 * tokens * vocab
+    tile = min(tokens, FUSED_TILE_TOKENS) * min(vocab, FUSED_TILE_VOCAB)
+    buffer = 2 * precision_spec(candidate.precision).activation_scale  # 16-bit or fp32
+    return tile * (buffer + (0 if device_kind == DeviceKind.CUDA else FUSED_TORCH_BYTES))
+
+
 def activation_bytes(
     config: dict[str, Any],
     task: str,
@@ -139,12 +163,13 @@ def activation_bytes(
     seq_len: int,
     target_len: int,
     device_kind: str = "cpu",
+    fused_head: bool = False,
 ) -> int:
     """Activations of one micro-batch (Korthikanti et al. 2022, per layer, 16-bit:
     s*b*h*(34 + 5*a*s/h)), doubled in fp32; a checkpointed layer keeps only its input
     (in host memory when offloaded), plus one layer recomputed at a time
-    (core/checkpointing.py grades which layers). Logits and their gradient in fp32 on
-    top."""
+    (core/checkpointing.py grades which layers). The scoring of the tokens against the
+    vocabulary on top (`logit_bytes`)."""
     h = _first(config, "hidden_size", "d_model", "n_embd", default=768)
     layers = _first(config, "num_hidden_layers", "num_layers", "n_layer", default=12)
     heads = _first(config, "num_attention_heads", "num_heads", "n_head", default=12)
@@ -170,8 +195,9 @@ def activation_bytes(
         total += kept * per_layer + (count - kept) * 2 * s * b * h * scale * saved
         if kept < count:  # the layer being recomputed
             total += per_layer
-    logits = 0 if task == Task.CLASSIFICATION else 12 * b * out_len * vocab
-    return total + logits
+    if task == Task.CLASSIFICATION:
+        return total
+    return total + logit_bytes(b * out_len, vocab, candidate, device_kind, fused_head)
 
 
 def breakdown(
@@ -187,6 +213,7 @@ def breakdown(
     device_kind: str = "cpu",
     trainable: int = 0,
     frozen_bytes: int = 0,
+    fused_head: bool = False,
 ) -> Breakdown:
     w, g, o = shards(candidate.shard_stage, nproc_per_node)  # per process under ZeRO
     t, e = trained(parameters, trainable, embedding)
@@ -200,7 +227,9 @@ def breakdown(
         weights=weight_bytes(parameters, candidate.precision, trainable, frozen_bytes) // w,
         gradients=t * GRADIENT_BYTES // g,
         optimizer_state=optimizer_state(t, candidate.optim, e) // o,
-        activations=activation_bytes(config, task, candidate, seq_len, target_len, device_kind),
+        activations=activation_bytes(
+            config, task, candidate, seq_len, target_len, device_kind, fused_head
+        ),
         step=step,
         embedding_grads=0
         if frozen

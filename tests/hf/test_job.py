@@ -9,6 +9,7 @@ from helpers import loaded_llama
 
 from autotune.hf.job import (
     checkpointing,
+    fused_head,
     held_dtypes,
     longest_first,
     longest_samples,
@@ -40,6 +41,18 @@ def test_a_4bit_base_is_read_with_its_quantization_and_forced_checkpointing() ->
     assert "frozen 4-bit nf4" in held_dtypes(base)
     # prepare_model_for_kbit_training turned it on; nothing in the Trainer turns it off
     assert checkpointing(base)
+
+
+def test_a_model_trl_gave_a_fused_lm_head_is_seen_as_folding_its_logits() -> None:
+    """SFTTrainer patches the base model's forward with TRL's fused LM head, which keeps
+    the model's own name: the survey tells it by its code."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    model = loaded_llama(quantized=False)
+    base = model.get_base_model()
+    assert not fused_head(base) and not fused_head(model)
+    add_fused_lm_head(base, outputs=("log_probs", "entropy", "is_top1"))
+    assert fused_head(base) and base.forward.__name__ == "forward"
 
 
 @pytest.mark.parametrize("column", ["input_ids", "length"])

@@ -9,6 +9,7 @@ from helpers import GIB, SPEC, cand, loaded_llama, rec
 from autotune.core.checkpointing import Checkpointing
 from autotune.core.errors import UsageError
 from autotune.core.job import ParameterCount
+from autotune.core.trial import Candidate
 from autotune.hf.models import count_parameters, resolve_model
 from autotune.tuning.estimate import (
     activation_bytes,
@@ -295,3 +296,21 @@ def test_activations_fall_along_the_checkpointing_levels() -> None:
     assert held == sorted(held, reverse=True) and len(set(held)) == len(held)
     on_cpu = activation_bytes(GPT2, "causal-lm", cand(8, ckpt=Checkpointing.OFFLOAD), 512, 0)
     assert on_cpu == activation_bytes(GPT2, "causal-lm", cand(8, ckpt=Checkpointing.ON), 512, 0)
+
+
+def test_a_fused_lm_head_holds_one_tile_of_the_logits_not_all_of_them() -> None:
+    """TRL's SFTTrainer folds the logits tile by tile (4096 tokens x 32768 entries at
+    most): the CPU's torch fold holds fp32 temporaries per entry, Triton on CUDA only the
+    tile's buffer in the compute dtype; the Trainer's head holds every token's logits
+    and their gradient in fp32."""
+    from autotune.tuning.estimate import logit_bytes
+
+    bf16 = Candidate(8, 1, "bf16", False, "adamw_torch")
+    fp32 = Candidate(8, 1, "fp32", False, "adamw_torch")
+    assert logit_bytes(512, 32000, bf16, "cpu", False) == 12 * 512 * 32000
+    assert logit_bytes(512, 32000, bf16, "cpu", True) == 512 * 32000 * (2 + 33)
+    assert logit_bytes(512, 32000, bf16, "cuda", True) == 512 * 32000 * 2
+    assert logit_bytes(512, 32000, fp32, "cuda", True) == 512 * 32000 * 4
+    # a tile is at most 4096 tokens by 32768 entries, however long the batch or vocabulary
+    tile = 4096 * 32768 * 2
+    assert logit_bytes(16 * 2048, 128256, bf16, "cuda", True) == tile
