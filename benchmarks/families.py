@@ -500,6 +500,7 @@ def _replay(args: argparse.Namespace, recorded: dict[str, Any], trials: int, wor
                     grid,
                     args.keep,
                     label=f"{row['family']}, {row['budget']}: ",
+                    family=row["family"],
                 )
                 ratios = [o["ratio"] for o in outs]
                 print(
