@@ -310,7 +310,8 @@ def _packing(model: ModelSpec, job: JobFacts | None, asked: bool) -> tuple[tuple
     if not asked:
         return (), (
             "packed rows train several samples a step, not your recipe's: a change of "
-            "your training, searched where asked (--lever packing=false,true)"
+            "your training, searched where asked (--lever packing=false,true); like "
+            "padding-free batches they pay with flash or flex attention"
         )
     if job.max_length is None:
         return (), "SFTTrainer packs rows of max_length tokens, and your max_length is null"
