@@ -68,10 +68,15 @@ def parse_duration(text: str) -> float:
 
 
 def format_size(num_bytes: float) -> str:
-    """Bytes as GiB/MiB with one decimal: 1.5 GiB."""
+    """Bytes as GiB with one decimal (1.5 GiB), else whole MiB, KiB or bytes: a LoRA
+    adapter's 300 KiB of gradients is not "0 MiB"."""
     if abs(num_bytes) >= 2**30:
         return f"{num_bytes / 2**30:.1f} GiB"
-    return f"{num_bytes / 2**20:.0f} MiB"
+    if abs(num_bytes) >= 2**20 or num_bytes == 0:
+        return f"{num_bytes / 2**20:.0f} MiB"
+    if abs(num_bytes) >= 2**10:
+        return f"{num_bytes / 2**10:.0f} KiB"
+    return f"{num_bytes:.0f} B"
 
 
 def format_duration(seconds: float) -> str:

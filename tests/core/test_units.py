@@ -48,4 +48,6 @@ def test_parse_duration_rejects(text: str) -> None:
 def test_formatting() -> None:
     assert format_size(1.5 * 2**30) == "1.5 GiB"
     assert format_size(300 * 2**20) == "300 MiB"
+    assert format_size(300 * 2**10) == "300 KiB"  # a LoRA adapter's gradients, not 0 MiB
+    assert format_size(512) == "512 B"
     assert format_duration(75) == "1m15s"
