@@ -241,7 +241,7 @@ def timed_batches(config: TrialConfig, timer: Any, count: Any, worst: TrialResul
     accumulation = config.candidate.gradient_accumulation_steps
     window = count.fed()[accumulation : accumulation * (1 + config.measure_steps)]
     real, fed = sum(r for r, _ in window), sum(f for _, f in window)
-    trained = None
+    trained, worst_speed = None, worst.samples_per_s
     if config.candidate.changes_samples and config.sample_tokens > 0:
         steps = [
             sum(r for r, _ in window[i : i + accumulation]) * config.nproc_per_node
@@ -250,6 +250,8 @@ def timed_batches(config: TrialConfig, timer: Any, count: Any, worst: TrialResul
         times = per_global_batch(times, steps, config.global_batch_size * config.sample_tokens)
         counted = [n for n in steps if n] or [0]
         trained = round(sum(counted) / len(counted) / config.sample_tokens, 2)
+        if worst_speed:  # full rows a second, counted in samples like the steps
+            worst_speed *= config.tokens_per_sample / config.sample_tokens
     stats = StepStats.of(times)
     return worst.replace(
         samples_per_s=config.global_batch_size / stats.median_s,
@@ -258,7 +260,7 @@ def timed_batches(config: TrialConfig, timer: Any, count: Any, worst: TrialResul
         step_time_spread=stats.spread,
         step_time_quiet_s=stats.median_s,  # a step's time depends on its batch: the median ranks
         step_times_s=tuple(round(t, 6) for t in times),
-        worst_case_samples_per_s=worst.samples_per_s,
+        worst_case_samples_per_s=worst_speed,
         padding_fraction=round(1 - real / fed, 4) if fed else None,
         samples_per_step=trained,
     )

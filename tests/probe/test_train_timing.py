@@ -59,11 +59,13 @@ def test_a_packed_step_counts_as_the_global_batch_at_the_mean_length() -> None:
     result = timed_batches(config(True), Timer([1.0, 1.0]), Count(fed), WORST)
     assert result.step_times_s == (0.25, 0.25) and result.samples_per_s == pytest.approx(32.0)
     assert result.samples_per_step == 32.0 and result.tokens_per_s == pytest.approx(1600.0)
-    assert result.padding_fraction == 0.0 and result.worst_case_samples_per_s == 4.0
+    # the worst case's full rows count in samples too: 4 rows/s of 200 tokens, 16 samples
+    assert result.padding_fraction == 0.0 and result.worst_case_samples_per_s == 16.0
     # unpacked, the step trains the global batch: its time stands as measured
     plain = timed_batches(config(False), Timer([1.0, 1.0]), Count([(400, 800)] * 3), WORST)
     assert plain.step_times_s == (1.0, 1.0) and plain.samples_per_s == pytest.approx(8.0)
     assert plain.samples_per_step is None and plain.padding_fraction == 0.5
+    assert plain.worst_case_samples_per_s == 4.0
 
 
 def test_each_packed_step_is_scaled_by_its_own_tokens() -> None:
