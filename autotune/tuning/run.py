@@ -143,7 +143,7 @@ class SearchRun:
         limits = self.limits
         if sum(is_probe(r) for r in recs) + len(busy) >= limits.max_trials:
             return f"reached --max-trials {limits.max_trials}"
-        if deadline.passed():
+        if deadline.passed() and not self._reserve_idle(recs, end):
             return "time budget spent" + (
                 " (the rest is for confirmation)" if limits.confirm_top else ""
             )
@@ -178,6 +178,18 @@ class SearchRun:
         if not busy and not open_candidates(self.spec.space, recs, over):
             return "every config in the space is measured or ruled out"
         return ""
+
+    def _reserve_idle(self, recs: list[TrialRecord], end: Deadline | None) -> bool:
+        """Whether the time kept from exploring would buy nothing: no parity runs are
+        planned and no finalist's confirmation fits in what is left of the whole budget.
+        Exploring then goes on while a probe fits (a one-minute search here stopped at 50 s
+        for a confirmation of 18 s that could never start, and sat idle)."""
+        left = end.left() if end is not None else None
+        limits = self.limits
+        if left is None or not limits.confirm_top or limits.parity_steps or limits.parity_auto:
+            return False
+        pool = [r for r in fitting(recs, self.spec.fit_limit_bytes) if exportable(r)]
+        return bool(pool) and all(self._confirm_s(r) > left for r in pool)
 
     def plan_parity(
         self, deadline: Deadline, recs: list[TrialRecord], *, final: bool = False

@@ -411,3 +411,30 @@ def test_close_finalists_are_timed_in_alternating_paired_rounds_until_they_separ
         == "paired rounds: trial 1 against trial 0: 1.11x (1.11-1.11x over 2 paired rounds)"
     )
     assert select_for(SPEC, list(records.values())).number == 1
+
+
+def test_time_kept_for_a_confirmation_that_cannot_start_goes_to_exploring() -> None:
+    """Past the explore share, exploring stops for confirmation only where one can run:
+    with 19 s of the budget left, a 12-step confirmation (over 19 s for every finalist)
+    could never start, so 8 s probes go on until one would end past the budget; a
+    4-step one fits, and exploring stops for it. Planned parity runs keep their time."""
+    probes = [
+        dataclasses.replace(r, result=r.result.replace(phases_s={**r.result.phases_s, "wall": 8.0}))
+        for r in RECORDS
+    ]
+    clock = Clock()
+    budget = Deadline.after(100.0, clock)
+    explore = budget.share(0.8)
+    clock.now += 81
+    long, short = (run(SearchLimits(max_trials=50, confirm_steps=n)) for n in (12, 4))
+    assert min(long._confirm_s(r) for r in probes) > 19 >= min(short._confirm_s(r) for r in probes)
+    assert long._stop_reason(probes, {}, explore, never_over, end=budget) == ""
+    why = short._stop_reason(probes, {}, explore, never_over, end=budget)
+    assert why == "time budget spent (the rest is for confirmation)"
+    parity = run(SearchLimits(max_trials=50, confirm_steps=12, parity_steps=4))
+    assert parity._stop_reason(probes, {}, explore, never_over, end=budget).startswith(
+        "time budget spent"
+    )
+    clock.now += 12  # 7 s left: no probe fits either
+    why = long._stop_reason(probes, {}, explore, never_over, end=budget)
+    assert why == "time budget spent: a probe takes about 8s and 7s is left"
