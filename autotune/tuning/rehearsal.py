@@ -166,9 +166,11 @@ def checkpoint_room(record: TrialRecord, spec: SearchSpec) -> str:
 
 def checkpoint_bytes(spec: SearchSpec, candidate: Candidate) -> int:
     """What a checkpoint holds: the weights as held (the trained ones in 32 bits) and,
-    unless the run saves the model only, the optimizer's state for those that train."""
+    unless the run saves the model only, the optimizer's state for those that train. A
+    PEFT adapter's checkpoint holds the adapter alone (`PeftModel.save_pretrained`, which
+    the Trainer's save calls): the frozen base is neither written nor read back."""
     trained = spec.trainable_parameters or spec.parameters
-    frozen = spec.frozen_bytes if spec.trainable_parameters else 0
+    frozen = spec.frozen_bytes if spec.trainable_parameters and not spec.model.adapter else 0
     only_model = RunEvents.of(spec).fields.get("save_only_model") is True
     return trained * 4 + frozen + (0 if only_model else trained * state_bytes(candidate.optim))
 

@@ -125,6 +125,15 @@ def test_a_save_whose_whole_checkpoint_fits_beside_the_peak_is_not_rehearsed() -
     assert checkpoint_room(probe, evaluating) == ""
     gathering = dataclasses.replace(adapter, job_profile={"own_save": "Gathering._save"})
     assert checkpoint_room(probe, gathering) == ""
+    # A LoRA adapter on a 2 GB bf16 base saves the adapter alone; frozen layers of a
+    # model without one are saved with it.
+    held = dataclasses.replace(
+        SPEC, parameters=10**9, trainable_parameters=10**6, frozen_bytes=2 * 10**9
+    )
+    lora = dataclasses.replace(held, model=dataclasses.replace(SPEC.model, adapter={"r": 8}))
+    assert checkpoint_bytes(lora, probe.candidate) == 10**6 * (4 + 8)
+    assert "its whole checkpoint (11 MiB" in checkpoint_room(probe, lora)
+    assert checkpoint_bytes(held, probe.candidate) == 2 * 10**9 + 10**6 * (4 + 8)
 
 
 def test_a_rehearsal_the_time_budget_ends_is_cut_not_failed() -> None:
