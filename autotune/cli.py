@@ -20,6 +20,7 @@ from autotune.cli_types import (
     TABLE_OR_JSON,
     GroupedCommand,
     ListType,
+    adapter_options,
     search_options,
     study_options,
 )
@@ -104,6 +105,7 @@ def search(**options: Any) -> None:
     help="Comma-separated, from fp32, tf32, fp16, bf16 [default: all the device supports].",
 )
 @click.option("--optimizers", type=ListType(), help="TrainingArguments optim names.")
+@adapter_options
 @TABLE_OR_JSON
 def estimate(fmt: str, **options: Any) -> None:
     """Memory estimate per precision/optimizer/checkpointing, without running anything."""

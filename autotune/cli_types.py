@@ -113,6 +113,28 @@ def table_or_json(
 
 TABLE_OR_JSON = table_or_json()
 
+# A --model stand-in's adapter: `search` and `estimate` take it alike.
+ADAPTER_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
+    click.option(
+        "--lora",
+        metavar="SETTINGS",
+        help="Wrap the --model stand-in in a LoRA adapter, e.g. r=16,alpha=32,"
+        "targets=q_proj,v_proj (needs peft).",
+    ),
+    click.option(
+        "--peft-config",
+        type=click.Path(path_type=Path),
+        help="The stand-in's LoRA adapter from an adapter_config.json (instead of --lora).",
+    ),
+]
+
+
+def adapter_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(ADAPTER_OPTIONS):
+        command = option(command)
+    return command
+
+
 # The `search` command's options, in the order `--help` lists them.
 SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option(
@@ -133,17 +155,7 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         help="Your factory's arguments class when its parameter is not annotated: "
         "TrainingArguments, Seq2SeqTrainingArguments, SFTConfig, or module.Class.",
     ),
-    click.option(
-        "--lora",
-        metavar="SETTINGS",
-        help="Wrap the --model stand-in in a LoRA adapter, e.g. r=16,alpha=32,"
-        "targets=q_proj,v_proj (needs peft).",
-    ),
-    click.option(
-        "--peft-config",
-        type=click.Path(path_type=Path),
-        help="The stand-in's LoRA adapter from an adapter_config.json (instead of --lora).",
-    ),
+    *ADAPTER_OPTIONS,
     click.option(
         "--task",
         default="auto",

@@ -3,6 +3,7 @@ print it and the CLI turns errors into one line and an exit code."""
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
@@ -26,6 +27,7 @@ from autotune.core.spec import SearchSpec
 from autotune.core.trial import TrialRecord
 from autotune.doctor import Check, run_doctor
 from autotune.hf.models import count_parameters, max_positions, resolve_model
+from autotune.hf.peft import adapter_settings
 from autotune.hf.training_args import (
     available_optimizers,
     cli_flags,
@@ -253,10 +255,16 @@ def estimate_command(
     batch: int,
     precisions: tuple[str, ...] | None,
     optimizers: tuple[str, ...] | None,
+    lora: str | None = None,
+    peft_config: Path | None = None,
 ) -> Any:
-    """The memory estimate per precision/optimizer/checkpointing; runs nothing."""
+    """The memory estimate per precision/optimizer/checkpointing; runs nothing. With
+    `lora` or `peft_config`, of the model wrapped in that adapter (the frozen base held as
+    loaded, gradients and optimizer state for the adapter alone)."""
 
     model_spec = resolve_model(model, task=task)
+    if lora or peft_config:
+        model_spec = dataclasses.replace(model_spec, adapter=adapter_settings(lora, peft_config))
     device_info = detect_device(device)
     seq = seq_len or min(512, max_positions(model_spec.config) or 512)
     counted = count_parameters(model_spec)

@@ -333,6 +333,29 @@ def test_estimate_as_json_for_scripts(capsys: pytest.CaptureFixture[str]) -> Non
     assert adamw["embedding_gradient_bytes"] == 2 * 4 * 50257 * 768
 
 
+def test_estimate_of_a_lora_stand_in(capsys: pytest.CaptureFixture[str]) -> None:
+    """With --lora the estimate is the adapter's job: gradients and AdamW state for the
+    adapter alone, the base's weights frozen as held; a malformed adapter is refused in
+    one line."""
+    flags = ["estimate", "--model", "gpt2", "--device", "cpu", "--precisions", "fp32"]
+    main([*flags, "--optimizers", "adamw_torch", "--format", "json"])
+    full = json.loads(capsys.readouterr().out)
+    main([*flags, "--optimizers", "adamw_torch", "--lora", "r=8,alpha=16,targets=c_attn"])
+    main(
+        [*flags, "--optimizers", "adamw_torch", "--lora", "r=8,targets=c_attn", "--format", "json"]
+    )
+    out = capsys.readouterr().out
+    assert "124.7M parameters, 0.29M of them train" in out
+    lora = json.loads(out[out.index("{") :])
+    trains = lora["trainable_parameters"]
+    assert trains == 12 * 8 * (768 + 3 * 768) and lora["parameters"] == 124_439_808 + trains
+    off = lora["rows"][0]
+    assert off["gradients_bytes"] == 4 * trains and off["optimizer_state_bytes"] == 8 * trains
+    assert off["total_bytes"] < full["rows"][0]["total_bytes"]
+    code, err = run([*flags, "--lora", "r=8,targets"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "--lora" in err
+
+
 def test_search_help_groups_its_options(capsys: pytest.CaptureFixture[str]) -> None:
     main(["search", "--help"])
     out = capsys.readouterr().out

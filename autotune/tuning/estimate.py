@@ -337,6 +337,7 @@ class Estimate:
     target_len: int
     process_bytes: int
     rows: tuple[EstimateRow, ...]
+    trainable: int = 0  # those that train where not all do (an adapter's); 0: all
 
 
 def estimate_rows(
@@ -376,4 +377,5 @@ def estimate_rows(
         target_len,
         PROCESS_BYTES[device_kind],
         tuple(rows),
+        counted.trainable,
     )

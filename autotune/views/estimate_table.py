@@ -29,9 +29,11 @@ COLUMNS = (
 def print_estimate(estimate: Estimate) -> None:
     e = estimate
     target = f" / {e.target_len} target" if e.task == Task.SEQ2SEQ else ""
+    trains = f", {e.trainable / 1e6:.2f}M of them train" if e.trainable else ""
     table = Table(
-        title=f"{e.model} ({e.task}, {e.parameters / 1e6:.1f}M parameters): per-device batch "
-        f"{e.batch}, {e.seq_len} tokens{target}; + about {format_size(e.process_bytes)} "
+        title=f"{e.model} ({e.task}, {e.parameters / 1e6:.1f}M parameters{trains}): "
+        f"per-device batch {e.batch}, {e.seq_len} tokens{target}; + about "
+        f"{format_size(e.process_bytes)} "
         "for the process",
         title_justify="left",
     )
@@ -77,6 +79,7 @@ def estimate_json(estimate: Estimate) -> str:
         "model": e.model,
         "task": e.task,
         "parameters": e.parameters,
+        "trainable_parameters": e.trainable or e.parameters,
         "batch": e.batch,
         "seq_len": e.seq_len,
         "target_len": e.target_len,
