@@ -335,8 +335,8 @@ def test_estimate_as_json_for_scripts(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_estimate_of_a_lora_stand_in(capsys: pytest.CaptureFixture[str]) -> None:
     """With --lora the estimate is the adapter's job: gradients and AdamW state for the
-    adapter alone, the base's weights frozen as held; a malformed adapter is refused in
-    one line."""
+    adapter alone, the base's weights frozen as held; a malformed adapter, or one whose
+    targets the model lacks, is refused in one line."""
     flags = ["estimate", "--model", "gpt2", "--device", "cpu", "--precisions", "fp32"]
     main([*flags, "--optimizers", "adamw_torch", "--format", "json"])
     full = json.loads(capsys.readouterr().out)
@@ -352,8 +352,9 @@ def test_estimate_of_a_lora_stand_in(capsys: pytest.CaptureFixture[str]) -> None
     off = lora["rows"][0]
     assert off["gradients_bytes"] == 4 * trains and off["optimizer_state_bytes"] == 8 * trains
     assert off["total_bytes"] < full["rows"][0]["total_bytes"]
-    code, err = run([*flags, "--lora", "r=8,targets"], capsys)
-    assert code == 2 and err.count("\n") == 1 and "--lora" in err
+    for bad in ("r=8,targets", "r=8,targets=q_proj"):  # malformed; a layer gpt2 lacks
+        code, err = run([*flags, "--lora", bad], capsys)
+        assert code == 2 and err.count("\n") == 1 and "--lora" in err
 
 
 def test_search_help_groups_its_options(capsys: pytest.CaptureFixture[str]) -> None:

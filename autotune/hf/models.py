@@ -127,11 +127,18 @@ def auto_class(task: Task) -> Any:
 
 
 def count_parameters(spec: ModelSpec) -> ParameterCount:
-    """Parameters of the model, built on the meta device (no memory, no weights)."""
+    """Parameters of the model, built on the meta device (no memory, no weights); a
+    --lora adapter whose targets the model lacks is the user's error, said in one line."""
     import torch
 
-    with torch.device("meta"):
-        return parameter_count(build_model(spec))
+    try:
+        with torch.device("meta"):
+            return parameter_count(build_model(spec))
+    except ValueError as exc:  # peft: a target module the model does not have
+        if not spec.adapter:
+            raise
+        first = str(exc).strip().splitlines()[0]
+        raise UsageError(f"--lora: {first}; targets= must name layers {spec.name} has") from None
 
 
 def parameter_count(model: Any) -> ParameterCount:

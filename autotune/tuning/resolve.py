@@ -105,7 +105,7 @@ def resolve(o: SearchOptions, *, nproc_per_node: int, with_dataset: bool) -> Fac
         model=model,
         job=job,
         base=base,
-        counted=job_counts(job) if job else _count(model),
+        counted=job_counts(job) if job else count_parameters(model),
         max_positions=max_positions(model.config),
         installed_optimizers=available_optimizers(),
         levers=tuple(levers),
@@ -165,17 +165,6 @@ def read_base(
             f"{theirs}); drop one of them"
         )
     return base
-
-
-def _count(model: ModelSpec) -> ParameterCount:
-    """The stand-in's parameters (its --lora adapter's trainable ones among them)."""
-    try:
-        return count_parameters(model)
-    except ValueError as exc:  # peft: a target module the model does not have
-        if not model.adapter:
-            raise
-        first = str(exc).strip().splitlines()[0]
-        raise UsageError(f"--lora: {first}; name layers {model.name} has") from None
 
 
 def tokenize(
