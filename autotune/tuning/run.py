@@ -109,7 +109,7 @@ class SearchRun:
             recs = self.store.records()
             busy = self.store.in_flight()
             over = far_over_budget(self.spec, recs)
-            proposal = self._proposal(recs, busy, over, last=self._last(recs, busy, deadline))
+            proposal = self._proposal(recs, busy, over)
             stop = self._stop_reason(recs, busy, deadline, over, end=end) or (
                 proposal.why_stop if proposal and not busy else ""
             )
@@ -225,23 +225,8 @@ class SearchRun:
         if said:
             self.observer.on_plan(said)
 
-    def _last(
-        self, recs: list[TrialRecord], busy: dict[Candidate, int], deadline: Deadline
-    ) -> bool:
-        """Whether the budget affords no probe after the next: --max-trials, or less time
-        left to explore than two probes take."""
-        if self.limits.max_trials - sum(is_probe(r) for r in recs) - len(busy) <= 1:
-            return True
-        left, expected = deadline.left(), probe_wall_s(recs)
-        return left is not None and expected > 0 and left < 2 * expected
-
     def _proposal(
-        self,
-        recs: list[TrialRecord],
-        busy: dict[Candidate, int],
-        over: Verdictor,
-        *,
-        last: bool = False,
+        self, recs: list[TrialRecord], busy: dict[Candidate, int], over: Verdictor
     ) -> Proposal | None:
         """--sampler model: the open config the model of step time finds most promising;
         first, where the best so far changes the recipe's arithmetic unverified, the same
@@ -259,7 +244,6 @@ class SearchRun:
             fits=over.fits,
             concurrent=self.limits.concurrent,
             objective=self.limits.objective,
-            last=last,
         )
 
     def _pause(self) -> None:

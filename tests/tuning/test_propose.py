@@ -270,26 +270,3 @@ def test_when_only_checkpointed_configs_are_left_the_search_says_why_it_stops() 
         HSPEC, records, left, fits=lambda c: True, concurrent=0, objective=Objective.EFFICIENCY
     )
     assert efficiency.candidate in left
-
-
-def test_the_last_probe_goes_to_the_lowest_predicted_cost() -> None:
-    """Optimism tries configs of untried values while later probes can use what they
-    teach; the last probe the budget affords goes to the config predicted fastest (a
-    BERT replay spent its seven probes on uncertain configs and never tried the one the
-    model put 36% ahead, the grid's best)."""
-    from autotune.tuning._propose import KAPPA
-
-    records = [
-        record(0, SPACE.candidate(8, "fp32", False, "adamw_torch"), 2.0),
-        record(1, SPACE.candidate(16, "bf16", False, "adamw_torch"), 1.0),
-        record(2, SPACE.candidate(8, "bf16", False, "adamw_torch"), 1.2),
-        record(3, SPACE.candidate(16, "fp32", False, "adamw_torch"), 1.7),
-    ]
-    near = SPACE.candidate(16, "bf16", False, "adamw_torch_fused")  # one value untried
-    far = SPACE.candidate(8, "fp16", True, "paged_adamw_8bit")  # three untried
-    cost = lambda r: r.result.step_time_median_s  # noqa: E731
-    model = CostModel([(r.candidate, cost(r)) for r in records], [near, far])
-    (near_log, near_sd), (far_log, far_sd) = model.predict(near), model.predict(far)
-    assert near_log < far_log and far_log - KAPPA * far_sd < near_log - KAPPA * near_sd
-    assert propose(records, [near, far], cost).candidate == far
-    assert propose(records, [near, far], cost, last=True).candidate == near
