@@ -33,8 +33,7 @@ def print_estimate(estimate: Estimate) -> None:
     table = Table(
         title=f"{e.model} ({e.task}, {e.parameters / 1e6:.1f}M parameters{trains}): "
         f"per-device batch {e.batch}, {e.seq_len} tokens{target}; + about "
-        f"{format_size(e.process_bytes)} "
-        "for the process",
+        f"{format_size(e.process_bytes)} for the process",
         title_justify="left",
     )
     for column in COLUMNS:
