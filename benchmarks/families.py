@@ -275,23 +275,11 @@ def plain(name: str, prober: Prober, trials: int, seed: int) -> dict[str, Any]:
     }
 
 
-def autotune(
-    model_dir: Path,
-    work: Path,
-    budget: int,
-    trials: int,
-    seed: int,
-    keep: str | None = None,
-    lora: str = "",
-) -> dict[str, Any]:
-    """`autotune search` with its defaults, in a fresh directory (nothing to reuse);
-    with `keep`, its studies/ are copied to keep/<model>-<budget>-seed<seed>; `lora`:
-    the stand-in's adapter."""
-    run_dir = Path(tempfile.mkdtemp(dir=work))
-    argv = [
-        sys.executable,
-        "-m",
-        "autotune",
+def search_argv(model_dir: Path, budget: int, trials: int, seed: int, lora: str = "") -> list[str]:
+    """`autotune search`'s arguments (after `autotune`) as the families run it: its
+    defaults, the families' space and probe lengths, `trials` probes in all (the
+    confirmation included), parity off (the grids time speed alone)."""
+    return [
         "search",
         "--model",
         str(model_dir),
@@ -333,6 +321,22 @@ def autotune(
         "--no-reuse",
         "--quiet",
     ]
+
+
+def autotune(
+    model_dir: Path,
+    work: Path,
+    budget: int,
+    trials: int,
+    seed: int,
+    keep: str | None = None,
+    lora: str = "",
+) -> dict[str, Any]:
+    """`autotune search` with its defaults, in a fresh directory (nothing to reuse);
+    with `keep`, its studies/ are copied to keep/<model>-<budget>-seed<seed>; `lora`:
+    the stand-in's adapter."""
+    run_dir = Path(tempfile.mkdtemp(dir=work))
+    argv = [sys.executable, "-m", "autotune", *search_argv(model_dir, budget, trials, seed, lora)]
     started = time.monotonic()
     done = subprocess.run(
         argv,
@@ -357,22 +361,26 @@ def autotune(
         if t.user_attrs.get("outcome") not in (None, "skipped")
         and not t.user_attrs.get("reused_from")
     )
-    found = None
-    if done.returncode == 0 and best_file.exists():
-        best = json.loads(best_file.read_text())
-        found = (
-            best["per_device_train_batch_size"],
-            "bf16" if best.get("bf16") else "fp16" if best.get("fp16") else "fp32",
-            bool(best.get("activation_checkpointing", best.get("gradient_checkpointing"))),
-            best["optim"],
-        )
     return {
-        "found": found,
+        "found": exported(best_file) if done.returncode == 0 else None,
         "probes": probes,
         "wall_s": wall,
         "exit": done.returncode,
         "stderr": done.stderr[-400:] if done.returncode else "",
     }
+
+
+def exported(best_file: Path) -> Key | None:
+    """The config a search exported, as the grids name it (None: nothing exported)."""
+    if not best_file.exists():
+        return None
+    best = json.loads(best_file.read_text())
+    return (
+        best["per_device_train_batch_size"],
+        "bf16" if best.get("bf16") else "fp16" if best.get("fp16") else "fp32",
+        bool(best.get("activation_checkpointing", best.get("gradient_checkpointing"))),
+        best["optim"],
+    )
 
 
 def seeds(

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from autotune._exports import lazy_exports
 
 if TYPE_CHECKING:
+    from autotune.probe._train import schedule_of
     from autotune.probe.data import WorstCaseDataset
     from autotune.probe.flops import measure_peak_flops
     from autotune.probe.ranks import RESULT_NAME, merge_ranks
@@ -27,10 +28,12 @@ __all__ = [
     "WorstCaseDataset",
     "measure_peak_flops",
     "merge_ranks",
+    "schedule_of",
 ]
 
 # each public name, and the module that holds it
 _OWNERS = {
+    "schedule_of": "autotune.probe._train",
     "WorstCaseDataset": "autotune.probe.data",
     "measure_peak_flops": "autotune.probe.flops",
     "RESULT_NAME": "autotune.probe.ranks",

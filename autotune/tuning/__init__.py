@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from autotune._exports import lazy_exports
 
 if TYPE_CHECKING:
-    from autotune.tuning._memory_verdict import predicted_peak, process_bytes
+    from autotune.tuning._memory_verdict import predicted_peak, process_bytes, spec_breakdown
     from autotune.tuning.deadline import Deadline
     from autotune.tuning.estimate import Estimate, estimate_rows, static_bytes
     from autotune.tuning.limits import SearchLimits
@@ -66,6 +66,7 @@ __all__ = [
     "run_workers",
     "select_best",
     "select_for",
+    "spec_breakdown",
     "static_bytes",
     "workload_defaults",
 ]
@@ -74,6 +75,7 @@ __all__ = [
 _OWNERS = {
     "predicted_peak": "autotune.tuning._memory_verdict",
     "process_bytes": "autotune.tuning._memory_verdict",
+    "spec_breakdown": "autotune.tuning._memory_verdict",
     "Deadline": "autotune.tuning.deadline",
     "Estimate": "autotune.tuning.estimate",
     "estimate_rows": "autotune.tuning.estimate",

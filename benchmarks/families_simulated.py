@@ -1,0 +1,288 @@
+#!/usr/bin/env python
+"""The search's rules against the families' recorded grids, over many seeds, in minutes.
+
+`families.py --grid` replays the real search against the grids, each probe trained for
+real: three seeds per setting take a quarter of an hour, and a replay differs run to run
+(the probes are measured), so a rule change that moves one seed's pick cannot be told
+from the host's noise (BERT with memory binding missed in 5 of 18 real searches, seed 1
+in two runs of three). Here the real `autotune search` runs in this process, every rule
+of it as shipped (the proposals, the memory verdicts, adaptive measurement's stops, the
+confirmation, the duel, selection), but each probe is answered from the grid instead of
+trained:
+
+- a config the grid found out of memory is out of memory (its peak the limit);
+- a config that fits runs at the grid's speed: a contender's paired ratio to the best
+  (the interleaved truth), another's first-pass speed, both on the best's scale; its
+  steps each carry noise (NOISE per step, and a spell of SPELL shared by the probe's
+  steps: a 2-core host's), fed one by one to the probe's own stopping rule;
+- its peak is the search's own memory estimate with its activations scaled by one
+  factor a setting, the one that best parts the grid's fitting configs from its out of
+  memory ones (the grids keep no peaks), held under the limit.
+
+Each pick is scored as families.py scores a real one (the truth's ratio, 1 for a tie).
+What it cannot show: the host's real noise (spells longer than a probe, drift over a
+search), the memory estimate's real errors, time. It ranks rules; the real replay
+checks the one kept.
+
+    python benchmarks/families_simulated.py [--seeds 30] [--only "bert), memory binds"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import multiprocessing
+import os
+import random
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import families
+from families import GLOBAL_BATCH, Key, key_of, recorded_grid, selected
+
+import autotune.tuning.run as search_run
+from autotune.cli import main as autotune_main
+from autotune.core.trial import Candidate, Outcome, TrialConfig, TrialResult
+from autotune.probe import schedule_of
+from autotune.tuning import spec_breakdown
+from autotune.tuning.estimate import PROCESS_BYTES
+
+PROBE_LINE = re.compile(r"^(?:trial|confirm)\s+\d+ (?!running|skipped)", re.MULTILINE)
+NOISE = 0.03  # sd of one step's log time
+SPELL = 0.04  # sd of a probe's log time shared by its steps
+UNDER = 0.97  # a fitting config's peak, at most this share of the limit
+
+
+class GridLauncher:
+    """Answers the search's probes from a grid: speeds per config, 0 for out of memory."""
+
+    def __init__(self, speeds: dict[Key, float], rng: random.Random) -> None:
+        self.speeds, self.rng = speeds, rng
+        self.spec: Any = None  # the study's SearchSpec, set as the search starts
+        self.scale: float | None = None  # of the estimate's activations (`_peak`)
+
+    def run(self, config: TrialConfig, *, timeout_s: float) -> TrialResult:
+        del timeout_s
+        limit = config.memory_limit_bytes or 0
+        speed = self.speeds.get(key_of(config.candidate), 0.0)
+        baseline = {"rss_bytes": PROCESS_BYTES["cpu"]}
+        if speed <= 0:
+            return TrialResult(
+                Outcome.OOM, reason="out of memory (the grid's)", peak_memory_bytes=limit
+            )
+        steps = self._steps(config, GLOBAL_BATCH / speed)
+        median = statistics.median(steps)
+        return TrialResult(
+            Outcome.OK,
+            samples_per_s=GLOBAL_BATCH / median,
+            step_time_median_s=median,
+            step_time_quiet_s=min(steps),
+            step_time_spread=(max(steps) - min(steps)) / median,
+            step_times_s=tuple(steps),
+            peak_memory_bytes=int(min(self._peak(config.candidate, limit), UNDER * limit)),
+            final_loss=1.0,
+            loss_finite=True,
+            phases_s={"total": sum(steps) + 1.0, "measured_steps": sum(steps)},
+            baseline=baseline,
+            measure_stop=self._stop,
+            memory_limit_bytes=limit,
+            warmup_steps=1,
+            one_time_s=0.0,
+        )
+
+    def _peak(self, candidate: Candidate, limit: int) -> float:
+        """The estimate's peak with its activations scaled by the factor that best
+        reproduces which configs the grid found out of memory under `limit`."""
+        if self.scale is None:
+            needed = {
+                key: self._scale_at_limit(families.candidate(key), limit) for key in self.speeds
+            }
+            fits = sorted(v for k, v in needed.items() if self.speeds[k] > 0)
+            ooms = sorted(v for k, v in needed.items() if self.speeds[k] <= 0)
+            # the factor misclassifying fewest configs: a fitting one needs at most its
+            # own, an out-of-memory one more than its own
+            trials = sorted({*fits, *ooms, 1.0})
+            wrong = [(sum(f < t for f in fits) + sum(o >= t for o in ooms), t) for t in trials]
+            self.scale = min(wrong)[1]
+        b = spec_breakdown(self.spec, candidate)
+        return (
+            PROCESS_BYTES["cpu"] + b.static + max(self.scale * b.activations, b.after_activations)
+        )
+
+    def _scale_at_limit(self, candidate: Candidate, limit: int) -> float:
+        """The activation factor at which the candidate's estimated peak reaches `limit`."""
+        b = spec_breakdown(self.spec, candidate)
+        room = limit - PROCESS_BYTES["cpu"] - b.static
+        return room / b.activations if b.activations > 0 else math.inf
+
+    def _steps(self, config: TrialConfig, step_s: float) -> list[float]:
+        """The probe's measured steps, until its own stopping rule closes the window."""
+        spell = math.exp(self.rng.gauss(0.0, SPELL))
+        schedule = schedule_of(config)
+        most = schedule.longest if schedule else config.measure_steps
+        steps: list[float] = []
+        self._stop = "full window"
+        while len(steps) < max(1, most):
+            steps.append(step_s * spell * math.exp(self.rng.gauss(0.0, NOISE)))
+            if schedule is None:
+                if len(steps) >= config.measure_steps:
+                    break
+                continue
+            reason = schedule.stop_reason(steps)
+            if reason:
+                self._stop = reason
+                break
+        return steps
+
+    def close(self) -> None:
+        pass
+
+
+def speeds_of(row: dict[str, Any]) -> dict[Key, float]:
+    """Each config's samples/s on the best's scale: a contender's paired ratio to the
+    best, another's first-pass speed scaled as the best's first pass to its rounds."""
+    grid = recorded_grid(row)
+    truth, scores = grid["truth"], grid["scores"]
+    best_speed = statistics.median(v for v in truth.runs[truth.best].values() if v > 0)
+    scale = best_speed / scores[truth.best] if scores.get(truth.best) else 1.0
+    speeds = {key: score * scale for key, score in scores.items()}
+    for key, ratio in truth.ratios.items():
+        if scores.get(key, 0.0) > 0:
+            speeds[key] = best_speed * ratio
+    return speeds
+
+
+@contextlib.contextmanager
+def answered_from(launcher: GridLauncher) -> Any:
+    """The search's probes answered by `launcher` (its spec set as each search starts)."""
+    import autotune.search_command as command  # calls run_search, which makes a Launcher
+
+    original = command.run_search
+
+    def run_search(**kwargs: Any) -> Any:
+        launcher.spec = kwargs["store"].spec
+        return original(**kwargs)
+
+    saved = search_run.Launcher, command.run_search
+    search_run.Launcher = lambda *a, **k: launcher  # type: ignore[assignment,misc]
+    command.run_search = run_search  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        search_run.Launcher, command.run_search = saved  # type: ignore[misc]
+
+
+def one_search(
+    row: dict[str, Any], model_dir: Path, seed: int, work: Path, *, show: bool = False
+) -> dict[str, Any]:
+    """One search of the setting, its probes answered from the grid; its pick, scored
+    (`show`: its output printed)."""
+    rng = random.Random(f"{row['family']}|{row['budget']}|{seed}")
+    launcher = GridLauncher(speeds_of(row), rng)
+    run_dir = Path(tempfile.mkdtemp(dir=work))
+    argv = families.search_argv(
+        model_dir,
+        row["budget_mib"] * families.MIB,
+        row.get("trial_budget") or TRIALS,
+        seed,
+        families.LORA.get(row["family"], ""),
+    )
+    argv += ["--no-fork-server", "--no-rehearse"]
+    before = os.getcwd()
+    os.chdir(run_dir)
+    out = io.StringIO()
+    try:
+        with answered_from(launcher), contextlib.redirect_stdout(out):
+            try:
+                autotune_main(argv)
+            except SystemExit as exc:
+                if exc.code:
+                    raise RuntimeError(
+                        f"search failed ({exc.code}): {out.getvalue()[-600:]}"
+                    ) from None
+    finally:
+        os.chdir(before)
+    if show:
+        print(out.getvalue())
+    found = families.exported(run_dir / "studies" / "bench.best.json")
+    probes = len(PROBE_LINE.findall(out.getvalue()))  # confirmations count, as in families
+    return {"found": found, "ratio": families.ratio(found, recorded_grid(row)), "probes": probes}
+
+
+def searches(
+    row: dict[str, Any], model_dir: Path, seeds: int, work: Path, jobs: int
+) -> list[dict[str, Any]]:
+    """The setting's searches, `jobs` at a time; a search still running after
+    HUNG_S is a hang of the search itself (no probe here takes time): say which."""
+    pool = multiprocessing.get_context("fork").Pool(jobs)
+    try:
+        pending = [pool.apply_async(one_search, (row, model_dir, s, work)) for s in range(seeds)]
+        outs = []
+        for seed, result in enumerate(pending):
+            try:
+                outs.append(result.get(timeout=HUNG_S))
+            except multiprocessing.TimeoutError:
+                raise SystemExit(
+                    f"{row['family']}, {row['budget']}, seed {seed}: the search hung "
+                    f"(--show {seed} prints it)"
+                ) from None
+        pool.close()
+        return outs
+    finally:
+        pool.terminate()
+
+
+HUNG_S = 120.0
+TRIALS = 9  # the families' trial budget: 15% of the 60-config grid
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--grid", default=str(Path(__file__).with_name("families.json")))
+    parser.add_argument("--only", default="", help="settings whose 'family, budget' has this")
+    parser.add_argument("--seeds", type=int, default=30)
+    parser.add_argument("--show", type=int, help="print this seed's search of each setting")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="searches at once")
+    args = parser.parse_args()
+    recorded = json.loads(Path(args.grid).read_text())
+    print(f"grid of {recorded['date']} on {recorded['machine']}; {args.seeds} seeds a setting")
+    everything: list[float] = []
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        for row in selected(recorded, args.only):
+            row = {**row, "trial_budget": recorded.get("trial_budget", TRIALS)}
+            model_dir = families.model_folder(row, work)
+            if args.show is not None:
+                print(one_search(row, model_dir, args.show, work, show=True))
+                continue
+            outs = searches(row, model_dir, args.seeds, work, args.jobs)
+            ratios = [o["ratio"] for o in outs]
+            everything += ratios
+            misses = sorted(
+                {families.label(list(o["found"])) for o in outs if o["found"] and o["ratio"] < 0.95}
+            )
+            print(
+                f"{row['family']}, {row['budget']}: mean {statistics.mean(ratios):.3f}, "
+                f"worst {min(ratios):.3f}, under 0.95 in {sum(r < 0.95 for r in ratios)} of "
+                f"{len(ratios)}; probes {statistics.mean(o['probes'] for o in outs):.1f}"
+                + (f"; missed for {', '.join(misses)}" if misses else ""),
+                flush=True,
+            )
+    print(
+        f"all: mean {statistics.mean(everything):.3f}, under 0.95 in "
+        f"{sum(r < 0.95 for r in everything)} of {len(everything)} "
+        f"({time.monotonic() - started:.0f} s)"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
