@@ -21,7 +21,6 @@ import optuna
 from autotune.core.enums import Objective, Outcome
 from autotune.core.errors import AutotuneError, StudyError
 from autotune.core.parity import Arithmetic
-from autotune.core.space import seed_candidates
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialConfig, TrialRecord, TrialResult
 from autotune.core.units import format_duration
@@ -37,13 +36,13 @@ from autotune.tuning._memory_verdict import far_over_budget
 from autotune.tuning._propose import Proposal, next_config
 from autotune.tuning._skips import Verdictor, open_candidates, skip_reason
 from autotune.tuning.deadline import Deadline
+from autotune.tuning.guesses import first_guesses, fitted_guess
 from autotune.tuning.limits import Observer, SearchLimits
 from autotune.tuning.outcome import SearchReport
 from autotune.tuning.parity import (
     ParityCheck,
     baseline,
     parity_stop,
-    reference_candidate,
     run_s,
 )
 from autotune.tuning.rehearsal import RunEvents, rehearse_selected, reserved_s
@@ -229,11 +228,15 @@ class SearchRun:
         self, recs: list[TrialRecord], busy: dict[Candidate, int], over: Verdictor
     ) -> Proposal | None:
         """--sampler model: the open config the model of step time finds most promising;
-        first, where the best so far changes the recipe's arithmetic unverified, the same
+        first, a first guess the estimate ruled out, at a batch that fits (`fitted_guess`),
+        then, where the best so far changes the recipe's arithmetic unverified, the same
         config with the recipe's precision and optimizer, which a tie would go to."""
         if not self.limits.propose:
             return None
         opened = open_candidates(self.spec.space, recs, over, busy)
+        guess = fitted_guess(self.spec, recs, opened, over.fits, in_flight=busy)
+        if guess is not None:
+            return Proposal(guess)
         twin = keeping_twin(self.spec, recs)
         if twin is not None and twin in opened:
             return Proposal(twin)
@@ -484,29 +487,12 @@ def prepare_store(*, spec: SearchSpec, study_name: str, storage: str, sampler: s
     )
     store.recover_stale(functools.partial(verdict, spec=spec, implied=False))
     if store.is_empty():  # a worker starting at this moment may do it too
-        seeds = seed_candidates(spec.space, spec.device, spec.tokens_per_sample)
         # the recipe first: what the user would run is the baseline every change is
         # weighed against (a 1-minute QLoRA search on an H100 probed only the plain
         # default, and exported its change of their precision and optimizer)
-        for seed in dict.fromkeys([*_recipe_guess(spec), *seeds]):
+        for seed in first_guesses(spec):
             store.enqueue(seed, first_guess=True)
     return store
-
-
-def _recipe_guess(spec: SearchSpec) -> list[Candidate]:
-    """The user's own recipe (--base-args, or their class's defaults) among the first
-    guesses, where the space holds it: what they would run is measured, not inferred."""
-    if not spec.recipe_settings:
-        return []
-    recipe = reference_candidate(spec, [])
-    space = spec.space
-    inside = (
-        recipe.precision in space.precisions
-        and recipe.optim in space.optimizers
-        and recipe.activation_checkpointing in space.checkpointing
-        and recipe.per_device_train_batch_size in space.all_batches
-    )
-    return [recipe] if inside else []
 
 
 def run_search(

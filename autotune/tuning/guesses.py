@@ -1,0 +1,83 @@
+"""The first guesses: what the search probes before its model of step time has data.
+
+They are the user's recipe (what they would run, measured rather than inferred), the
+plain default, and the usual fast settings (core.space.seed_candidates). A guess the
+memory estimate says will not fit is deferred (tuning._skips), and its settings are
+then tried at the largest batch the estimate says fits, the global batch kept: the
+guess is a prior on precision and optimizer as much as on batch, and memory ruling
+out its batch says nothing about the rest of it.
+
+Without that, the guess's settings were left to the model of step time, which had seen
+them nowhere. In the families' replays with memory binding (BERT at 680 MiB: bf16 at
+batch 16 does not fit, at 8 it is the fastest config), searches spent their probes on
+untried values and never reached 8x2 bf16: 5 of 18 real searches missed it (0.65 of the
+best); simulated against the recorded grid (benchmarks/families_simulated.py), 9 of 12
+before and 0 of 12 with the guess made to fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Collection, Sequence
+
+from autotune.core.space import seed_candidates
+from autotune.core.spec import SearchSpec
+from autotune.core.trial import Candidate, TrialRecord
+from autotune.tuning.parity import reference_candidate
+
+
+def first_guesses(spec: SearchSpec) -> list[Candidate]:
+    """The configs queued before any probe, in order: the recipe, then the seeds."""
+    seeds = seed_candidates(spec.space, spec.device, spec.tokens_per_sample)
+    return list(dict.fromkeys([*recipe_guess(spec), *seeds]))
+
+
+def recipe_guess(spec: SearchSpec) -> list[Candidate]:
+    """The user's own recipe (--base-args, or their class's defaults) among the first
+    guesses, where the space holds it: what they would run is measured, not inferred."""
+    if not spec.recipe_settings:
+        return []
+    recipe = reference_candidate(spec, [])
+    space = spec.space
+    inside = (
+        recipe.precision in space.precisions
+        and recipe.optim in space.optimizers
+        and recipe.activation_checkpointing in space.checkpointing
+        and recipe.per_device_train_batch_size in space.all_batches
+    )
+    return [recipe] if inside else []
+
+
+def fitted_guess(
+    spec: SearchSpec,
+    records: Sequence[TrialRecord],
+    open_configs: Collection[Candidate],
+    fits: Callable[[Candidate], bool],
+    *,
+    in_flight: Collection[Candidate] = (),
+) -> Candidate | None:
+    """A first guess the estimate says will not fit, at the largest batch it says fits
+    (the same samples a step); None when every guess fits, ran, or has had its fitted
+    twin measured. `open_configs`: those left to probe; `fits`: the estimate's verdict;
+    `in_flight`: configs other workers are probing (as good as measured here)."""
+    seen = {r.candidate for r in records} | set(in_flight)
+    for guess in first_guesses(spec):
+        if guess in seen or fits(guess):
+            continue
+        samples = guess.per_device_train_batch_size * guess.gradient_accumulation_steps
+        smaller = [
+            b
+            for b in spec.space.all_batches
+            if b < guess.per_device_train_batch_size and samples % b == 0
+        ]
+        for batch in sorted(smaller, reverse=True):
+            fitted = dataclasses.replace(
+                guess,
+                per_device_train_batch_size=batch,
+                gradient_accumulation_steps=samples // batch,
+            )
+            if fitted in seen:
+                break  # measured or being measured: the guess has its probe
+            if fitted in open_configs and fits(fitted):
+                return fitted
+    return None
