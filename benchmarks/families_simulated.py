@@ -223,21 +223,20 @@ def searches(
     """The setting's searches, `jobs` at a time; a search still running after
     HUNG_S is a hang of the search itself (no probe here takes time): say which."""
     pool = multiprocessing.get_context("fork").Pool(jobs)
-    try:
-        pending = [pool.apply_async(one_search, (row, model_dir, s, work)) for s in range(seeds)]
-        outs = []
-        for seed, result in enumerate(pending):
-            try:
-                outs.append(result.get(timeout=HUNG_S))
-            except multiprocessing.TimeoutError:
-                raise SystemExit(
-                    f"{row['family']}, {row['budget']}, seed {seed}: the search hung "
-                    f"(--show {seed} prints it)"
-                ) from None
-        pool.close()
-        return outs
-    finally:
-        pool.terminate()
+    pending = [pool.apply_async(one_search, (row, model_dir, s, work)) for s in range(seeds)]
+    outs = []
+    for seed, result in enumerate(pending):
+        try:
+            outs.append(result.get(timeout=HUNG_S))
+        except multiprocessing.TimeoutError:
+            pool.terminate()  # the workers are searches: SIGTERM ends them as it would
+            raise SystemExit(
+                f"{row['family']}, {row['budget']}, seed {seed}: the search hung "
+                f"(--show {seed} prints it)"
+            ) from None
+    pool.close()  # the workers exit on their own, without a SIGTERM to report
+    pool.join()
+    return outs
 
 
 HUNG_S = 120.0
