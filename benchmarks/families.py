@@ -22,7 +22,9 @@ benchmarks/families.json and appends a section to benchmarks/RESULTS.md.
 
     pip install -e ".[bench]"   # scipy, for the GP sampler
     python benchmarks/families.py            # about an hour on 2 cores, alone
-    # autotune only, scored against the grids recorded here (same machine), 3 seeds:
+    # autotune only, scored against the grids recorded here (same machine), 3 seeds; each
+    # setting first re-times two of its configs and says when this host runs them
+    # otherwise than the grid's did (--no-host-check skips it):
     python benchmarks/families.py --grid benchmarks/families.json --only "t5), memory free" \
         --keep /tmp/studies
     # the memory-binds grids measured again under today's libraries (about 20 min),
@@ -43,6 +45,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import shutil
 import statistics
@@ -56,7 +59,7 @@ from typing import Any
 
 import optuna
 from _common import machine, save
-from _truth import ROUNDS, Truth, measure, paired
+from _truth import ROUNDS, Truth, interleaved, measure, paired
 from search_efficiency import score  # samples/s within the limit, as the search judges
 
 from autotune.core.checkpointing import Checkpointing
@@ -74,6 +77,7 @@ GLOBAL_BATCH, SEQ_LEN, TARGET_LEN = 16, 128, 16
 WARMUP, MEASURE = 2, 3
 PRECISIONS = ("fp32", "bf16")
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adafactor")
+PLAIN_OPTIM = ("adamw_torch", "adamw_torch_fused")  # AdamW's arithmetic, fused or not
 SEEDS = (0, 1, 2)
 SHARE = 0.15
 GRID_MEASURE = 10  # the grid's steps per run: the truth is timed longer than a search's
@@ -490,13 +494,19 @@ def _replay(args: argparse.Namespace, recorded: dict[str, Any], trials: int, wor
     for row in selected(recorded, args.only):
         model_dir = model_folder(row, work)
         grid = recorded_grid(row)
+        plain_samplers = bool(set(names) - {"autotune"})  # they probe as the full run does
         prober = None
-        if set(names) - {"autotune"}:  # the plain samplers' probe, as the full run's
+        if plain_samplers or args.host_check:
             prober = Prober(
                 family_model(row["family"], model_dir), int(row["budget_mib"] * MIB * 0.95), work
             )
         methods: dict[str, list[dict[str, Any]]] = {}
         try:
+            if prober is not None and args.host_check:
+                print(f"{row['family']}, {row['budget']}: {host_check(prober, grid)}", flush=True)
+                if not plain_samplers:  # the searches run alone, as before the check
+                    prober.close()
+                    prober = None
             for name in names:
                 methods[name] = outs = seeds(
                     name,
@@ -528,6 +538,49 @@ def _replay(args: argparse.Namespace, recorded: dict[str, Any], trials: int, wor
                 command=command,
             )
         )
+
+
+HOST_ROUNDS = 2  # paired rounds of the host check
+HOST_OFF = 0.15  # a ratio this far (in log) from the grid's: the grid's truth is another host's
+
+
+def host_check(prober: Prober, grid: dict[str, Any]) -> str:
+    """Whether this host runs the setting's configs as the grid's host did: the grid's
+    best against the fastest config of the plain arithmetic (fp32 AdamW, the one a tie
+    keeps), timed now in HOST_ROUNDS interleaved rounds, their ratio against the grid's.
+
+    A grid's truth holds on the host it was timed on. One day's host, labelled as the
+    grid's (a 2-core AMD EPYC), ran the LoRA job's bf16 Adafactor at 0.76 of fp32 AdamW
+    where the grid has it 1.2x faster; the replays then scored 0.83 for searches that
+    picked right for that host, and nothing said why."""
+    truth, scores = grid["truth"], grid["scores"]
+    best = truth.best
+    plain = [k for k, v in scores.items() if v > 0 and k[1] == "fp32" and k[3] in PLAIN_OPTIM]
+    if not plain or best in plain:
+        return "host check: the grid's best keeps the plain arithmetic; nothing to compare"
+    keeping = max(plain, key=lambda k: scores[k])
+    was = truth.ratios.get(keeping) or scores[keeping] / scores[best]
+    runs: dict[Key, dict[int, float]] = {}
+    for _ in range(HOST_ROUNDS):
+        interleaved(prober.speed, [best, keeping], runs)
+    logs = [
+        math.log(runs[keeping][r] / runs[best][r])
+        for r in runs[best]
+        if runs[best][r] > 0 and runs[keeping].get(r, 0) > 0
+    ]
+    if not logs:
+        return f"host check: {label(list(best))} did not run within the budget here"
+    now = math.exp(statistics.mean(logs))
+    said = (
+        f"host check: {label(list(keeping))} at {now:.2f} of {label(list(best))} now, "
+        f"{was:.2f} in the grid"
+    )
+    if abs(math.log(now / was)) <= HOST_OFF:
+        return said
+    return (
+        f"{said}: THIS HOST DOES NOT RUN THEM AS THE GRID'S DID, the scores below do not "
+        "hold here (--regrid times the grid again on it)"
+    )
 
 
 def regrid(args: argparse.Namespace, work: Path) -> None:
@@ -873,6 +926,13 @@ def main() -> None:
         + "; more than one prints the results table",
     )
     parser.add_argument("--keep", help="copy each autotune search's studies/ here")
+    parser.add_argument(
+        "--no-host-check",
+        dest="host_check",
+        action="store_false",
+        help="with --grid: skip re-timing two of each setting's configs, which checks that "
+        "this host runs them as the grid's host did (about 20 s a setting)",
+    )
     parser.add_argument(
         "--co-tenant",
         type=float,
