@@ -48,6 +48,20 @@ class Truth(Generic[K]):
         return 1.0 if key in self.ties else min(1.0, self.ratios.get(key, 0.0))
 
 
+def round_ratio(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """`a` over `b` timed in the same rounds: the geometric mean of the round-by-round
+    ratios, with its 95% interval (0s where neither ran; rounds where one did not are
+    left out)."""
+    logs = [math.log(x / y) for x, y in zip(a, b, strict=True) if x and y]
+    if not logs:
+        return 0.0, 0.0, 0.0
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(mean), math.exp(mean), math.exp(mean)
+    half = T975[min(len(logs) - 2, len(T975) - 1)] * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
 def interleaved(probe: Callable[[K], float], keys: Sequence[K], runs: dict[K, Rounds]) -> None:
     """One more round: every key timed once, in reverse order on odd rounds."""
     number = 1 + max((r for k in runs for r in runs[k]), default=-1)

@@ -59,7 +59,7 @@ from typing import Any
 
 import optuna
 from _common import machine, save
-from _truth import ROUNDS, Truth, interleaved, measure, paired
+from _truth import ROUNDS, Truth, interleaved, measure, paired, round_ratio
 from search_efficiency import score  # samples/s within the limit, as the search judges
 
 from autotune.core.checkpointing import Checkpointing
@@ -563,14 +563,10 @@ def host_check(prober: Prober, grid: dict[str, Any]) -> str:
     runs: dict[Key, dict[int, float]] = {}
     for _ in range(HOST_ROUNDS):
         interleaved(prober.speed, [best, keeping], runs)
-    logs = [
-        math.log(runs[keeping][r] / runs[best][r])
-        for r in runs[best]
-        if runs[best][r] > 0 and runs[keeping].get(r, 0) > 0
-    ]
-    if not logs:
+    rounds = sorted(runs[best])
+    now, _, _ = round_ratio([runs[keeping][r] for r in rounds], [runs[best][r] for r in rounds])
+    if not now:
         return f"host check: {label(list(best))} did not run within the budget here"
-    now = math.exp(statistics.mean(logs))
     said = (
         f"host check: {label(list(keeping))} at {now:.2f} of {label(list(best))} now, "
         f"{was:.2f} in the grid"

@@ -48,6 +48,7 @@ from typing import Any
 import families
 from families import GLOBAL_BATCH, Key, key_of, recorded_grid, selected
 
+import autotune.search_command as search_command  # calls run_search, which makes a Launcher
 import autotune.tuning.run as search_run
 from autotune.cli import main as autotune_main
 from autotune.core.trial import Candidate, Outcome, TrialConfig, TrialResult
@@ -59,6 +60,8 @@ PROBE_LINE = re.compile(r"^(?:trial|confirm)\s+\d+ (?!running|skipped)", re.MULT
 NOISE = 0.03  # sd of one step's log time
 SPELL = 0.04  # sd of a probe's log time shared by its steps
 UNDER = 0.97  # a fitting config's peak, at most this share of the limit
+HUNG_S = 120.0  # a search running this long has hung (no probe here takes time)
+TRIALS = 9  # the families' trial budget (15% of the 60-config grid) where unrecorded
 
 
 class GridLauncher:
@@ -73,12 +76,11 @@ class GridLauncher:
         del timeout_s
         limit = config.memory_limit_bytes or 0
         speed = self.speeds.get(key_of(config.candidate), 0.0)
-        baseline = {"rss_bytes": PROCESS_BYTES["cpu"]}
         if speed <= 0:
             return TrialResult(
                 Outcome.OOM, reason="out of memory (the grid's)", peak_memory_bytes=limit
             )
-        steps = self._steps(config, GLOBAL_BATCH / speed)
+        steps, stop = self._steps(config, GLOBAL_BATCH / speed)
         median = statistics.median(steps)
         return TrialResult(
             Outcome.OK,
@@ -91,8 +93,8 @@ class GridLauncher:
             final_loss=1.0,
             loss_finite=True,
             phases_s={"total": sum(steps) + 1.0, "measured_steps": sum(steps)},
-            baseline=baseline,
-            measure_stop=self._stop,
+            baseline={"rss_bytes": PROCESS_BYTES["cpu"]},
+            measure_stop=stop,
             memory_limit_bytes=limit,
             warmup_steps=1,
             one_time_s=0.0,
@@ -105,8 +107,8 @@ class GridLauncher:
             needed = {
                 key: self._scale_at_limit(families.candidate(key), limit) for key in self.speeds
             }
-            fits = sorted(v for k, v in needed.items() if self.speeds[k] > 0)
-            ooms = sorted(v for k, v in needed.items() if self.speeds[k] <= 0)
+            fits = [v for k, v in needed.items() if self.speeds[k] > 0]
+            ooms = [v for k, v in needed.items() if self.speeds[k] <= 0]
             # the factor misclassifying fewest configs: a fitting one needs at most its
             # own, an out-of-memory one more than its own
             trials = sorted({*fits, *ooms, 1.0})
@@ -123,33 +125,27 @@ class GridLauncher:
         room = limit - PROCESS_BYTES["cpu"] - b.static
         return room / b.activations if b.activations > 0 else math.inf
 
-    def _steps(self, config: TrialConfig, step_s: float) -> list[float]:
-        """The probe's measured steps, until its own stopping rule closes the window."""
+    def _steps(self, config: TrialConfig, step_s: float) -> tuple[list[float], str]:
+        """The probe's measured steps, until its own stopping rule closes the window, and
+        why it closed."""
         spell = math.exp(self.rng.gauss(0.0, SPELL))
         schedule = schedule_of(config)
         most = schedule.longest if schedule else config.measure_steps
         steps: list[float] = []
-        self._stop = "full window"
         while len(steps) < max(1, most):
             steps.append(step_s * spell * math.exp(self.rng.gauss(0.0, NOISE)))
-            if schedule is None:
-                if len(steps) >= config.measure_steps:
-                    break
-                continue
-            reason = schedule.stop_reason(steps)
+            reason = schedule.stop_reason(steps) if schedule else ""
             if reason:
-                self._stop = reason
-                break
-        return steps
+                return steps, reason
+        return steps, "full window"
 
     def close(self) -> None:
         pass
 
 
-def speeds_of(row: dict[str, Any]) -> dict[Key, float]:
+def speeds_of(grid: dict[str, Any]) -> dict[Key, float]:
     """Each config's samples/s on the best's scale: a contender's paired ratio to the
     best, another's first-pass speed scaled as the best's first pass to its rounds."""
-    grid = recorded_grid(row)
     truth, scores = grid["truth"], grid["scores"]
     best_speed = statistics.median(v for v in truth.runs[truth.best].values() if v > 0)
     scale = best_speed / scores[truth.best] if scores.get(truth.best) else 1.0
@@ -163,35 +159,39 @@ def speeds_of(row: dict[str, Any]) -> dict[Key, float]:
 @contextlib.contextmanager
 def answered_from(launcher: GridLauncher) -> Any:
     """The search's probes answered by `launcher` (its spec set as each search starts)."""
-    import autotune.search_command as command  # calls run_search, which makes a Launcher
-
-    original = command.run_search
+    original = search_command.run_search
 
     def run_search(**kwargs: Any) -> Any:
         launcher.spec = kwargs["store"].spec
         return original(**kwargs)
 
-    saved = search_run.Launcher, command.run_search
+    saved = search_run.Launcher, search_command.run_search
     search_run.Launcher = lambda *a, **k: launcher  # type: ignore[assignment,misc]
-    command.run_search = run_search  # type: ignore[assignment]
+    search_command.run_search = run_search  # type: ignore[assignment]
     try:
         yield
     finally:
-        search_run.Launcher, command.run_search = saved  # type: ignore[misc]
+        search_run.Launcher, search_command.run_search = saved  # type: ignore[misc]
 
 
 def one_search(
-    row: dict[str, Any], model_dir: Path, seed: int, work: Path, *, show: bool = False
+    row: dict[str, Any],
+    grid: dict[str, Any],
+    model_dir: Path,
+    seed: int,
+    work: Path,
+    *,
+    show: bool = False,
 ) -> dict[str, Any]:
-    """One search of the setting, its probes answered from the grid; its pick, scored
-    (`show`: its output printed)."""
+    """One search of the setting (`row`, its `grid` as recorded_grid reads it), its
+    probes answered from the grid; its pick, scored (`show`: its output printed)."""
     rng = random.Random(f"{row['family']}|{row['budget']}|{seed}")
-    launcher = GridLauncher(speeds_of(row), rng)
+    launcher = GridLauncher(speeds_of(grid), rng)
     run_dir = Path(tempfile.mkdtemp(dir=work))
     argv = families.search_argv(
         model_dir,
         row["budget_mib"] * families.MIB,
-        row.get("trial_budget") or TRIALS,
+        row["trial_budget"],
         seed,
         families.LORA.get(row["family"], ""),
     )
@@ -214,16 +214,16 @@ def one_search(
         print(out.getvalue())
     found = families.exported(run_dir / "studies" / "bench.best.json")
     probes = len(PROBE_LINE.findall(out.getvalue()))  # confirmations count, as in families
-    return {"found": found, "ratio": families.ratio(found, recorded_grid(row)), "probes": probes}
+    return {"found": found, "ratio": families.ratio(found, grid), "probes": probes}
 
 
 def searches(
-    row: dict[str, Any], model_dir: Path, seeds: int, work: Path, jobs: int
+    row: dict[str, Any], grid: dict[str, Any], model_dir: Path, seeds: int, work: Path, jobs: int
 ) -> list[dict[str, Any]]:
     """The setting's searches, `jobs` at a time; a search still running after
     HUNG_S is a hang of the search itself (no probe here takes time): say which."""
     pool = multiprocessing.get_context("fork").Pool(jobs)
-    pending = [pool.apply_async(one_search, (row, model_dir, s, work)) for s in range(seeds)]
+    pending = [pool.apply_async(one_search, (row, grid, model_dir, s, work)) for s in range(seeds)]
     outs = []
     for seed, result in enumerate(pending):
         try:
@@ -237,10 +237,6 @@ def searches(
     pool.close()  # the workers exit on their own, without a SIGTERM to report
     pool.join()
     return outs
-
-
-HUNG_S = 120.0
-TRIALS = 9  # the families' trial budget: 15% of the 60-config grid
 
 
 def main() -> None:
@@ -259,11 +255,11 @@ def main() -> None:
         work = Path(scratch)
         for row in selected(recorded, args.only):
             row = {**row, "trial_budget": recorded.get("trial_budget", TRIALS)}
-            model_dir = families.model_folder(row, work)
+            model_dir, grid = families.model_folder(row, work), recorded_grid(row)
             if args.show is not None:
-                print(one_search(row, model_dir, args.show, work, show=True))
+                print(one_search(row, grid, model_dir, args.show, work, show=True))
                 continue
-            outs = searches(row, model_dir, args.seeds, work, args.jobs)
+            outs = searches(row, grid, model_dir, args.seeds, work, args.jobs)
             ratios = [o["ratio"] for o in outs]
             everything += ratios
             misses = sorted(

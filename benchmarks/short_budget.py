@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
-import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from _common import autotune, machine, save, train
-from _truth import T975
+from _truth import round_ratio
 
 NEOX = {
     "model_type": "gpt_neox",
@@ -108,18 +106,6 @@ def run_spec(args: dict[str, Any], budget_gib: int, steps: int) -> dict[str, Any
     }
 
 
-def paired(export: list[float], default: list[float]) -> tuple[float, float, float]:
-    """The geometric mean of the round-by-round ratios, with its 95% interval."""
-    logs = [math.log(a / b) for a, b in zip(export, default, strict=True) if a and b]
-    if not logs:
-        return 0.0, 0.0, 0.0
-    mean = statistics.fmean(logs)
-    if len(logs) < 2:
-        return math.exp(mean), math.exp(mean), math.exp(mean)
-    half = T975[len(logs) - 2] * statistics.stdev(logs) / math.sqrt(len(logs))
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
-
-
 def compare(
     work: Path, export: dict[str, Any], budget_gib: int, rounds: int, steps: int
 ) -> dict[str, Any]:
@@ -136,7 +122,7 @@ def compare(
                 f"({result.get('outcome')})",
                 flush=True,
             )
-    ratio, low, high = paired(runs["export"], runs["default"])
+    ratio, low, high = round_ratio(runs["export"], runs["default"])
     return {"runs": runs, "peaks": peaks, "ratio": ratio, "low": low, "high": high}
 
 

@@ -5,20 +5,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from helpers import SPACE as HELPER_SPACE
 from helpers import SPEC, rec
 
-from autotune.core.space import SearchSpace
 from autotune.core.trial import Candidate
 from autotune.tuning.guesses import first_guesses, fitted_guess
 
-SPACE = SearchSpace(
-    global_batch_size=64,
-    micro_batches=(8, 16, 32, 64),
-    fallback_batches=(1, 2, 4),
-    precisions=("fp32", "bf16"),
-    checkpointing=(False, True),
-    optimizers=("adamw_torch", "adamw_torch_fused"),
-)
+SPACE = dataclasses.replace(HELPER_SPACE, optimizers=("adamw_torch", "adamw_torch_fused"))
 JOB = dataclasses.replace(SPEC, space=SPACE)
 
 
