@@ -35,6 +35,9 @@ class Event:
     peak_bytes: int | None = None
     reason: str = ""
     done: float | None = None  # the evaluation: the share of its batches done (a failure)
+    # the evaluation: the peak its pass would end at, its peak's growth with the batches
+    # done (its progress marks) carried to the end: what no smaller batch lowers
+    pass_end_bytes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +120,7 @@ def read_events(
     process's `peak_bytes` (read after it failed; else the peak when the event started)."""
     started: dict[str, dict[str, Any]] = {}
     done: dict[str, Event] = {}
-    progress: dict[str, float] = {}
+    progress: dict[str, list[tuple[float, int]]] = {}
     for line in text.splitlines():
         try:
             raw = json.loads(line)
@@ -127,7 +130,8 @@ def read_events(
         if state == "start":
             started[name] = raw
         elif state == "progress":
-            progress[name] = float(raw.get("done", 0.0))
+            mark = (float(raw.get("done", 0.0)), int(raw.get("peak_bytes") or 0))
+            progress.setdefault(name, []).append(mark)
         elif state == "end":
             done[name] = Event(name, "ok", raw.get("peak_bytes"))
         elif state == "skipped":
@@ -141,10 +145,26 @@ def read_events(
         elif name in started:
             peak = peak_bytes or started[name].get("peak_bytes")
             why = "" if failure in ("oom", "cut") else reason
-            events.append(Event(name, failure, peak, why, done=progress.get(name, 0.0)))
+            marks = progress.get(name, [])
+            done_share = marks[-1][0] if marks else 0.0
+            events.append(Event(name, failure, peak, why, done_share, pass_end(marks)))
         else:
             events.append(Event(name, "not reached"))
     return tuple(events)
+
+
+def pass_end(marks: list[tuple[float, int]]) -> int | None:
+    """The peak an evaluation pass ends at, from its progress marks (share done, peak):
+    the line through its first and last marks, carried to the whole pass (None without
+    two marks that grew). The first mark, not the start, anchors it: the start's peak is
+    the training's, which the kept logits overtake only after a while."""
+    if len(marks) < 2:
+        return None
+    (first_done, first_peak), (last_done, last_peak) = marks[0], marks[-1]
+    if last_done <= first_done or last_peak <= first_peak:
+        return None
+    slope = (last_peak - first_peak) / (last_done - first_done)
+    return round(last_peak + slope * (1.0 - last_done))
 
 
 def _gib(value: int | None) -> str:

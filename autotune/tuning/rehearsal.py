@@ -7,8 +7,11 @@ peak.
 The evaluation batch is tuned here: the user's `per_device_eval_batch_size` and
 `eval_accumulation_steps` where they fit; else, where the Trainer keeps the logits
 (their `compute_metrics`) on a GPU, accumulation that moves them off the device each
-step, then half the batch at a time, down to an eighth. Evaluation settings do not
-change the training's arithmetic: no parity run is needed, and the tuned ones are
+step, then half the batch at a time, down to an eighth, until one fits or the kept
+logits are seen to pile up past the budget whatever the batch (the peak's growth with
+the batches done, carried to the end of the pass: each try is a pass over their
+evaluation set, and in a real run one pass may take minutes). Evaluation settings do
+not change the training's arithmetic: no parity run is needed, and the tuned ones are
 exported with the config.
 """
 
@@ -41,6 +44,9 @@ HALVINGS = 3  # evaluation batches tried below the user's: half, a quarter, an e
 SAVE_BYTES_PER_S = 512 * 2**20
 # An evaluation out of memory this far through its batches: the kept logits piling up
 LATE = 0.5
+# An evaluation whose pass would end this far over the limit: a smaller batch, which
+# lowers one batch's share of the peak and not the logits kept, cannot bring it under
+PAST = 1.10
 # The run's fields a rehearsal runs with: its evaluation and its saving
 EVALUATION_FIELDS = (
     "per_device_eval_batch_size",
@@ -222,7 +228,10 @@ def rehearse(
         found, _ = attempt(theirs, accumulation)
         if not _evaluation_oom(found):
             return dataclasses.replace(found, note=_tried(tried))
+    limit = run.spec.fit_limit_bytes
     for batch in _halves(theirs):  # the largest that fits, from half of theirs
+        if logits_kept and _piles_past(found, limit):
+            break
         left = deadline.left()
         if left is not None and expected_s(record, run.spec) > left:
             return dataclasses.replace(
@@ -231,28 +240,42 @@ def rehearse(
         found, _ = attempt(batch, accumulation)
         if not _evaluation_oom(found):
             return dataclasses.replace(found, note=_tried(tried))
-    return _none_fits(found, tried, logits_kept)
+    return _none_fits(found, tried, logits_kept, limit)
 
 
-def _none_fits(found: Rehearsal, tried: list[str], logits_kept: bool) -> Rehearsal:
-    """The rehearsal at the smallest batch tried, saying why none fit: where it failed
-    late in the pass with logits kept, they pile up whatever the batch (`hopeless`)."""
+def _piles_past(found: Rehearsal, limit: int) -> bool:
+    """The evaluation's pass would end `PAST` over the limit (its progress marks say):
+    no smaller batch brings what it keeps under."""
     failed = found.failed
-    late = failed is not None and (failed.done or 0.0) >= LATE
-    why = (
-        "the logits your compute_metrics keeps pile up with the evaluation set, whatever the batch"
-        if late and logits_kept
-        else "a smaller batch than these might"
-    )
+    end = failed.pass_end_bytes if failed is not None else None
+    return end is not None and end > PAST * limit
+
+
+def _none_fits(found: Rehearsal, tried: list[str], logits_kept: bool, limit: int) -> Rehearsal:
+    """The rehearsal at the smallest batch tried, saying why none fit: where the logits
+    kept would take the pass past the limit, or it failed late in the pass with logits
+    kept, they pile up whatever the batch (`hopeless`)."""
+    failed = found.failed
+    past = logits_kept and _piles_past(found, limit)
+    late = past or (logits_kept and failed is not None and (failed.done or 0.0) >= LATE)
+    why = "a smaller batch than these might"
+    if late:
+        why = (
+            "the logits your compute_metrics keeps pile up with the evaluation set, "
+            "whatever the batch"
+        )
+    if past and failed is not None and failed.pass_end_bytes:
+        why += (
+            f" (its pass would end at about {format_size(failed.pass_end_bytes)}, over the "
+            f"{format_size(limit)} it may use)"
+        )
     advice = (
         "; set prediction_loss_only=true, or reduce the logits kept "
         "(preprocess_logits_for_metrics, e.g. an argmax)"
         if logits_kept
         else ""
     )
-    return dataclasses.replace(
-        found, hopeless=late and logits_kept, note=f"{_tried(tried)}: {why}{advice}"
-    )
+    return dataclasses.replace(found, hopeless=late, note=f"{_tried(tried)}: {why}{advice}")
 
 
 def _halves(batch: int) -> list[int]:

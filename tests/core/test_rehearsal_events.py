@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from autotune.core.rehearsal import Event, Rehearsal, read_events
+from autotune.core.rehearsal import Event, Rehearsal, pass_end, read_events
 
 GIB = 2**30
+MIB = 2**20
 
 
 def lines(*raw: dict[str, object]) -> str:
@@ -73,3 +74,23 @@ def test_only_running_out_of_memory_keeps_a_config_from_the_export() -> None:
     assert "failed (KeyError) at evaluation" in error.describe()
     assert not exportable(dataclasses.replace(rec(0, cand(8)), rehearsal=oom))
     assert exportable(dataclasses.replace(rec(0, cand(8)), rehearsal=error))
+
+
+def test_an_evaluations_progress_marks_say_where_its_pass_would_end() -> None:
+    """The kept logits grow with the batches done: the line through the first and last
+    marks, carried to the whole pass (the start's peak is the training's, flat until the
+    logits overtake it). One mark, or none that grew, says nothing."""
+    marks = [(0.1, 700 * MIB), (0.2, 800 * MIB), (0.4, 1000 * MIB)]
+    assert pass_end(marks) == 1600 * MIB
+    assert pass_end(marks[:1]) is None and pass_end([(0.1, GIB), (0.2, GIB)]) is None
+    text = lines(
+        {"event": "train", "state": "start", "peak_bytes": GIB // 2},
+        {"event": "train", "state": "end", "peak_bytes": GIB // 2},
+        {"event": "evaluation", "state": "start", "peak_bytes": GIB // 2},
+        *(
+            {"event": "evaluation", "state": "progress", "done": d, "peak_bytes": b}
+            for d, b in marks
+        ),
+    )
+    failed = Rehearsal(read_events(text, failure="oom", peak_bytes=GIB)).failed
+    assert failed == Event("evaluation", "oom", GIB, done=0.4, pass_end_bytes=1600 * MIB)

@@ -195,3 +195,81 @@ def test_a_rehearsal_timed_out_by_the_budgets_end_is_cut_by_its_own_limit_failed
         assert found.describe().startswith("rehearsal: cut by the time budget at resume")
     else:
         assert found.describe().startswith("rehearsal: failed (timeout after")
+
+
+def _evaluating(tmp_path: Path, pile: float) -> tuple[types.SimpleNamespace, list[int]]:
+    """A run whose evaluation keeps its logits, over a child whose peak at each tenth of
+    the pass is the training's half of the limit, `pile` of it more over the whole pass
+    (the logits kept) and 0.3 of it at batch 64 (one batch's forward, halved with the
+    batch): it dies at the first mark over the limit. Returns the run and the batches
+    each child evaluated at."""
+    from autotune.core.enums import Outcome
+    from autotune.core.rehearsal import EVENTS_NAME
+    from autotune.core.trial import TrialResult
+
+    arguments = {"eval_strategy": "steps", "per_device_eval_batch_size": 64}
+    spec = dataclasses.replace(SPEC, base_arguments=arguments, memory_budget_bytes=2**30)
+    limit = spec.fit_limit_bytes
+    batches: list[int] = []
+
+    def launched(config: _Config, timeout_s: float) -> TrialResult:
+        batch = int(config.rehearsal["fields"]["per_device_eval_batch_size"])  # type: ignore[index]
+        batches.append(batch)
+        events = [{"logits_kept": True}, {"event": "evaluation", "state": "start"}]
+        outcome = Outcome.OK
+        for tenth in range(1, 11):
+            peak = int(limit * (0.5 + pile * tenth / 10 + 0.3 * batch / 64))
+            if peak > limit:
+                outcome = Outcome.OOM
+                break
+            events.append(
+                {"event": "evaluation", "state": "progress", "done": tenth / 10, "peak_bytes": peak}
+            )
+        if outcome == Outcome.OK:
+            events.append({"event": "evaluation", "state": "end", "peak_bytes": peak})
+        (tmp_path / EVENTS_NAME).write_text("".join(json.dumps(e) + "\n" for e in events))
+        return TrialResult(outcome, peak_memory_bytes=limit)
+
+    run = types.SimpleNamespace(
+        spec=spec,
+        limits=SearchLimits(),
+        launcher=types.SimpleNamespace(run=launched),
+        trial_config=lambda *args, **kwargs: _Config(str(tmp_path)),
+    )
+    return run, batches
+
+
+def test_logits_that_pile_past_the_budget_stop_the_halving_at_the_first_pass_that_shows_it(
+    tmp_path: Path,
+) -> None:
+    """Their pass at batch 64 dies 30% of the way through, its logits growing by 0.9 of
+    the limit a pass: it would end at 1.7x the limit, and at 1.4x at any smaller batch.
+    Each try is a pass over their evaluation set: none is spent on halves that cannot
+    fit."""
+    from autotune.tuning.rehearsal import rehearse
+
+    run, batches = _evaluating(tmp_path, pile=0.9)
+    events = RunEvents.of(run.spec)
+    found = rehearse(run, rec(0, cand(8)), events, Deadline(None))  # type: ignore[arg-type]
+    assert batches == [64]
+    assert found.hopeless and found.blocks_export
+    assert "out of memory with evaluation batch 64: the logits your compute_metrics keeps " in (
+        found.note
+    )
+    assert "whatever the batch (its pass would end at about" in found.note
+
+
+def test_a_pass_that_ends_near_the_budget_still_halves_to_a_batch_that_fits(
+    tmp_path: Path,
+) -> None:
+    """The logits grow by a quarter of the limit a pass: at batch 64, one batch's forward
+    takes the pass over the limit after 80% of it, near enough that half the
+    batch may fit, and it does."""
+    from autotune.tuning.rehearsal import rehearse
+
+    run, batches = _evaluating(tmp_path, pile=0.25)
+    events = RunEvents.of(run.spec)
+    found = rehearse(run, rec(0, cand(8)), events, Deadline(None))  # type: ignore[arg-type]
+    assert batches == [64, 32]
+    assert found.passed and found.tuned and found.eval_batch == 32
+    assert found.note == "out of memory with evaluation batch 64"
