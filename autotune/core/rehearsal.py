@@ -157,7 +157,10 @@ def pass_end(marks: list[tuple[float, int]]) -> int | None:
     """The peak an evaluation pass ends at, from its progress marks (share done, peak):
     the line through its first and last marks, carried to the whole pass (None without
     two marks that grew). The first mark, not the start, anchors it: the start's peak is
-    the training's, which the kept logits overtake only after a while."""
+    the training's, which the kept logits overtake only after a while. Where the run
+    evaluates several sets (a dict of them), each its own pass, the last pass's marks."""
+    starts = [i for i in range(1, len(marks)) if marks[i][0] <= marks[i - 1][0]]
+    marks = marks[starts[-1] :] if starts else marks
     if len(marks) < 2:
         return None
     (first_done, first_peak), (last_done, last_peak) = marks[0], marks[-1]

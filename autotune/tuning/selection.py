@@ -247,6 +247,42 @@ def unverified_note(spec: SearchSpec, records: Sequence[TrialRecord], chosen: Tr
     )
 
 
+def kept_note(spec: SearchSpec, records: Sequence[TrialRecord], chosen: TrialRecord) -> str:
+    """One line where the export keeps the recipe's arithmetic although a config that
+    changes it read faster: the tie rule's choice, said with the gain that did not count
+    (not beyond the noise of its runs) and what the change would alter, unverified; ""
+    where nothing faster was passed over. Without it a one-minute search that kept the
+    user's fp32 AdamW over a bf16 probe 1.16x faster said "nothing changed"."""
+    recipe = recipe_arithmetic(spec)
+    if Arithmetic.of(chosen.candidate) != recipe:
+        return ""
+    changing = [
+        r
+        for r in fitting(records, spec.fit_limit_bytes)
+        if exportable(r) and Arithmetic.of(r.candidate) != recipe
+    ]
+    faster = max(changing, key=lambda r: (ranked_sps(r), -r.number), default=None)
+    ratio = compare(faster, chosen) if faster is not None else None
+    if faster is None or ratio is None or ratio.value <= 1.0:
+        return ""
+    runs = "in paired rounds" if ratio.rounds else f"in separate runs (they drift {DRIFT:.0%})"
+    what = []
+    if faster.candidate.precision != chosen.candidate.precision:
+        what.append(f"precision {chosen.candidate.precision} -> {faster.candidate.precision}")
+    if Arithmetic.of(faster.candidate).optimizer != recipe.optimizer:
+        what.append(f"optimizer {chosen.candidate.optim} -> {faster.candidate.optim}")
+    if faster.candidate.changes_samples:
+        what.append("packed rows")
+    status = faster.parity.status if faster.parity is not None else Status.UNCHECKED
+    left = "" if status == Status.OK else f", which parity left {status}"
+    return (
+        f"kept your arithmetic: trial {faster.number} ({faster.candidate.describe()}) read "
+        f"{ratio.describe()} its speed {runs}, not a significant gain for its change "
+        f"({'; '.join(what) or 'of arithmetic'}){left}; --parity on or a longer "
+        "--time-budget can settle it"
+    )
+
+
 def keeping_twin(spec: SearchSpec, records: Sequence[TrialRecord]) -> Candidate | None:
     """The best so far with the recipe's precision, optimizer and samples a step, where
     the best changes them and parity has not verified that: the config a tie would go

@@ -22,7 +22,7 @@ from autotune.core.trial import Candidate, TrialRecord
 from autotune.hf.training_args import TUNED, merge, recipe, training_fields
 from autotune.hf.training_args import validate as check
 from autotune.tuning.parity import reference_for
-from autotune.tuning.selection import fitting, ranked, select_for, unverified_note
+from autotune.tuning.selection import fitting, kept_note, ranked, select_for, unverified_note
 
 
 def sidecar_path(output: Path) -> Path:
@@ -180,6 +180,7 @@ def parity_summary(
         "status": str(parity.status) if parity else "unchecked",
         "verdict": parity.figures() if parity else NOT_CHECKED,
         "unverified_gain": unverified_note(spec, records, record),
+        "kept_arithmetic": kept_note(spec, records, record),
         "tolerance": state.tolerance.describe() if state and state.tolerance else None,
         "steps": state.steps if state else None,
         "rehearsal": record.rehearsal.describe() if record.rehearsal else NOT_REHEARSED,

@@ -67,8 +67,9 @@ def change_lines(parity: dict[str, object]) -> list[str]:
     altered = parity["alters_arithmetic"]
     assert isinstance(kept, list) and isinstance(altered, list)
     rehearsal = [str(parity["rehearsal"])] if parity.get("rehearsal") else []
+    tie = [f"  {parity['kept_arithmetic']}"] if parity.get("kept_arithmetic") else []
     if not kept and not altered:
-        return [*lines, "  nothing changed", *rehearsal]
+        return [*lines, "  nothing changed", *tie, *rehearsal]
     if kept:
         lines.append(f"  keeps the arithmetic: {'; '.join(kept)}")
     if altered:
@@ -76,7 +77,7 @@ def change_lines(parity: dict[str, object]) -> list[str]:
         lines.append(f"  training parity: {parity['verdict']}")
     if parity.get("unverified_gain"):
         lines.append(f"  {parity['unverified_gain']}")
-    return [*lines, *rehearsal]
+    return [*lines, *tie, *rehearsal]
 
 
 def finish_lines(record: TrialRecord, train_steps: int) -> list[str]:

@@ -83,6 +83,8 @@ def test_an_evaluations_progress_marks_say_where_its_pass_would_end() -> None:
     marks = [(0.1, 700 * MIB), (0.2, 800 * MIB), (0.4, 1000 * MIB)]
     assert pass_end(marks) == 1600 * MIB
     assert pass_end(marks[:1]) is None and pass_end([(0.1, GIB), (0.2, GIB)]) is None
+    # a second evaluation set is a pass of its own: its marks alone
+    assert pass_end([(0.5, GIB), (1.0, 2 * GIB), *marks]) == 1600 * MIB
     text = lines(
         {"event": "train", "state": "start", "peak_bytes": GIB // 2},
         {"event": "train", "state": "end", "peak_bytes": GIB // 2},

@@ -10,7 +10,13 @@ from autotune.core.enums import Objective, Precision
 from autotune.core.parity import Arithmetic
 from autotune.core.parity_verdict import Parity, Status
 from autotune.core.trial import Candidate, Outcome, TrialRecord
-from autotune.tuning.selection import noise_band, ranked, select_best, unverified_note
+from autotune.tuning.selection import (
+    kept_note,
+    noise_band,
+    ranked,
+    select_best,
+    unverified_note,
+)
 
 LIMIT = 4 * GIB
 
@@ -157,6 +163,22 @@ def test_separate_runs_must_clear_their_drift_for_an_unchecked_change() -> None:
         dataclasses.replace(steady, rounds=_rounds(0.87, 0.88, 0.86, 0.88)),
     ]
     assert select_best(paired, fit_limit_bytes=LIMIT, recipe=RECIPE).number == 1
+
+
+def test_the_export_says_which_faster_change_a_tie_passed_over() -> None:
+    """The recipe kept over a bf16 probe 15% faster in separate runs: the export says so
+    in one line, with the gain that did not count and the change it would have made;
+    nothing is said where the change was taken or nothing faster was passed over."""
+    yours = _timed(0, cand(8), (1.00, 1.01, 0.99, 1.00, 1.00), peak_gib=2.0)
+    steady = _timed(1, BF16_FUSED, (0.87, 0.87, 0.86, 0.87, 0.88), peak_gib=2.0)
+    line = kept_note(SPEC, [yours, steady], yours)
+    assert line.startswith("kept your arithmetic: trial 1 (batch ")
+    assert "1.15x" in line and "in separate runs (they drift 25%)" in line
+    assert "(precision fp32 -> bf16), which parity left unchecked;" in line
+    slower = _timed(2, BF16_FUSED, (1.20,) * 5, peak_gib=2.0)
+    assert kept_note(SPEC, [yours, slower], yours) == ""
+    far = _timed(3, BF16_FUSED, (0.50, 0.52, 0.49, 0.51, 0.50), peak_gib=2.0)
+    assert kept_note(SPEC, [yours, far], far) == ""  # the change was exported
 
 
 def test_the_export_says_why_an_unverified_change_was_taken() -> None:

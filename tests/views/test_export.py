@@ -150,3 +150,23 @@ def test_an_exported_packed_config_says_the_run_length_that_trains_their_samples
     assert line.startswith("packed rows: a step trains about 256 of your samples, 64 a step")
     assert "your max_steps 300 would train 4.0x the samples, max_steps 75 as many" in line
     assert run_changes(rec(0, cand(8)), spec) == []
+
+
+def test_a_kept_recipe_says_the_faster_change_it_passed_over_under_nothing_changed() -> None:
+    """The search exports the user's own recipe, a bf16 probe 1.15x faster in separate
+    runs not counting as a gain for an unchecked change: the lines against their recipe
+    say nothing changed, then why, in one line."""
+    from autotune.views.export import parity_summary
+    from autotune.views.summary import change_lines
+
+    spec = dataclasses.replace(SPEC, recipe_settings={"per_device_train_batch_size": 8})
+    yours = rec(0, cand(8), sps=10.0, peak_gib=2.0)
+    faster = rec(1, dataclasses.replace(cand(8), precision="bf16"), sps=11.5, peak_gib=2.0)
+    lines = change_lines(parity_summary(yours, spec, [yours, faster], None))
+    assert lines[1:3] == [
+        "  nothing changed",
+        "  kept your arithmetic: trial 1 (batch 8x8 bf16 no-ckpt adamw_torch) read 1.15x (1.15-"
+        "1.15x over their step times) its speed in separate runs (they drift 25%), not a "
+        "significant gain for its change (precision fp32 -> bf16), which parity left "
+        "unchecked; --parity on or a longer --time-budget can settle it",
+    ]
