@@ -251,19 +251,20 @@ def kept_note(spec: SearchSpec, records: Sequence[TrialRecord], chosen: TrialRec
     """One line where the export keeps the recipe's arithmetic although a config that
     changes it read faster: the tie rule's choice, said with the gain that did not count
     (not beyond the noise of its runs) and what the change would alter, unverified; ""
-    where nothing faster was passed over. Without it a one-minute search that kept the
-    user's fp32 AdamW over a bf16 probe 1.16x faster said "nothing changed"."""
+    where the recipe's arithmetic did not decide the export. Without it a one-minute
+    search that kept the user's fp32 AdamW over a bf16 probe 1.16x faster said "nothing
+    changed"."""
     recipe = recipe_arithmetic(spec)
     if Arithmetic.of(chosen.candidate) != recipe:
         return ""
-    changing = [
-        r
-        for r in fitting(records, spec.fit_limit_bytes)
-        if exportable(r) and Arithmetic.of(r.candidate) != recipe
-    ]
-    faster = max(changing, key=lambda r: (ranked_sps(r), -r.number), default=None)
-    ratio = compare(faster, chosen) if faster is not None else None
-    if faster is None or ratio is None or ratio.value <= 1.0:
+    # what selection would export if the recipe's arithmetic counted for nothing
+    faster = select_best(
+        records, fit_limit_bytes=spec.fit_limit_bytes, train_steps=spec.train_steps
+    )
+    if faster is None or Arithmetic.of(faster.candidate) == recipe:
+        return ""
+    ratio = compare(faster, chosen)
+    if ratio is None or ratio.value <= 1.0:
         return ""
     runs = "in paired rounds" if ratio.rounds else f"in separate runs (they drift {DRIFT:.0%})"
     what = []
