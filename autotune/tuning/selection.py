@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from autotune.core.enums import Objective, Outcome, Precision
 from autotune.core.errors import NoFitError
-from autotune.core.parity import Arithmetic
+from autotune.core.parity import Arithmetic, changes
 from autotune.core.parity_verdict import Status
 from autotune.core.precisions import from_fields
 from autotune.core.spec import SearchSpec
@@ -118,25 +118,25 @@ def _best_of(
     """The fastest (or most efficient); among those within noise of it, one that keeps
     the recipe's arithmetic, then the least memory."""
 
-    def changes(r: TrialRecord) -> bool:
+    def alters(r: TrialRecord) -> bool:
         return recipe is not None and Arithmetic.of(r.candidate) != recipe
 
     if objective == Objective.EFFICIENCY:
         best = max(pool, key=lambda r: (efficiency(r), -r.number))
         floor = efficiency(best) * (1.0 - noise_band(best))
         ties = [r for r in pool if efficiency(r) >= floor]
-        return min(ties, key=lambda r: (changes(r), -efficiency(r), r.number))
+        return min(ties, key=lambda r: (alters(r), -efficiency(r), r.number))
     if train_steps:
         quickest = min(pool, key=lambda r: (finish_s(r, train_steps), r.number))
         limit = finish_s(quickest, train_steps) * (1.0 + noise_band(quickest))
         ties = [r for r in pool if finish_s(r, train_steps) <= limit]
-        return min(ties, key=lambda r: (changes(r), _peak(r), finish_s(r, train_steps), r.number))
+        return min(ties, key=lambda r: (alters(r), _peak(r), finish_s(r, train_steps), r.number))
     fastest = max(pool, key=lambda r: (ranked_sps(r), -r.number))
     # one its paired rounds found faster beyond their noise leads instead
     fastest = next((r for r in pool if _beats(r, fastest)), fastest)
     band = noise_band(fastest)
     ties = [r for r in pool if _tied(fastest, r, band)]
-    return min(ties, key=lambda r: (changes(r), _peak(r), -ranked_sps(r), r.number))
+    return min(ties, key=lambda r: (alters(r), _peak(r), -ranked_sps(r), r.number))
 
 
 def _beats(record: TrialRecord, other: TrialRecord) -> bool:
@@ -267,13 +267,9 @@ def kept_note(spec: SearchSpec, records: Sequence[TrialRecord], chosen: TrialRec
     if ratio is None or ratio.value <= 1.0:
         return ""
     runs = "in paired rounds" if ratio.rounds else f"in separate runs (they drift {DRIFT:.0%})"
-    what = []
-    if faster.candidate.precision != chosen.candidate.precision:
-        what.append(f"precision {chosen.candidate.precision} -> {faster.candidate.precision}")
-    if Arithmetic.of(faster.candidate).optimizer != recipe.optimizer:
-        what.append(f"optimizer {chosen.candidate.optim} -> {faster.candidate.optim}")
-    if faster.candidate.changes_samples:
-        what.append("packed rows")
+    what = [
+        c.describe() for c in changes(chosen.candidate, faster.candidate) if not c.keeps_arithmetic
+    ]
     status = faster.parity.status if faster.parity is not None else Status.UNCHECKED
     left = "" if status == Status.OK else f", which parity left {status}"
     return (
