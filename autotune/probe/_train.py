@@ -18,6 +18,7 @@ from autotune.core.schedule import Schedule
 from autotune.core.stats import StepStats
 from autotune.core.trial import TrialConfig, TrialResult
 from autotune.hf.job import longest_samples
+from autotune.probe import device as hardware
 from autotune.probe.job import factory_trainer
 
 # Deferred imports: torch, transformers and datasets load in the probe, once `prepare_environment`
@@ -29,10 +30,17 @@ CPU_WINDOW_STEPS = 20  # ... or this many of them (core/schedule.py)
 
 
 def worst_case(
-    config: TrialConfig, model: Any, recipe: dict[str, Any], phases: dict[str, float]
+    config: TrialConfig,
+    model: Any,
+    recipe: dict[str, Any],
+    phases: dict[str, float],
+    baseline: dict[str, Any],
+    index: int,
 ) -> tuple[TrialResult, Any]:
     """Warm-up + measured optimizer steps on worst-case batches: the peak and the speed.
-    Returns the result and the model trained (the factory's, for a user's job)."""
+    Returns the result and the model trained (the factory's, for a user's job); what the
+    job holds before its first step goes into `baseline` (kept by an out-of-memory);
+    `index`: the probe's device."""
     from autotune.probe.timing import StepTimer
 
     by_time = config.min_measure_s > 0
@@ -53,6 +61,9 @@ def worst_case(
         trainer = worst_case_trainer(config, fields, model, [timer], steps)
     timer.attach(trainer)
     losses = StepLosses(trainer, config.candidate.gradient_accumulation_steps)
+    setup = hardware.setup_bytes(config.device_kind, index, baseline, trainer.model)
+    if setup is not None:
+        baseline["setup_bytes"] = setup
     tick = time.perf_counter()
     timer.train_starts()
     output = trainer.train()

@@ -107,7 +107,7 @@ def _train(
         result = parity_run(config, model, recipe)
         phases["train"] = time.perf_counter() - tick
         return result.replace(baseline=dict(baseline))
-    result, model = worst_case(config, model, recipe, phases)
+    result, model = worst_case(config, model, recipe, phases, baseline, index)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT
     result = result.replace(baseline=dict(baseline), attention=attention_kernel(base))
     per_sample = flops_per_sample(base, config.model.task, config.seq_len, config.target_len)

@@ -131,16 +131,26 @@ def spec_breakdown(spec: SearchSpec, candidate: Candidate) -> Breakdown:
 
 
 def process_bytes(device_kind: str, records: Sequence[TrialRecord]) -> int:
-    """What a probe process holds before training: the median its probes measured (CUDA:
-    the context, 676 MiB on an H100 where the typical figure says 600; CPU: the
-    resident set after the imports), else the typical figure."""
+    """What a probe process holds before its first step beyond the model's tensors: the
+    median its probes measured (CUDA: the context, 676 MiB on an H100 where the typical
+    figure says 600; CPU: the resident set after the imports), else the typical figure;
+    plus the median the job's setup held on top (the Trainer and its data, the user's
+    dataset and tokenizer: probe/device.setup_bytes), which no config's terms scale."""
     key = "context_bytes" if device_kind == "cuda" else "rss_bytes"
+    process = _median(records, key)
+    return (PROCESS_BYTES.get(device_kind, 0) if process is None else process) + (
+        _median(records, "setup_bytes") or 0
+    )
+
+
+def _median(records: Sequence[TrialRecord], key: str) -> int | None:
+    """The median of a baseline figure over the probes that measured it."""
     seen = sorted(
         int(value)
         for r in records
         if isinstance(value := r.result.baseline.get(key), int | float) and value > 0
     )
-    return seen[len(seen) // 2] if seen else PROCESS_BYTES.get(device_kind, 0)
+    return seen[len(seen) // 2] if seen else None
 
 
 def predicted_peak(spec: SearchSpec, candidate: Candidate, process_bytes: int) -> int | None:

@@ -95,8 +95,10 @@ def test_real_out_of_memory_under_rlimit_data(tmp_path: Path, tiny_gpt2: Path) -
     # The peak it reached on its way to the limit is recorded (resident memory, which
     # can sit a little above the data-segment limit that stopped it).
     assert 400 * MIB < (result.peak_memory_bytes or 0) < 1200 * MIB
-    # what the process held before training, kept: the memory predictor's process term
+    # what the process held before training, kept: the memory predictor's process term,
+    # with what the Trainer and its data held before the first step beyond the model
     assert (result.baseline.get("rss_bytes") or 0) > 100 * MIB
+    assert 0 < result.baseline["setup_bytes"] < 200 * MIB
 
 
 @pytest.mark.parametrize("budget_mib", [300, 350])
