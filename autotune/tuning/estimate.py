@@ -168,7 +168,8 @@ def activation_bytes(
     fused_head: bool = False,
 ) -> int:
     """Activations of one micro-batch (Korthikanti et al. 2022, per layer, 16-bit:
-    s*b*h*(34 + 5*a*s/h)), doubled in fp32; a checkpointed layer keeps only its input
+    s*b*h*(34 + 5*a*s/h)), doubled in fp32 (on the CPU autocast saves less than half:
+    core/precisions.py); a checkpointed layer keeps only its input
     (in host memory when offloaded), plus one layer recomputed at a time
     (core/checkpointing.py grades which layers). The scoring of the tokens against the
     vocabulary on top (`logit_bytes`)."""
@@ -177,10 +178,10 @@ def activation_bytes(
     heads = _first(config, "num_attention_heads", "num_heads", "n_head", default=12)
     vocab = _first(config, "vocab_size", default=32000)
     b = candidate.per_device_train_batch_size
-    scale = precision_spec(candidate.precision).activation_scale
+    scale = precision_spec(candidate.precision).saved_scale(device_kind)
 
     def layer(s: int, attended: int) -> int:
-        return s * b * h * (34 + 5 * heads * attended // h) * scale
+        return int(s * b * h * (34 + 5 * heads * attended // h) * scale)
 
     stacks = [(0, layers, layer(seq_len, seq_len), seq_len)]
     out_len = seq_len
@@ -194,7 +195,7 @@ def activation_bytes(
     total = 0
     for first, count, per_layer, s in stacks:
         kept = level.kept_layers(first, count)
-        total += kept * per_layer + (count - kept) * 2 * s * b * h * scale * saved
+        total += kept * per_layer + int((count - kept) * 2 * s * b * h * scale * saved)
         if kept < count:  # the layer being recomputed
             total += per_layer
     if task == Task.CLASSIFICATION:
