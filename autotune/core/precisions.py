@@ -74,10 +74,11 @@ DECLARED = (
         cuda_capability=(6, 0),
         scales_gradients=True,
     ),
-    # Peaks on the CPU, less what the process, the job's setup and the static terms held:
-    # bf16's 0.85-1.0 of fp32's for a small GPT-2, 0.87-0.92 for BERT, 0.90 for T5 (batch
-    # 4-16), against the half the 16-bit rule says; the most it saved, so the estimate
-    # still errs towards "might fit"
+    # Peaks on the CPU of models built in fp32, less what the process, the job's setup and
+    # the static terms held: bf16's 0.85-1.0 of fp32's for a small GPT-2, 0.87-0.92 for
+    # BERT, 0.90 for T5 (batch 4-16; benchmarks/memory_terms.py), against the half the
+    # 16-bit rule says; the most it saved, so the estimate still errs towards "might fit"
+    # (a job held in 16 bits keeps the rule: tuning/estimate.activation_bytes)
     PrecisionSpec(
         Precision.BF16,
         flag="bf16",

@@ -17,6 +17,7 @@ from autotune.core.enums import Outcome
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord, TrialResult
 from autotune.core.units import format_size
+from autotune.tuning._user_job import narrowest
 from autotune.tuning.estimate import FAR_OVER, PROCESS_BYTES, Breakdown, breakdown, floor_bytes
 
 # An out-of-memory run's peak was above this share of the limit at least: the CPU's
@@ -127,6 +128,7 @@ def spec_breakdown(spec: SearchSpec, candidate: Candidate) -> Breakdown:
         spec.trainable_parameters,
         spec.frozen_bytes,
         bool(spec.job_profile.get("fused_head")),
+        bool(narrowest(spec.job_profile.get("held", {}))),
     )
 
 

@@ -6,6 +6,7 @@ their job fixes, and what identifies the job a study searched."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from autotune.core.checkpointing import Checkpointing
@@ -93,9 +94,13 @@ def held_in(job: JobFacts | None) -> str:
     """What the job holds its weights in when that is not 32 bits ("4-bit nf4",
     "bfloat16"): its runs without autocast then compute in that, and are `as-loaded`;
     "" for a job held in fp32, whose runs without autocast are fp32."""
-    if job is None:
-        return ""
-    kinds = [key.split(" ", 1)[1] for key in job.held]
+    return narrowest(job.held) if job is not None else ""
+
+
+def narrowest(held: Mapping[str, Any]) -> str:
+    """The narrowest kind the parameters are held in (JobFacts.held, as a study's
+    job profile keeps it) where not 32 bits: `held_in`."""
+    kinds = [key.split(" ", 1)[1] for key in held]
     narrow = [k for k in kinds if "bit" in k or k in ("bfloat16", "float16")]
     return next((k for k in narrow if "bit" in k), narrow[0] if narrow else "")
 

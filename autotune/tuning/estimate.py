@@ -166,10 +166,13 @@ def activation_bytes(
     target_len: int,
     device_kind: str = "cpu",
     fused_head: bool = False,
+    held_narrow: bool = False,
 ) -> int:
     """Activations of one micro-batch (Korthikanti et al. 2022, per layer, 16-bit:
-    s*b*h*(34 + 5*a*s/h)), doubled in fp32 (on the CPU autocast saves less than half:
-    core/precisions.py); a checkpointed layer keeps only its input
+    s*b*h*(34 + 5*a*s/h)), doubled in fp32; on the CPU autocast over a model built in
+    fp32 saves less than half (core/precisions.py), while a job `held_narrow`, in 16
+    bits or fewer (a bf16 checkpoint, a 4-bit base), keeps the 16-bit figure its peaks
+    matched (benchmarks/jobs.py); a checkpointed layer keeps only its input
     (in host memory when offloaded), plus one layer recomputed at a time
     (core/checkpointing.py grades which layers). The scoring of the tokens against the
     vocabulary on top (`logit_bytes`)."""
@@ -178,7 +181,8 @@ def activation_bytes(
     heads = _first(config, "num_attention_heads", "num_heads", "n_head", default=12)
     vocab = _first(config, "vocab_size", default=32000)
     b = candidate.per_device_train_batch_size
-    scale = precision_spec(candidate.precision).saved_scale(device_kind)
+    declared = precision_spec(candidate.precision)
+    scale = declared.activation_scale if held_narrow else declared.saved_scale(device_kind)
 
     def layer(s: int, attended: int) -> int:
         return int(s * b * h * (34 + 5 * heads * attended // h) * scale)
@@ -217,6 +221,7 @@ def breakdown(
     trainable: int = 0,
     frozen_bytes: int = 0,
     fused_head: bool = False,
+    held_narrow: bool = False,
 ) -> Breakdown:
     w, g, o = shards(candidate.shard_stage, nproc_per_node)  # per process under ZeRO
     t, e = trained(parameters, trainable, embedding)
@@ -231,7 +236,7 @@ def breakdown(
         gradients=t * GRADIENT_BYTES // g,
         optimizer_state=optimizer_state(t, candidate.optim, e) // o,
         activations=activation_bytes(
-            config, task, candidate, seq_len, target_len, device_kind, fused_head
+            config, task, candidate, seq_len, target_len, device_kind, fused_head, held_narrow
         ),
         step=step,
         embedding_grads=0

@@ -58,6 +58,22 @@ def test_autocast_saves_half_the_activations_on_a_gpu_and_less_on_the_cpu() -> N
     assert activation_bytes(GPT2, "causal-lm", cand(8, "fp16"), 512, 0, "cpu") == fp32
 
 
+def test_a_job_held_in_16_bits_has_16_bit_activations_on_the_cpu_too() -> None:
+    """Autocast over a model built in fp32 keeps an fp32 residual stream on the CPU; a
+    job held in bf16 (a checkpoint stored so; a 4-bit base) keeps the 16-bit figure, which
+    its probes' peaks matched (estimate / peak 0.99 for LoRA on a bf16 checkpoint)."""
+    from autotune.tuning._memory_verdict import spec_breakdown
+
+    spec = dataclasses.replace(
+        SPEC, parameters=10**6, model=dataclasses.replace(SPEC.model, config=GPT2)
+    )
+    held = dataclasses.replace(spec, job_profile={"held": {"frozen bfloat16": 10**6}})
+    stand_in = spec_breakdown(spec, cand(8, "bf16")).activations
+    theirs = spec_breakdown(held, cand(8, "bf16")).activations
+    on_gpu = activation_bytes(GPT2, "causal-lm", cand(8, "bf16"), 128, 0, "cuda")
+    assert theirs == on_gpu < stand_in
+
+
 def test_the_peak_is_backward_or_the_optimizer_step_whichever_is_larger() -> None:
     """An H100 probe of mT5-small (172M parameters, a 128M shared embedding) under a 4 GiB
     budget: 8x2 fp32 Adafactor peaked at 3.72 GiB, and every fp32 AdamW run out of memory
