@@ -356,22 +356,34 @@ def autotune(
             run_dir / "studies", Path(keep) / f"{model_dir.name}-{budget // MIB}MiB-seed{seed}"
         )
     best_file = run_dir / "studies" / "bench.best.json"
-    study = optuna.load_study(
-        study_name="bench", storage=f"sqlite:///{run_dir}/studies/autotune.db"
-    )
-    probes = sum(
-        1
-        for t in study.trials
-        if t.user_attrs.get("outcome") not in (None, "skipped")
-        and not t.user_attrs.get("reused_from")
-    )
+    probes, wasted = probe_counts(run_dir / "studies")
     return {
         "found": exported(best_file) if done.returncode == 0 else None,
         "probes": probes,
+        "wasted": wasted,
         "wall_s": wall,
         "exit": done.returncode,
         "stderr": done.stderr[-400:] if done.returncode else "",
     }
+
+
+def probe_counts(studies: Path) -> tuple[int, int]:
+    """(probes a search launched, confirmations included; of them, those that ran out of
+    memory or peaked over the limit a probe may use: launches the memory estimate could
+    have spared) in a search's studies/ folder."""
+    study = optuna.load_study(study_name="bench", storage=f"sqlite:///{studies}/autotune.db")
+    ran = [
+        t.user_attrs
+        for t in study.trials
+        if t.user_attrs.get("outcome") not in (None, "skipped")
+        and not t.user_attrs.get("reused_from")
+    ]
+    over = [
+        a
+        for a in ran
+        if a["outcome"] == "oom" or (a["outcome"] == "ok" and a.get("constraint_gib", 0) > 0)
+    ]
+    return len(ran), len(over)
 
 
 def exported(best_file: Path) -> Key | None:
@@ -521,8 +533,15 @@ def _replay(args: argparse.Namespace, recorded: dict[str, Any], trials: int, wor
                     family=row["family"],
                 )
                 ratios = [o["ratio"] for o in outs]
+                wasted = [o["wasted"] for o in outs if "wasted" in o]
+                launched = sum(o["probes"] for o in outs if "wasted" in o)
                 print(
-                    f"  {name}: mean {statistics.mean(ratios):.3f}, worst {min(ratios):.3f}",
+                    f"  {name}: mean {statistics.mean(ratios):.3f}, worst {min(ratios):.3f}"
+                    + (
+                        f"; {sum(wasted)} of {launched} probes out of memory or over the limit"
+                        if wasted
+                        else ""
+                    ),
                     flush=True,
                 )
         finally:
