@@ -75,10 +75,11 @@ DECLARED = (
         scales_gradients=True,
     ),
     # Peaks on the CPU of models built in fp32, less what the process, the job's setup and
-    # the static terms held: bf16's 0.85-1.0 of fp32's for a small GPT-2, 0.87-0.92 for
-    # BERT, 0.90 for T5 (batch 4-16; benchmarks/memory_terms.py), against the half the
-    # 16-bit rule says; the most it saved, so the estimate still errs towards "might fit"
-    # (a job held in 16 bits keeps the rule: tuning/estimate.activation_bytes)
+    # the static terms held (benchmarks/memory_terms.py, batch 4-16): bf16's 0.87-0.99 of
+    # fp32's for a small GPT-2, 0.85-0.93 for BERT, 0.92-1.05 for T5, against the half the
+    # 16-bit rule says. 0.85, the most it saved, so the estimate still errs towards
+    # "might fit"; checkpointed, 0.76-1.0 (a term that reads 1.4-2.8x the plain one
+    # anyway). A job held in 16 bits keeps the rule: tuning/estimate.activation_bytes
     PrecisionSpec(
         Precision.BF16,
         flag="bf16",
