@@ -79,9 +79,11 @@ class Launcher:
         self.no_server: set[int | None] = set()  # limits under which a server cannot start
 
     def run(self, config: TrialConfig, *, timeout_s: float) -> TrialResult:
+        if config.nproc_per_node > 1:  # torchrun starts every rank afresh: no server
+            return run_trial(config, timeout_s=timeout_s)
         limit = process_data_limit(self.device_kind, config.memory_limit_bytes)
         server = self._server(limit, config.model.trainer, ready_s=timeout_s)
-        if server is None or config.nproc_per_node > 1:
+        if server is None:
             return run_trial(config, timeout_s=timeout_s)
         try:
             return run_trial(config, timeout_s=timeout_s, server=server)

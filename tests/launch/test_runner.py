@@ -230,6 +230,24 @@ def test_a_ddp_probe_runs_under_torchrun_and_one_ranks_oom_fails_the_trial(
         assert "can't allocate memory" in result.error, result
 
 
+def test_a_ddp_probe_starts_no_fork_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun starts every rank afresh: a DDP search waited for a fork server (its
+    imports: 8 s here) that no probe of it would use, and kept it alive throughout."""
+    import dataclasses
+
+    from autotune.core.enums import DeviceKind
+    from autotune.launch import runner
+
+    ran: list[TrialConfig] = []
+    monkeypatch.setattr(runner, "run_trial", lambda c, **_: ran.append(c) or "result")
+    launcher = runner.Launcher(DeviceKind.CPU, tmp_path / "forkserver.log")
+    ddp = dataclasses.replace(config(tmp_path), nproc_per_node=2)
+    assert launcher.run(ddp, timeout_s=60) == "result"
+    assert ran == [ddp]
+    assert launcher.server is None
+    assert not (tmp_path / "forkserver.log").exists()
+
+
 def _processes_mentioning(text: str) -> list[str]:
     found = []
     for proc in Path("/proc").iterdir():
