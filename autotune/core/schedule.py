@@ -4,8 +4,11 @@ Pure rules on a run's step times so far, used live by the probe's timer and repl
 recorded series by the tests:
 
 - Warm-up ends when step time is steady: the first two steps in a row within STEADY of
-  each other are the first two measured (at most `max_warmup` steps of warm-up; an fp16
-  loss scale still calibrating is never steady).
+  each other are the first two measured, or two a step apart where the step between
+  them is the host's (at most `max_warmup` steps of warm-up; an fp16 loss scale still
+  calibrating is never steady). On a 2-core host whose steps drift 10% from one to the
+  next, waiting for two in a row cost a NeoX probe of 5 s steps one or two more steps
+  of warm-up, a third of the probe.
 - Measurement stops once at least `min_measure` steps are in (3: the window the memory
   headroom and the NaN check were sized on stays near what it was) and the band of the
   measured steps is tight enough to rank the candidate against the incumbent (the best
@@ -62,16 +65,21 @@ class Schedule:
         """How many steps are warm-up, once that is known (else None).
 
         `durations[j]` is step j+2's time (the first step has no mark before it). The
-        first two steps in a row within STEADY of each other are the first two measured;
+        first two steps in a row within STEADY of each other are the first two measured
+        (or two a step apart: the one between them is measured too, as the host's);
         an fp16 loss scale's initial run of skipped steps (`calibration_steps`, or
         `calibrating` while it lasts) is never taken as steady."""
         if calibrating:
             return None
         # the loss scale's skipped steps are never timed, whatever the limit
         limit = max(1, self.max_warmup, calibration_steps)
-        for j in range(max(1, calibration_steps), min(len(durations), limit + 1)):
+        first = max(1, calibration_steps)
+        for j in range(first, min(len(durations), limit + 1)):
             if _close(durations[j], durations[j - 1]):
                 return j
+            # one step the host caught between two that agree: steady from the first
+            if j > first and _close(durations[j], durations[j - 2]):
+                return j - 1
         # `limit` steps of warm-up once the step after them is in (it may still show
         # that step `limit` was already steady)
         return limit if len(durations) >= limit else None

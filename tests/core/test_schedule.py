@@ -33,6 +33,10 @@ def test_warm_up_ends_at_the_first_steady_step() -> None:
     # at most 3 steps of warm-up: known once step 4 is in (steps 3 and 4 agree here)
     assert warmup_of(Schedule(max_warmup=3, max_measure=5), [4.0, 3.0, 3.1]) == 2
     assert warmup_of(Schedule(max_warmup=3, max_measure=5), [4.0, 3.0, 2.0]) == 3
+    # one step the host caught between two that agree: steady from the first of them,
+    # known as soon as the third is in (two in a row would have waited for steps 5 and 6)
+    assert warmup_of(Schedule(max_warmup=3, max_measure=3), [5.0, 5.7, 5.1]) == 1
+    assert Schedule(max_warmup=3, max_measure=3).warmup_steps([5.0, 5.7]) is None
     # never steady: the most warm-up allowed
     assert warmup_of(schedule, [8.0, 4.0, 2.0, 1.0, 0.5, 0.4]) == 5
     assert schedule.warmup_steps([8.0, 4.0, 2.0]) is None  # not known yet
