@@ -85,7 +85,7 @@ def _prepare_and_search(
     early: EarlyServer | None,
 ) -> SearchOutcome:
     """The spec and plan, the study, then the search (its workers', or its own)."""
-    spec, slots, notes = build_spec(o, dataset=_data(o, folder), layout=Layout.of(o))
+    spec, slots, notes = build_spec(o, dataset=_data(o, folder), layout=Layout.of(o), server=early)
     spec, plan = plan_for_budget(
         spec,
         budget_s=o.budget_s,

@@ -8,9 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 FACTS_NAME = "facts.json"  # what the survey child writes beside its request
+
+
+class SurveyServer(Protocol):
+    """Where the survey's child can be forked from, its imports done (the search's fork
+    server, launch/forkserver.EarlyServer)."""
+
+    def survey(self, request: Path, stderr: Path, timeout_s: float) -> int | None:
+        """The child's exit status on `request`, None past `timeout_s`; LaunchError
+        where it cannot be run there."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -39,6 +40,7 @@ from autotune.core.levers import model_arguments
 from autotune.core.spec import SearchSpec
 from autotune.hf.factory import load_factory
 from autotune.probe import device, fork_pages, shared_model
+from autotune.probe.job import main as job_main
 from autotune.probe.main import main
 from autotune.probe.shared_model import SharedModel
 from autotune.system.devices import capability_from_nvml, cpu_memory_bytes, cuda_initialized
@@ -76,6 +78,9 @@ def serve(requests: IO[str], replies: IO[str]) -> None:
         _reply(replies, {"ready": False, "error": f"{type(exc).__name__}: {exc}"[:300]})
         return
     line = requests.readline()
+    while line and "job" in (request := json.loads(line)):  # the survey, before the setup
+        _fork(request, replies, lambda r: job_main([r["job"]]))
+        line = requests.readline()
     if not line:  # the search ended (or chose another server) before using this one
         return
     setup = json.loads(line)
@@ -98,14 +103,18 @@ def serve(requests: IO[str], replies: IO[str]) -> None:
     built = _build_shared(shared) if shared else None
     _reply(replies, {"ready": True, "cuda_initialized": cuda_initialized(), "shared_model": built})
     for line in requests:
-        request = json.loads(line)
-        server = os.getpid()
-        pid = os.fork()
-        if pid == 0:  # the trial's child
-            _run_child(request, server)
-        _reply(replies, {"pid": pid})
-        _, status = os.waitpid(pid, 0)
-        _reply(replies, {"pid": pid, "returncode": _returncode(status)})
+        _fork(json.loads(line), replies, lambda r: main([r["config"]]))
+
+
+def _fork(request: dict[str, Any], replies: IO[str], run: Callable[[dict[str, Any]], int]) -> None:
+    """A child runs `run(request)`; the server answers with its pid, then its status."""
+    server = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        _run_child(request, server, run)
+    _reply(replies, {"pid": pid})
+    _, status = os.waitpid(pid, 0)
+    _reply(replies, {"pid": pid, "returncode": _returncode(status)})
 
 
 def _log_to(path: str) -> None:
@@ -133,7 +142,7 @@ def _build_shared(path: str) -> str:
     return f"built in {seconds:.1f} s"
 
 
-def _run_child(request: dict[str, Any], server: int) -> None:
+def _run_child(request: dict[str, Any], server: int, run: Callable[[dict[str, Any]], int]) -> None:
     code = 1
     try:
         os.setsid()
@@ -145,7 +154,7 @@ def _run_child(request: dict[str, Any], server: int) -> None:
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        code = main([request["config"]])
+        code = run(request)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # the probe classifies its own failures; this is a crash
@@ -265,28 +274,37 @@ class ForkServer:
 
     def _read(self, timeout: float | None) -> dict[str, Any] | None:
         """One JSON line from the server, or None if none came within the timeout."""
-        if self.process.stdout is None:
-            raise LaunchError("the fork server has no output pipe")
-        fd = self.process.stdout.fileno()
-        wait = None if timeout is None else min(timeout, LONGEST_WAIT_S)
-        deadline = None if wait is None else time.monotonic() + wait
-        while b"\n" not in self._buffer:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
-                return None
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                raise LaunchError(
-                    f"the fork server exited (code {self.process.poll()}; see {self.log}); "
-                    "rerun to resume, or pass --no-fork-server"
-                )
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        try:
-            return dict(json.loads(line))
-        except (ValueError, TypeError):
-            raise LaunchError(f"the fork server sent {line[:80]!r} (see {self.log})") from None
+        reply, self._buffer = _read_reply(self.process, self._buffer, timeout, str(self.log))
+        return reply
+
+
+def _read_reply(
+    process: subprocess.Popen[bytes], buffer: bytes, timeout: float | None, log: str
+) -> tuple[dict[str, Any] | None, bytes]:
+    """One JSON line from a server (None if none came within the timeout), and what it
+    sent after that line."""
+    if process.stdout is None:
+        raise LaunchError("the fork server has no output pipe")
+    fd = process.stdout.fileno()
+    wait = None if timeout is None else min(timeout, LONGEST_WAIT_S)
+    deadline = None if wait is None else time.monotonic() + wait
+    while b"\n" not in buffer:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            return None, buffer
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise LaunchError(
+                f"the fork server exited (code {process.poll()}; see {log}); "
+                "rerun to resume, or pass --no-fork-server"
+            )
+        buffer += chunk
+    line, buffer = buffer.split(b"\n", 1)
+    try:
+        return dict(json.loads(line)), buffer
+    except (ValueError, TypeError):
+        raise LaunchError(f"the fork server sent {line[:80]!r} (see {log})") from None
 
 
 if __name__ == "__main__":
@@ -311,6 +329,40 @@ class EarlyServer:
                 env=child_env(),
                 preexec_fn=dies_with(os.getpid()),
             )
+        self._buffer = b""  # what it sent past the last reply read
+
+    def survey(self, request: Path, stderr: Path, timeout_s: float) -> int | None:
+        """Build the user's job (`autotune.probe.job` on `request`) in a child forked
+        once the server's imports are done, as a probe's would be: its exit status, or
+        None when it ran past `timeout_s` (it is killed). LaunchError where the server
+        cannot run it: the caller runs the survey in a fresh interpreter instead."""
+        process = self.process
+        if process is None or process.stdin is None or process.poll() is not None:
+            raise LaunchError("no fork server to survey in")
+        try:
+            process.stdin.write(
+                (
+                    json.dumps({"job": str(request), "stdout": os.devnull, "stderr": str(stderr)})
+                    + "\n"
+                ).encode()
+            )
+            started, self._buffer = _read_reply(process, self._buffer, READY_TIMEOUT_S, "its log")
+            if started is None or "pid" not in started or "returncode" in started:
+                raise LaunchError("the fork server did not start the survey")
+            ended, self._buffer = _read_reply(process, self._buffer, timeout_s, "its log")
+            if ended is None:  # the factory hangs: kill it, and reap it through the server
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(int(started["pid"]), signal.SIGKILL)
+                reaped, self._buffer = _read_reply(
+                    process, self._buffer, REPLY_TIMEOUT_S, "its log"
+                )
+                if reaped is None:  # out of step from here on: no probe may use it
+                    self.discard()
+                return None
+            return int(ended["returncode"])
+        except (LaunchError, OSError, KeyError, ValueError) as exc:
+            self.discard()
+            raise LaunchError(f"the fork server could not run the survey: {exc}") from None
 
     def take(self) -> subprocess.Popen[bytes]:
         """The process, once (a second take, or one of a server that died: a new one)."""

@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from autotune.core.errors import UsageError
-from autotune.core.job import FACTS_NAME, JobFacts
+from autotune.core.errors import LaunchError, UsageError
+from autotune.core.job import FACTS_NAME, JobFacts, SurveyServer
 from autotune.system.process import child_env, dies_with, stop
 
 
@@ -32,10 +32,14 @@ def survey_job(
     seed: int,
     timeout_s: float,
     use_cpu: bool,
+    server: SurveyServer | None = None,
 ) -> JobFacts:
     """What `trainer` builds from the user's `fields` (and the recipe their own arguments,
     `recipe`, make in their class); FactoryFailed with the one-line reason (the
-    factory's exception, as its traceback's last line) when it cannot."""
+    factory's exception, as its traceback's last line) when it cannot. `server`: the
+    search's fork server, started ahead: the child is forked from it once its imports
+    are done, so the survey does not pay them a second time (8 s here); where it cannot,
+    a fresh interpreter runs it."""
     device = {"use_cpu": True} if use_cpu else {}
     request = {
         "trainer": trainer,
@@ -49,30 +53,42 @@ def survey_job(
         path = Path(folder) / "request.json"
         path.write_text(json.dumps(request), encoding="utf-8")
         log = Path(folder) / "stderr.log"
-        with open(log, "wb") as err:
-            child = subprocess.Popen(
-                [sys.executable, "-m", "autotune.probe.job", str(path)],
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                env=child_env(),
-                start_new_session=True,
-                preexec_fn=dies_with(os.getpid()),
+        try:
+            returncode = (
+                server.survey(path, log, timeout_s) if server else _fresh(path, log, timeout_s)
             )
-            try:
-                child.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                raise FactoryFailed(
-                    f"{_name(trainer)} did not return a Trainer within {timeout_s:.0f} s "
-                    "(raise --trial-timeout if building your job takes longer)"
-                ) from None
-            finally:
-                stop(child)
-        answer = _answer(path.with_name(FACTS_NAME), log, child.returncode)
+        except LaunchError:  # the server could not run it: a fresh interpreter does
+            returncode = _fresh(path, log, timeout_s)
+        if returncode is None:
+            raise FactoryFailed(
+                f"{_name(trainer)} did not return a Trainer within {timeout_s:.0f} s "
+                "(raise --trial-timeout if building your job takes longer)"
+            )
+        answer = _answer(path.with_name(FACTS_NAME), log, returncode)
     if "facts" in answer:
         return JobFacts.from_json(json.dumps(answer["facts"]))
     if answer.get("raised"):
         raise FactoryFailed(f"{_name(trainer)} raised {answer['error']}")
     raise FactoryFailed(str(answer["error"]))
+
+
+def _fresh(request: Path, log: Path, timeout_s: float) -> int | None:
+    """The survey in a fresh interpreter: its exit status, None past the timeout."""
+    with open(log, "wb") as err:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "autotune.probe.job", str(request)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=child_env(),
+            start_new_session=True,
+            preexec_fn=dies_with(os.getpid()),
+        )
+        try:
+            return child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            stop(child)
 
 
 def _answer(path: Path, log: Path, returncode: int | None) -> dict[str, Any]:

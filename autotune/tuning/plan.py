@@ -16,7 +16,7 @@ from autotune.core import checkpointing
 from autotune.core.device import supported_precisions
 from autotune.core.enums import DeviceKind, Precision, Task
 from autotune.core.errors import UsageError
-from autotune.core.job import BaseArguments, JobFacts, ParameterCount
+from autotune.core.job import BaseArguments, JobFacts, ParameterCount, SurveyServer
 from autotune.core.levers import ZERO_STAGE, shards
 from autotune.core.space import SAMPLINGS, SearchSpace, derive_space
 from autotune.core.spec import SearchSpec
@@ -54,7 +54,11 @@ class Layout:
 
 
 def build_spec(
-    options: SearchOptions, *, layout: Layout = Layout(), dataset: DataOptions | None = None
+    options: SearchOptions,
+    *,
+    layout: Layout = Layout(),
+    dataset: DataOptions | None = None,
+    server: SurveyServer | None = None,
 ) -> tuple[SearchSpec, list[Slot], list[str]]:
     """Validate every option against the job and the device; raise UsageError if off.
     Returns the spec, the worker slots and what the plan took from a default or the
@@ -63,7 +67,9 @@ def build_spec(
     With a dataset, it is tokenized once into `dataset.out_dir`, after every check; a
     sequence length not given is then the data's longest (--seq-len caps it)."""
     o = options
-    facts = resolve(o, nproc_per_node=layout.nproc_per_node, with_dataset=dataset is not None)
+    facts = resolve(
+        o, nproc_per_node=layout.nproc_per_node, with_dataset=dataset is not None, server=server
+    )
     spec, slots = plan(o, facts, layout, with_dataset=dataset is not None)
     build_zero_op(spec.space, spec.device.kind)
     if dataset is not None:  # the first write: every check has passed

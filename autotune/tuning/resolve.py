@@ -20,7 +20,7 @@ from autotune.core.dataset import DataSpec
 from autotune.core.device import DeviceInfo
 from autotune.core.enums import DeviceKind
 from autotune.core.errors import UsageError
-from autotune.core.job import BaseArguments, JobFacts, ParameterCount
+from autotune.core.job import BaseArguments, JobFacts, ParameterCount, SurveyServer
 from autotune.core.levers import ZERO_STAGE
 from autotune.core.precisions import MIXED_FLAGS
 from autotune.core.space import SearchSpace
@@ -79,10 +79,17 @@ class Facts:
         return job_recipe(self.job, self.base.recipe)
 
 
-def resolve(o: SearchOptions, *, nproc_per_node: int, with_dataset: bool) -> Facts:
-    """Every fact the plan needs, each read once; UsageError for what cannot be read."""
+def resolve(
+    o: SearchOptions,
+    *,
+    nproc_per_node: int,
+    with_dataset: bool,
+    server: SurveyServer | None = None,
+) -> Facts:
+    """Every fact the plan needs, each read once; UsageError for what cannot be read.
+    `server`: the search's fork server, started ahead, which the survey is forked from."""
     device = detect_device(o.device)
-    job = survey(o, device.kind, with_dataset) if o.trainer else None
+    job = survey(o, device.kind, with_dataset, server) if o.trainer else None
     base = read_base(
         o.base_args, o.global_batch_size, job.args_class if job else "", nproc_per_node
     )
@@ -115,7 +122,12 @@ def resolve(o: SearchOptions, *, nproc_per_node: int, with_dataset: bool) -> Fac
     )
 
 
-def survey(o: SearchOptions, device_kind: DeviceKind, with_dataset: bool) -> JobFacts:
+def survey(
+    o: SearchOptions,
+    device_kind: DeviceKind,
+    with_dataset: bool,
+    server: SurveyServer | None = None,
+) -> JobFacts:
     """Build the user's job once, in a child, with their --base-args (in fp32: their
     precision may not run here), and read what their factory built."""
     if with_dataset:
@@ -141,6 +153,7 @@ def survey(o: SearchOptions, device_kind: DeviceKind, with_dataset: bool) -> Job
         seed=o.seed,
         timeout_s=o.trial_timeout,
         use_cpu=device_kind == DeviceKind.CPU,
+        server=server,
     )
 
 
