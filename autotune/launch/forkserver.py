@@ -79,7 +79,10 @@ def serve(requests: IO[str], replies: IO[str]) -> None:
         return
     line = requests.readline()
     while line and "job" in (request := json.loads(line)):  # the survey, before the setup
-        _fork(request, replies, lambda r: job_main([r["job"]]))
+        if cuda_initialized():  # its child could not use the GPU: a fresh one surveys
+            _reply(replies, {"error": "an import initialised CUDA in the fork server"})
+        else:
+            _fork(request, replies, lambda r: job_main([r["job"]]))
         line = requests.readline()
     if not line:  # the search ended (or chose another server) before using this one
         return
@@ -335,34 +338,43 @@ class EarlyServer:
         """Build the user's job (`autotune.probe.job` on `request`) in a child forked
         once the server's imports are done, as a probe's would be: its exit status, or
         None when it ran past `timeout_s` (it is killed). LaunchError where the server
-        cannot run it: the caller runs the survey in a fresh interpreter instead."""
+        cannot run it (its imports failed, it died, or an import initialised CUDA): the
+        caller runs the survey in a fresh interpreter instead."""
         process = self.process
         if process is None or process.stdin is None or process.poll() is not None:
             raise LaunchError("no fork server to survey in")
         try:
-            process.stdin.write(
-                (
-                    json.dumps({"job": str(request), "stdout": os.devnull, "stderr": str(stderr)})
-                    + "\n"
-                ).encode()
-            )
-            started, self._buffer = _read_reply(process, self._buffer, READY_TIMEOUT_S, "its log")
-            if started is None or "pid" not in started or "returncode" in started:
-                raise LaunchError("the fork server did not start the survey")
-            ended, self._buffer = _read_reply(process, self._buffer, timeout_s, "its log")
-            if ended is None:  # the factory hangs: kill it, and reap it through the server
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(int(started["pid"]), signal.SIGKILL)
-                reaped, self._buffer = _read_reply(
-                    process, self._buffer, REPLY_TIMEOUT_S, "its log"
-                )
-                if reaped is None:  # out of step from here on: no probe may use it
-                    self.discard()
-                return None
-            return int(ended["returncode"])
+            asked = {"job": str(request), "stdout": os.devnull, "stderr": str(stderr)}
+            process.stdin.write((json.dumps(asked) + "\n").encode())
+            started = self._reply(READY_TIMEOUT_S)
+            if started is not None and "pid" not in started and "ready" not in started:
+                declined = str(started.get("error"))  # still in step: probes may use it
+            elif started is None or "pid" not in started or "returncode" in started:
+                raise LaunchError(f"it answered {started}")
+            else:
+                return self._ended(int(started["pid"]), timeout_s)
         except (LaunchError, OSError, KeyError, ValueError) as exc:
-            self.discard()
+            self.discard()  # out of step, or gone: no probe may use it
             raise LaunchError(f"the fork server could not run the survey: {exc}") from None
+        raise LaunchError(f"the fork server declined the survey: {declined}")
+
+    def _ended(self, pid: int, timeout_s: float) -> int | None:
+        """The survey child's exit status; None past the timeout, the child killed and
+        reaped through the server (which is discarded where it does not answer)."""
+        ended = self._reply(timeout_s)
+        if ended is not None:
+            return int(ended["returncode"])
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        if self._reply(REPLY_TIMEOUT_S) is None:
+            self.discard()
+        return None
+
+    def _reply(self, timeout: float) -> dict[str, Any] | None:
+        if self.process is None:
+            raise LaunchError("the fork server is gone")
+        reply, self._buffer = _read_reply(self.process, self._buffer, timeout, "its log")
+        return reply
 
     def take(self) -> subprocess.Popen[bytes]:
         """The process, once (a second take, or one of a server that died: a new one)."""

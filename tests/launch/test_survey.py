@@ -4,17 +4,18 @@ interpreter where the server cannot run it."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from job_script import BASE_ARGS, write_job
 
+from autotune.core.errors import LaunchError
 from autotune.launch import survey
 from autotune.launch.forkserver import EarlyServer
 from autotune.launch.survey import FactoryFailed, survey_job
-
-pytestmark = pytest.mark.slow
 
 HANGS = """
 
@@ -38,6 +39,7 @@ def _survey(script: Path, factory: str, server: EarlyServer | None, timeout_s: f
     )
 
 
+@pytest.mark.slow
 def test_the_survey_forks_from_the_search_server_and_a_hung_factory_leaves_it_in_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -64,9 +66,27 @@ def test_the_survey_forks_from_the_search_server_and_a_hung_factory_leaves_it_in
         server.discard()
 
 
+@pytest.mark.slow
 def test_a_server_that_died_leaves_the_survey_to_a_fresh_interpreter(tmp_path: Path) -> None:
     script = write_job(tmp_path / "job")
     server = EarlyServer()
     server.discard()  # as one whose imports failed
     facts = _survey(script, "make_trainer", server, timeout_s=120)
     assert facts.trainable
+
+
+def test_a_server_that_declines_the_survey_stays_for_the_probes(tmp_path: Path) -> None:
+    """A server whose imports initialised CUDA declines (a forked child could not use
+    the GPU): the survey runs fresh, and the server, still in step, is kept."""
+    answers = 'import sys; sys.stdin.readline(); print(\'{"error": "CUDA"}\', flush=True)'
+    server = EarlyServer()
+    server.discard()
+    server.process = subprocess.Popen(
+        [sys.executable, "-c", answers], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
+    )
+    try:
+        with pytest.raises(LaunchError, match="declined the survey: CUDA"):
+            server.survey(tmp_path / "request.json", tmp_path / "stderr.log", timeout_s=10)
+        assert server.process is not None  # not discarded
+    finally:
+        server.discard()
