@@ -8,7 +8,8 @@ to share), checks that no import initialised CUDA (a forked child could not use 
 and then, for each request on stdin (one JSON line: the probe's config path and log
 paths), forks a child that starts its own session, dies with the server, redirects
 its output, and runs the probe. The server answers with the child's pid, and later with
-its exit status.
+its exit status. Before its setup it forks the survey of a user's job the same way
+(`EarlyServer.survey`: a fresh interpreter would import everything a second time).
 
 Given the search's model (`SharedModel`), the server also builds it once, after the
 imports, and every forked probe that would build the same model inherits it
@@ -63,8 +64,9 @@ LONGEST_WAIT_S = 10**7  # select() overflows on larger timeouts; this is 115 day
 
 
 def serve(requests: IO[str], replies: IO[str]) -> None:
-    """Import the heavy libraries, then take the setup line (its log, limit, shared model
-    and the user's factory), then fork a child for each request line."""
+    """Import the heavy libraries, fork the survey of the user's job if asked, then take
+    the setup line (its log, limit, shared model and the user's factory), then fork a
+    child for each request line."""
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
     # torch.cuda.is_available() through NVML: cudaGetDeviceCount would initialise the
