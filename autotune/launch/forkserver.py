@@ -349,16 +349,16 @@ class EarlyServer:
             asked = {"job": str(request), "stdout": os.devnull, "stderr": str(stderr)}
             process.stdin.write((json.dumps(asked) + "\n").encode())
             started = self._reply(READY_TIMEOUT_S)
-            if started is not None and "pid" not in started and "ready" not in started:
-                declined = str(started.get("error"))  # still in step: probes may use it
-            elif started is None or "pid" not in started or "returncode" in started:
-                raise LaunchError(f"it answered {started}")
-            else:
+            if started is not None and "pid" in started and "returncode" not in started:
                 return self._ended(int(started["pid"]), timeout_s)
         except (LaunchError, OSError, KeyError, ValueError) as exc:
             self.discard()  # out of step, or gone: no probe may use it
             raise LaunchError(f"the fork server could not run the survey: {exc}") from None
-        raise LaunchError(f"the fork server declined the survey: {declined}")
+        if started is not None and "error" in started and "ready" not in started:
+            # it declined, and is still in step: probes may use it
+            raise LaunchError(f"the fork server declined the survey: {started['error']}")
+        self.discard()
+        raise LaunchError(f"the fork server could not run the survey: it answered {started}")
 
     def _ended(self, pid: int, timeout_s: float) -> int | None:
         """The survey child's exit status; None past the timeout, the child killed and

@@ -48,11 +48,11 @@ def test_the_survey_forks_from_the_search_server_and_a_hung_factory_leaves_it_in
     fresh: list[Path] = []
     real_fresh = survey._fresh
 
-    def no_fresh(request: Path, log: Path, timeout_s: float) -> int | None:
+    def counted(request: Path, log: Path, timeout_s: float) -> int | None:
         fresh.append(request)
         return real_fresh(request, log, timeout_s)
 
-    monkeypatch.setattr(survey, "_fresh", no_fresh)
+    monkeypatch.setattr(survey, "_fresh", counted)
     server = EarlyServer()
     try:
         with pytest.raises(FactoryFailed, match=r"job.py:hangs did not return a Trainer within"):
@@ -77,7 +77,8 @@ def test_a_server_that_died_leaves_the_survey_to_a_fresh_interpreter(tmp_path: P
 
 def test_a_server_that_declines_the_survey_stays_for_the_probes(tmp_path: Path) -> None:
     """A server whose imports initialised CUDA declines (a forked child could not use
-    the GPU): the survey runs fresh, and the server, still in step, is kept."""
+    the GPU) with a LaunchError, on which survey_job runs the survey fresh (as for the
+    dead server above); the server, still in step, is kept for the probes."""
     answers = 'import sys; sys.stdin.readline(); print(\'{"error": "CUDA"}\', flush=True)'
     server = EarlyServer()
     server.discard()
