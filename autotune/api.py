@@ -16,10 +16,11 @@ from autotune.core.enums import Objective
 from autotune.core.errors import UsageError
 from autotune.core.units import parse_duration, parse_size
 from autotune.hf.factory import class_name, reference_of
-from autotune.hf.training_args import recipe, set_fields
+from autotune.hf.training_args import set_fields
 from autotune.search_command import search_command
 from autotune.tuning.options import SearchOptions
 from autotune.tuning.outcome import SearchOutcome
+from autotune.views.export import exported_arguments
 
 _LISTS = ("precisions", "optimizers", "checkpointing", "levers", "devices")
 _PATHS = ("base_args", "output")
@@ -138,7 +139,7 @@ def load(
     url = resolve_storage(storage, Path(studies_dir))
     goal = _parsed(objective, Objective, "objective") if objective else None
     best, spec, _ = best_of_study(study_name=study, storage=url, objective=goal)
-    return recipe(spec, best.candidate)
+    return exported_arguments(spec, best)
 
 
 def _parsed(value: Any, parse: Any, name: str) -> Any:

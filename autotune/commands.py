@@ -22,6 +22,7 @@ from autotune.core.files import write_atomic
 from autotune.core.optimizers import DEFAULT as DEFAULT_OPTIMIZERS
 from autotune.core.paths import default_storage
 from autotune.core.precisions import FLAGS as PRECISION_FLAGS
+from autotune.core.run_events import required
 from autotune.core.space import derive_space
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import TrialRecord
@@ -42,7 +43,8 @@ from autotune.store.storage import STORAGE_ENV, mask
 from autotune.store.store import StudyStore
 from autotune.system.devices import detect_device
 from autotune.tuning.estimate import estimate_rows
-from autotune.tuning.selection import select_for
+from autotune.tuning.rehearsal import failure_error, job_failure
+from autotune.tuning.selection import nothing_fits, select_export, select_for
 from autotune.views.export import export_selected, parity_summary, run_changes
 from autotune.views.report import write_report
 from autotune.views.show import StudyView, trial_rows
@@ -60,10 +62,23 @@ def best_of_study(
     """The study's selected trial by `objective` (None: the one it was searched for)."""
     store = StudyStore.load(url=storage, name=study_name)
     recs = store.records()
-    best = select_for(store.spec, recs, objective or store.objective())
+    objective = objective or store.objective()
+    best = select_export(store.spec, recs, objective, rehearse=store.rehearses())
     if best is None:
-        raise NoFitError(f"study {study_name!r} has no trial that ran ok within the budget")
+        raise none_exported(study_name, store.spec, recs, rehearse=store.rehearses())
     return best, store.spec, recs
+
+
+def none_exported(
+    study_name: str, spec: SearchSpec, records: list[TrialRecord], *, rehearse: bool
+) -> NoFitError:
+    """Why a study has no config to export: a rehearsal failure no config changes, a
+    config that fits and is not rehearsed yet, or none that fits."""
+    if required(spec, rehearse) and (failed := job_failure(records)) is not None:
+        return failure_error(failed)
+    if select_for(spec, records) is not None:
+        return nothing_fits(records, spec, rehearse=rehearse)
+    return NoFitError(f"study {study_name!r} has no trial that ran ok within the budget")
 
 
 def export_command(
@@ -78,8 +93,9 @@ def export_command(
     `objective` (None: the one the study was searched for)."""
 
     store = StudyStore.load(url=storage, name=study_name)
+    records, rehearse = store.records(), store.rehearses()
     best = export_selected(
-        records=store.records(),
+        records=records,
         spec=store.spec,
         study_name=study_name,
         output=output,
@@ -87,9 +103,10 @@ def export_command(
         validate=False,
         force=force,
         parity=store.parity(),
+        rehearse=rehearse,
     )
     if best is None:
-        raise NoFitError(f"study {study_name!r} has no trial that ran ok within the budget")
+        raise none_exported(study_name, store.spec, records, rehearse=rehearse)
     return output
 
 
@@ -108,6 +125,8 @@ def hand_off(
         checkpointing_field=spec.checkpointing_field,
         tf32_kept=spec.recipe_settings.get("tf32") is True,
     )
+    if record.rehearsal is not None:  # the evaluation settings it found to fit
+        tuned.update(record.rehearsal.exported_fields())
     notes = []
     if target != tuned_on:
         notes.append(
@@ -176,13 +195,13 @@ def show_command(*, study_name: str, storage: str, objective: Objective | None) 
     for); views.show prints them."""
 
     store = StudyStore.load(url=storage, name=study_name)
-    records, state = store.records(), store.parity()
+    records, state, rehearse = store.records(), store.parity(), store.rehearses()
     objective = objective or store.objective()
-    best = select_for(store.spec, records, objective)
+    best = select_export(store.spec, records, objective, rehearse=rehearse)
     changed = None
     if best is not None:
-        changed = parity_summary(best, store.spec, records, state)
-    rows = trial_rows(records, store.spec, objective)
+        changed = parity_summary(best, store.spec, records, state, rehearse=rehearse)
+    rows = trial_rows(records, store.spec, objective, rehearse=rehearse)
     return StudyView(study_name, store.spec, rows, changed, objective)
 
 
@@ -195,7 +214,7 @@ def report_command(
     store = StudyStore.load(url=storage, name=study_name)
     recs = store.records()
     objective = objective or store.objective()
-    rows = trial_rows(recs, store.spec, objective)
+    rows = trial_rows(recs, store.spec, objective, rehearse=store.rehearses())
     state = store.parity()
     recipe = state.reference if state else None
     return write_report(

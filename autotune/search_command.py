@@ -96,11 +96,11 @@ def _prepare_and_search(
         default_budget=o.time_budget is None,
     )
     notes += plan
-    if o.rehearse:
-        notes.append(rehearsal_line(spec))
+    notes.append(rehearsal_line(spec, rehearse=o.rehearse))
     _ensure_sqlite_folder(url)
     store = prepare_store(spec=spec, study_name=name, storage=url, sampler=o.sampler)
     store.save_objective(o.objective)
+    store.save_rehearse(o.rehearse)  # export, show and load gate on it as this search does
     claim_folder(folder, name, url)
     limits = o.limits(spec.measure_steps)
     with searching(folder):  # export and show say what they read is the best so far
@@ -198,11 +198,12 @@ class _Search:
                 validate=True,
                 force=force,
                 parity=parity,
+                rehearse=self.limits.rehearse,
             )
             progress.on_search_end(report)
         finally:
             progress.close()
-        return _outcome(name, best, records, parity, report, output, spec)
+        return _outcome(name, best, records, parity, report, output, spec, self.limits.rehearse)
 
 
 def _outcome(
@@ -213,13 +214,14 @@ def _outcome(
     report: SearchReport,
     output: Path,
     spec: SearchSpec,
+    rehearse: bool,
 ) -> SearchOutcome:
     """What the search hands back: the export, what it changed against your recipe and
     its speed over your recipe as measured (else the plain default); raises when nothing
     fits."""
     if best is None:
-        raise nothing_fits(records, spec)
-    changed = parity_summary(best, spec, records, parity)
+        raise nothing_fits(records, spec, rehearse=rehearse)
+    changed = parity_summary(best, spec, records, parity, rehearse=rehearse)
     default, against = baseline(spec, records, parity)
     ratio = compare(best, default) if default and default != best else None
     return SearchOutcome(

@@ -29,8 +29,8 @@ class Event:
     """One event of a rehearsal: how it ended and the process's peak after it."""
 
     name: str
-    # "ok", "oom", "error", "skipped" (with why), "not reached", "cut" (the time budget
-    # ended while it ran: neither a fit nor a failure)
+    # "ok", "oom", "error", "skipped" (with why), "not reached", "cut" (the trial's time
+    # limit ended while it ran, `reason` says which: neither a fit nor out of memory)
     outcome: str
     peak_bytes: int | None = None
     reason: str = ""
@@ -55,6 +55,9 @@ class Rehearsal:
     # not run, as its bound shows it fits: what the run's save and resume add at most
     # (the whole checkpoint) beside the training's measured peak is within the budget
     unneeded: str = ""
+    # how long its last child ran (the one at the evaluation settings it reports): what
+    # the rehearsal of the config to export is planned at
+    seconds: float | None = None
 
     @property
     def failed(self) -> Event | None:
@@ -69,7 +72,7 @@ class Rehearsal:
 
     @property
     def cut(self) -> Event | None:
-        """The event the time budget ended in (the rest not reached)."""
+        """The event its time limit ended in (the rest not reached)."""
         return next((e for e in self.events if e.outcome == "cut"), None)
 
     @property
@@ -77,6 +80,43 @@ class Rehearsal:
         return (
             self.failed is None and self.cut is None and any(e.outcome == "ok" for e in self.events)
         )
+
+    @property
+    def clears(self) -> bool:
+        """Whether the config may be exported: it fits every event, or needs no rehearsal."""
+        return self.passed or bool(self.unneeded)
+
+    @property
+    def job_level(self) -> bool:
+        """A failure no training config changes: the kept logits piling up whatever the
+        evaluation batch, an event that raised, or one that outran the trial's limit."""
+        failed = self.failed
+        error = failed is not None and failed.outcome == "error"
+        return self.hopeless or error or self.cut is not None
+
+    def fix(self) -> str:
+        """What would change a job-level failure ("" for any other)."""
+        if self.hopeless or not self.job_level:
+            return ""  # the note says what would fit
+        if self.cut is not None:
+            return (
+                "raise --trial-timeout (one pass over your evaluation set is rehearsed), or "
+                "evaluate on fewer samples"
+            )
+        return (
+            "your own run would fail there too: fix it (the rehearsal's log is in the "
+            "study's trials/ folder), or pass --no-rehearse to search without it"
+        )
+
+    def exported_fields(self) -> dict[str, Any]:
+        """The evaluation settings it tuned (the user's did not fit), exported with the
+        config; {} where theirs fit or it did not pass."""
+        if not self.tuned or not self.passed:
+            return {}
+        tuned: dict[str, Any] = {"per_device_eval_batch_size": self.eval_batch}
+        if self.eval_accumulation is not None:
+            tuned["eval_accumulation_steps"] = self.eval_accumulation
+        return tuned
 
     def describe(self) -> str:
         """One line: what ran and its peaks, or which event failed at what peak."""
@@ -91,7 +131,8 @@ class Rehearsal:
         elif (cut := self.cut) is not None:
             fit = [f"{e.name} {_gib(e.peak_bytes)}" for e in self.events if e.outcome == "ok"]
             before = f" ({'; '.join(fit)} fit)" if fit else ""
-            line = f"rehearsal: cut by the time budget at {cut.name}{before}"
+            by = f" by {cut.reason}" if cut.reason else ""
+            line = f"rehearsal: cut at {cut.name}{by}{before}"
         else:
             parts = [
                 f"{e.name} {_gib(e.peak_bytes)}" if e.outcome == "ok" else f"{e.name} {e.reason}"
@@ -116,7 +157,7 @@ def read_events(
 ) -> tuple[Event, ...]:
     """The events the child wrote (a JSON object a line: `{"event", "state", ...}`). An
     event started and never ended is the one the process failed in, as `failure` says
-    ("oom" or "error": how the run ended; "cut": the time budget ended it), at the
+    ("oom" or "error": how the run ended; "cut": its time limit ended it), at the
     process's `peak_bytes` (read after it failed; else the peak when the event started)."""
     started: dict[str, dict[str, Any]] = {}
     done: dict[str, Event] = {}
@@ -144,7 +185,7 @@ def read_events(
             events.append(done[name])
         elif name in started:
             peak = peak_bytes or started[name].get("peak_bytes")
-            why = "" if failure in ("oom", "cut") else reason
+            why = "" if failure == "oom" else reason
             marks = progress.get(name, [])
             done_share = marks[-1][0] if marks else 0.0
             events.append(Event(name, failure, peak, why, done_share, pass_end(marks)))

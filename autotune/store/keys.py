@@ -38,6 +38,7 @@ class StudyAttr(enum.StrEnum):
     IDENTITY = "autotune_identity"
     DESCRIPTION = "description"
     REHEARSALS = "autotune_rehearsals"  # core.rehearsal.Rehearsal by trial number
+    REHEARSE = "autotune_rehearse"  # false: the last search ran with --no-rehearse
     PARITY = "autotune_parity"  # core.parity.ParityState: the reference, runs, verdicts
     PARITY_PLAN = "autotune_parity_plan"  # tuning.time_plan.ParityPlan: --parity auto's
     OBJECTIVE = "autotune_objective"  # the last search's --objective: what review selects by

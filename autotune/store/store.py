@@ -225,6 +225,16 @@ class StudyStore:
         self.study.set_user_attr(StudyAttr.OBJECTIVE, str(objective))
 
     @transient_retry
+    def rehearses(self) -> bool:
+        """Whether the study's last search rehearsed the config to export (True unless
+        it was told --no-rehearse): export, show and load gate on it as it did."""
+        return bool(self.study.user_attrs.get(StudyAttr.REHEARSE, True))
+
+    @transient_retry
+    def save_rehearse(self, rehearse: bool) -> None:
+        self.study.set_user_attr(StudyAttr.REHEARSE, rehearse)
+
+    @transient_retry
     def rehearsals(self) -> dict[int, Rehearsal]:
         """The study's rehearsals, by the trial rehearsed."""
         raw = self.study.user_attrs.get(StudyAttr.REHEARSALS, {})

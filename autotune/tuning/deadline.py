@@ -28,6 +28,14 @@ class Deadline:
     def passed(self) -> bool:
         return self.at is not None and self.clock() >= self.at
 
+    def over(self) -> float:
+        """Seconds past it (0 before it, or without a budget)."""
+        return 0.0 if self.at is None else max(0.0, self.clock() - self.at)
+
+    def less(self, seconds: float) -> Deadline:
+        """`seconds` earlier: what the steps before a reserved one may use."""
+        return self if self.at is None else Deadline(self.at - seconds, self.clock)
+
     def share(self, fraction: float) -> Deadline:
         """A deadline `fraction` of the way from now to this one (exploration stops at 80%
         of the budget to leave the rest for confirming the finalists)."""

@@ -1,8 +1,16 @@
 """Before a config is exported it rehearses the user's run's other memory events
 (core/rehearsal.py) under the same budget, in its own process: their evaluation and
-their checkpoint save, then a resume. A config that fails is not exported (the next
-selected is rehearsed, up to `REHEARSALS`); the search says which event failed at what
-peak.
+their checkpoint save, then a resume. No config is exported unrehearsed where the run
+evaluates or saves (`core/run_events.required`): the rehearsal does not yield to the
+clock; where exploring left it too little time it runs past the budget, and says by
+how much. A config that runs out of memory is not exported (the next selected is
+rehearsed, up to `REHEARSALS`); the search says which event failed at what peak.
+
+Checks first: where the run evaluates, the first config that fits is rehearsed at once,
+while exploring, so a failure no training config can fix (the kept logits piling up
+whatever the evaluation batch; an evaluation or save that raises; a pass longer than
+the trial's limit) stops the search then, with its fix (`job_failure`), not after the
+budget's exploring.
 
 The evaluation batch is tuned here: the user's `per_device_eval_batch_size` and
 `eval_accumulation_steps` where they fit; else, where the Trainer keeps the logits
@@ -10,9 +18,9 @@ The evaluation batch is tuned here: the user's `per_device_eval_batch_size` and
 step, then half the batch at a time, down to an eighth, until one fits or the kept
 logits are seen to pile up past the budget whatever the batch (the peak's growth with
 the batches done, carried to the end of the pass: each try is a pass over their
-evaluation set, and in a real run one pass may take minutes). Evaluation settings do
-not change the training's arithmetic: no parity run is needed, and the tuned ones are
-exported with the config.
+evaluation set, and in a real run one pass may take minutes). The batch found to fit is
+where every later rehearsal starts. Evaluation settings do not change the training's
+arithmetic: no parity run is needed, and the tuned ones are exported with the config.
 """
 
 from __future__ import annotations
@@ -21,11 +29,14 @@ import dataclasses
 import json
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from autotune.core.enums import DeviceKind, Outcome
+from autotune.core.errors import NoFitError
 from autotune.core.rehearsal import EVENTS_NAME, Event, Rehearsal, read_events
+from autotune.core.run_events import RunEvents
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
 from autotune.core.units import format_duration, format_size
@@ -34,7 +45,7 @@ from autotune.tuning.deadline import Deadline
 from autotune.tuning.estimate import state_bytes
 from autotune.tuning.selection import select_for
 
-REHEARSALS = 3  # configs rehearsed at most, the selected first
+REHEARSALS = 3  # configs rehearsed at most before the export, the selected first
 DEFAULT_EVAL_BATCH = 8  # TrainingArguments' per_device_eval_batch_size
 STAND_IN_EVAL_BATCHES = 2  # a stand-in's synthetic evaluation set, in batches
 HALVINGS = 3  # evaluation batches tried below the user's: half, a quarter, an eighth
@@ -47,91 +58,125 @@ LATE = 0.5
 # An evaluation whose pass would end this far over the limit: a smaller batch, which
 # lowers one batch's share of the peak and not the logits kept, cannot bring it under
 PAST = 1.10
-# The run's fields a rehearsal runs with: its evaluation and its saving
-EVALUATION_FIELDS = (
-    "per_device_eval_batch_size",
-    "eval_accumulation_steps",
-    "prediction_loss_only",
-    "eval_do_concat_batches",
-    "batch_eval_metrics",
-    "include_for_metrics",
-)
-SAVE_FIELDS = ("save_only_model", "save_safetensors")
 
 
-@dataclasses.dataclass(frozen=True)
-class RunEvents:
-    """What the user's run does besides training, read from their arguments."""
-
-    evaluate: bool
-    save: bool
-    fields: dict[str, Any]
-    why_not: tuple[str, ...] = ()  # the events their run does not have, and why
-
-    @classmethod
-    def of(cls, spec: SearchSpec) -> RunEvents:
-        theirs = {**spec.base_arguments, **spec.kept_arguments}
-        evaluate = str(theirs.get("eval_strategy", "no")) != "no"
-        save = str(theirs.get("save_strategy", "steps")) != "no"  # the Trainer saves by default
-        why = (
-            *(() if evaluate else ("evaluation: your run does not evaluate (eval_strategy no)",)),
-            *(() if save else ("save: your run saves no checkpoints (save_strategy no)",)),
-        )
-        fields = {k: theirs[k] for k in (*EVALUATION_FIELDS, *SAVE_FIELDS) if k in theirs}
-        return cls(evaluate, save, fields, why)
-
-
-def plan_line(spec: SearchSpec) -> str:
+def plan_line(spec: SearchSpec, *, rehearse: bool = True) -> str:
     """The search's first lines: what the rehearsal will run before the export."""
     run = RunEvents.of(spec)
-    if not run.evaluate and not run.save:
+    if not run.any:
         return "rehearsal: none (your run neither evaluates nor saves checkpoints)"
+    if not rehearse:
+        return (
+            "rehearsal: off (--no-rehearse): the export is not checked against your run's "
+            "evaluation and checkpoint saves"
+        )
     what = " and ".join(
         w
         for w, on in (("your evaluation", run.evaluate), ("a checkpoint save and resume", run.save))
         if on
     )
     skipped = "".join(f"; no {why}" for why in run.why_not)
+    first = (
+        "; the first config that fits runs it at once, so what no config can fix stops the "
+        "search there"
+        if run.evaluate
+        else ""
+    )
     return (
-        f"rehearsal: before the export, the config to export runs {what} under the budget "
-        f"(its time reserved from exploring){skipped}"
+        f"rehearsal: before the export, the config to export runs {what} under the budget, "
+        "in time reserved from exploring (past the budget where that is short, said): none "
+        f"is exported without it{first}{skipped}"
     )
 
 
-def rehearse_selected(
-    run: RunContext, deadline: Deadline, *, said: int | None = None
-) -> int | None:
-    """Rehearse the config selection would export; one that fails is out, and the next
-    selected is rehearsed, up to `REHEARSALS`, within the time budget. Returns the trial
-    left unrehearsed for want of time (None: none), which a later call, passed it as
-    `said`, does not announce again."""
+def rehearse_first(run: RunContext, records: Sequence[TrialRecord], deadline: Deadline) -> bool:
+    """Where the run evaluates and nothing in the study was rehearsed yet, rehearse the
+    config selection would export now (the first that fits), before exploring on: a
+    failure no config can fix is known after one rehearsal, and the evaluation batch it
+    finds to fit is where later rehearsals start. Returns whether it rehearsed."""
     events = RunEvents.of(run.spec)
-    if not events.evaluate and not events.save:
-        return None
+    if not run.limits.rehearse or not events.evaluate:
+        return False
+    if any(r.rehearsal is not None for r in records):
+        return False
+    chosen = select_for(run.spec, records, run.limits.objective)
+    if chosen is None:
+        return False
+    run.observer.on_plan(
+        f"rehearsal: trial {chosen.number}, the first config that fits, runs your "
+        "evaluation now: what fails whatever the config is known before exploring on"
+    )
+    _rehearse_and_say(run, chosen, events, deadline, records)
+    return True
+
+
+def rehearse_selected(run: RunContext, deadline: Deadline) -> None:
+    """Rehearse the config selection would export, however little of the time budget is
+    left (said, with the overrun); one that runs out of memory is out, and the next
+    selected is rehearsed, up to `REHEARSALS`. Raises NoFitError, with the fix, where a
+    rehearsal failed in a way no config changes."""
+    events = RunEvents.of(run.spec)
+    if not events.any:
+        return
     for _ in range(REHEARSALS):
-        chosen = select_for(run.spec, run.store.records(), run.limits.objective)
-        if chosen is None or chosen.rehearsal is not None:
-            return None
+        records = run.store.records()
+        if (failed := job_failure(records)) is not None:
+            raise failure_error(failed)
+        chosen = select_for(run.spec, records, run.limits.objective)
+        if chosen is None or (chosen.rehearsal is not None and chosen.rehearsal.clears):
+            return
         if bound := checkpoint_room(chosen, run.spec):
             unneeded = Rehearsal((), unneeded=bound)
             run.store.save_rehearsal(chosen.number, unneeded)
             run.observer.on_plan(f"trial {chosen.number}: {unneeded.describe()}")
-            return None
-        left = deadline.left()
-        if left is not None and expected_s(chosen, run.spec) > left:
-            if chosen.number != said:
-                run.observer.on_plan(
-                    f"rehearsal: not run (about {format_duration(expected_s(chosen, run.spec))}, "
-                    f"{format_duration(left)} of the time budget left): trial "
-                    f"{chosen.number} is exported unrehearsed"
-                )
-            return chosen.number
-        found = rehearse(run, chosen, events, deadline)
-        run.store.save_rehearsal(chosen.number, found)
-        run.observer.on_plan(f"trial {chosen.number}: {found.describe()}")
-        if found.hopeless or not found.blocks_export:  # passed; or what failed is the
-            return None  # job's (an error, a timeout) or fits at no batch: none helps
-    return None
+            return
+        found = _rehearse_and_say(run, chosen, events, deadline, records)
+        if found.job_level:
+            raise failure_error(dataclasses.replace(chosen, rehearsal=found))
+        if found.passed:
+            return
+
+
+def job_failure(records: Sequence[TrialRecord]) -> TrialRecord | None:
+    """A trial whose rehearsal failed in a way no training config changes, if any."""
+    return next((r for r in records if r.rehearsal is not None and r.rehearsal.job_level), None)
+
+
+def failure_error(record: TrialRecord) -> NoFitError:
+    """The one-line error of a job-level rehearsal failure, its fix last."""
+    found = record.rehearsal
+    assert found is not None  # job_failure's
+    fix = found.fix()
+    return NoFitError(
+        f"trial {record.number} trains within the budget, but its {found.describe()}"
+        + (f"; {fix}" if fix else "")
+    )
+
+
+def _rehearse_and_say(
+    run: RunContext,
+    record: TrialRecord,
+    events: RunEvents,
+    deadline: Deadline,
+    records: Sequence[TrialRecord],
+) -> Rehearsal:
+    """Rehearse `record`, keep it in the study and say it in one line; where the time
+    left is shorter than the rehearsal, say first that it runs past the budget, and
+    after, by how much it did."""
+    left = deadline.left()
+    planned = rehearsal_s(records, run.spec, record)
+    if left is not None and planned > left:
+        run.observer.on_plan(
+            f"rehearsal: trial {record.number}'s takes about {format_duration(planned)} and "
+            f"{format_duration(left)} of the time budget is left: it runs past the budget "
+            "(no config is exported unrehearsed)"
+        )
+    found = rehearse(run, record, events, records)
+    run.store.save_rehearsal(record.number, found)
+    over = deadline.over()
+    past = f" ({format_duration(over)} past the time budget)" if over >= 1.0 else ""
+    run.observer.on_plan(f"trial {record.number}: {found.describe()}{past}")
+    return found
 
 
 def expected_s(record: TrialRecord, spec: SearchSpec) -> float:
@@ -181,9 +226,13 @@ def checkpoint_bytes(spec: SearchSpec, candidate: Candidate) -> int:
     return trained * 4 + frozen + (0 if only_model else trained * state_bytes(candidate.optim))
 
 
-def reserved_s(records: list[TrialRecord], spec: SearchSpec, probe_s: float) -> float:
-    """The time exploring leaves the rehearsal before the export: the median rehearsal
-    of the configs that fit so far (a probe's time, `probe_s`, before any fits)."""
+def reserved_s(records: Sequence[TrialRecord], spec: SearchSpec, probe_s: float) -> float:
+    """The time exploring leaves the rehearsal before the export: the longest rehearsal
+    this study ran that passed (as measured, at the evaluation batch later ones start
+    from); before any, the median of what the configs that fit so far would take (a
+    probe's time, `probe_s`, before any fits)."""
+    if (measured := _measured_s(records)) is not None:
+        return measured
     fitting = [
         0.0 if checkpoint_room(r, spec) else expected_s(r, spec)
         for r in records
@@ -192,23 +241,42 @@ def reserved_s(records: list[TrialRecord], spec: SearchSpec, probe_s: float) -> 
     return statistics.median(fitting) if fitting else probe_s
 
 
+def rehearsal_s(records: Sequence[TrialRecord], spec: SearchSpec, record: TrialRecord) -> float:
+    """What rehearsing `record` is expected to take: as this study's rehearsals took,
+    else as its probe shows (`expected_s`)."""
+    measured = _measured_s(records)
+    return measured if measured is not None else expected_s(record, spec)
+
+
+def _measured_s(records: Sequence[TrialRecord]) -> float | None:
+    runs = [
+        r.rehearsal.seconds
+        for r in records
+        if r.rehearsal is not None and r.rehearsal.passed and r.rehearsal.seconds
+    ]
+    return max(runs) if runs else None
+
+
 def rehearse(
-    run: RunContext, record: TrialRecord, events: RunEvents, deadline: Deadline
+    run: RunContext, record: TrialRecord, events: RunEvents, records: Sequence[TrialRecord] = ()
 ) -> Rehearsal:
     """Rehearse `record`; where its evaluation runs out of memory, tune the evaluation
     batch: on a GPU, where the Trainer keeps the logits, accumulation that moves them to
     the host each step; then the largest of half the user's batch, a quarter, an eighth
     that fits. Where none does and the evaluation failed late in its pass with logits
-    kept, they pile up whatever the batch: `hopeless`, and said what would fit."""
+    kept, they pile up whatever the batch: `hopeless`, and said what would fit. It starts
+    at the evaluation settings an earlier rehearsal of the study (`records`) found to
+    fit, where theirs did not."""
     theirs = int(events.fields.get("per_device_eval_batch_size", DEFAULT_EVAL_BATCH))
     their_accumulation = events.fields.get("eval_accumulation_steps")
+    start, start_accumulation, found_by = _start(records, theirs, their_accumulation)
     tried: list[str] = []
 
     def attempt(batch: int, accumulation: Any) -> tuple[Rehearsal, bool]:
         fields = {**events.fields, "per_device_eval_batch_size": batch}
         if accumulation is not None:
             fields["eval_accumulation_steps"] = accumulation
-        found, logits_kept = _run(run, record, events, fields, deadline)
+        found, logits_kept = _run(run, record, events, fields)
         tuned = (batch, accumulation) != (theirs, their_accumulation)
         found = dataclasses.replace(
             found, eval_batch=batch, eval_accumulation=accumulation, tuned=tuned
@@ -219,28 +287,44 @@ def rehearse(
             )
         return found, logits_kept
 
-    found, logits_kept = attempt(theirs, their_accumulation)
+    found, logits_kept = attempt(start, start_accumulation)
     if not _evaluation_oom(found):
-        return found
-    accumulation = their_accumulation
+        return dataclasses.replace(found, note=found_by) if found_by else found
+    accumulation = start_accumulation
     if logits_kept and accumulation is None and run.spec.device.kind == DeviceKind.CUDA:
         accumulation = 1  # on the CPU the logits are in host memory already
-        found, _ = attempt(theirs, accumulation)
+        found, _ = attempt(start, accumulation)
         if not _evaluation_oom(found):
             return dataclasses.replace(found, note=_tried(tried))
     limit = run.spec.fit_limit_bytes
-    for batch in _halves(theirs):  # the largest that fits, from half of theirs
+    for batch in (b for b in _halves(theirs) if b < start):  # the largest that fits
         if logits_kept and _piles_past(found, limit):
             break
-        left = deadline.left()
-        if left is not None and expected_s(record, run.spec) > left:
-            return dataclasses.replace(
-                found, note=f"{_tried(tried)}; no time left to try a smaller evaluation batch"
-            )
         found, _ = attempt(batch, accumulation)
         if not _evaluation_oom(found):
             return dataclasses.replace(found, note=_tried(tried))
     return _none_fits(found, tried, logits_kept, limit)
+
+
+def _start(
+    records: Sequence[TrialRecord], theirs: int, their_accumulation: Any
+) -> tuple[int, Any, str]:
+    """Where a rehearsal starts: the largest evaluation batch an earlier rehearsal found
+    to fit below theirs (and its accumulation), with the note that says so; else theirs."""
+    found = [
+        (r.rehearsal.eval_batch, -r.number, r.rehearsal)
+        for r in records
+        if r.rehearsal is not None
+        and r.rehearsal.passed
+        and r.rehearsal.tuned
+        and r.rehearsal.eval_batch is not None
+    ]
+    if not found:
+        return theirs, their_accumulation, ""
+    batch, number, best = max(found, key=lambda f: (f[0], f[1]))
+    accumulation = f" x{best.eval_accumulation}" if best.eval_accumulation else ""
+    note = f"evaluation batch {batch}{accumulation}, found to fit by trial {-number}'s rehearsal"
+    return int(batch or theirs), best.eval_accumulation, note
 
 
 def _piles_past(found: Rehearsal, limit: int) -> bool:
@@ -290,14 +374,11 @@ def _evaluation_oom(found: Rehearsal) -> bool:
 
 
 def _run(
-    run: RunContext,
-    record: TrialRecord,
-    events: RunEvents,
-    fields: dict[str, Any],
-    deadline: Deadline,
+    run: RunContext, record: TrialRecord, events: RunEvents, fields: dict[str, Any]
 ) -> tuple[Rehearsal, bool]:
-    """One rehearsal child, timed out where the budget ends: its events, and whether
-    the Trainer kept the logits."""
+    """One rehearsal child, under the trial's own time limit (not the budget's: no
+    config is exported unrehearsed): its events, and whether the Trainer kept the
+    logits. An event the limit ended is cut, said with the limit."""
     batch = int(fields["per_device_eval_batch_size"])
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{batch}"
     config = run.trial_config(
@@ -310,23 +391,21 @@ def _run(
         "eval_samples": STAND_IN_EVAL_BATCHES * batch,
     }
     config = dataclasses.replace(config, rehearsal=plan)
-    left = deadline.left()
-    timeout = run.limits.trial_timeout_s if left is None else min(run.limits.trial_timeout_s, left)
-    result = run.launcher.run(config, timeout_s=max(1.0, timeout))
+    timeout = run.limits.trial_timeout_s
+    started = time.monotonic()
+    result = run.launcher.run(config, timeout_s=timeout)
+    seconds = round(result.phases_s.get("wall") or time.monotonic() - started, 3)
     text = _read(Path(config.trial_dir) / EVENTS_NAME)
-    failure = "oom" if result.outcome == Outcome.OOM else "error"
-    if result.outcome == Outcome.TIMEOUT and timeout < run.limits.trial_timeout_s:
-        failure = "cut"  # the time budget ended it, not the job
-    found = read_events(
-        text, failure=failure, peak_bytes=result.peak_memory_bytes, reason=result.reason
-    )
+    failure = {Outcome.OOM: "oom", Outcome.TIMEOUT: "cut"}.get(result.outcome, "error")
+    reason = f"--trial-timeout ({timeout:.0f} s)" if failure == "cut" else result.reason
+    found = read_events(text, failure=failure, peak_bytes=result.peak_memory_bytes, reason=reason)
     if result.outcome != Outcome.OK and not any(
         e.outcome in ("oom", "error", "cut") for e in found
     ):
         # failed before any event (building the job or its model): said on the first
-        why = "" if failure in ("oom", "cut") else result.reason
+        why = "" if failure == "oom" else reason
         found = (Event("train", failure, result.peak_memory_bytes, why), *found[1:])
-    return Rehearsal(found), _logits_kept(text)
+    return Rehearsal(found, seconds=seconds), _logits_kept(text)
 
 
 def _logits_kept(text: str) -> bool:

@@ -21,6 +21,7 @@ import optuna
 from autotune.core.enums import Objective, Outcome
 from autotune.core.errors import AutotuneError, StudyError
 from autotune.core.parity import Arithmetic
+from autotune.core.run_events import required
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialConfig, TrialRecord, TrialResult
 from autotune.core.units import format_duration
@@ -45,7 +46,13 @@ from autotune.tuning.parity import (
     parity_stop,
     run_s,
 )
-from autotune.tuning.rehearsal import RunEvents, rehearse_selected, reserved_s
+from autotune.tuning.rehearsal import (
+    failure_error,
+    job_failure,
+    rehearse_first,
+    rehearse_selected,
+    reserved_s,
+)
 from autotune.tuning.selection import (
     DRIFT,
     compare,
@@ -85,6 +92,8 @@ class SearchRun:
         self.probes = 0  # launched by this process
         self.started = time.monotonic()
         self.judge = functools.partial(verdict, spec=self.spec, implied=False)
+        # the config to export must pass a rehearsal (the run evaluates or saves)
+        self.rehearses = required(self.spec, limits.rehearse)
 
     # ---- exploring ------------------------------------------------------------------
 
@@ -106,6 +115,11 @@ class SearchRun:
         while True:
             self.store.recover_stale(self.judge)  # a dead worker's trial goes back in the queue
             recs = self.store.records()
+            failed = job_failure(recs) if self.rehearses else None
+            if failed is not None:  # no config would pass its rehearsal: stop now
+                return f"trial {failed.number}'s rehearsal failed in a way no config changes"
+            if rehearse_first(self, recs, end or deadline):  # checks first: where the run
+                continue  # evaluates, the first config that fits is rehearsed at once
             busy = self.store.in_flight()
             over = far_over_budget(self.spec, recs)
             proposal = self._proposal(recs, busy, over)
@@ -147,10 +161,8 @@ class SearchRun:
                 " (the rest is for confirmation)" if limits.confirm_top else ""
             )
         expected = probe_wall_s(recs)
-        events = RunEvents.of(self.spec)
         # the rehearsal before the export is left its time
-        rehearse = limits.rehearse and (events.evaluate or events.save)
-        rehearsal = reserved_s(recs, self.spec, expected) if rehearse else 0.0
+        rehearsal = reserved_s(recs, self.spec, expected) if self.rehearses else 0.0
         if end is not None and (left := end.left()) is not None and expected + rehearsal > left:
             also = " and the rehearsal" if rehearsal else ""
             return (
@@ -534,22 +546,32 @@ def run_search(
             run.take_over()
             share = limits.search_share if limits.confirm_top and confirm else 1.0
             stop = run.explore(deadline.share(share), wait_for_others=confirm, end=deadline)
-        if confirm:  # parity first: only configs that may be exported are confirmed
-            check = None
-            run.plan_parity(deadline, store.records(), final=True)  # if exploring did not
-            if run.limits.parity_check:  # within the time budget: exploring left them room
-                check = ParityCheck(run, run.limits)
-                check.settle(deadline)
-            unrehearsed = None
-            if run.limits.rehearse:  # before confirming: exploring left it its time
-                unrehearsed = rehearse_selected(run, deadline)
-            run.confirm(deadline)
-            if check is not None:  # confirmation may have reordered the finalists
-                check.settle(deadline)
-            if run.limits.rehearse:  # and so the config to export
-                rehearse_selected(run, deadline, said=unrehearsed)
+        if confirm:
+            _finish(run, deadline)
     finally:
         launcher.close()
     return SearchReport(
         store.name, tuple(store.records()), run.probes, time.monotonic() - started, stop
     )
+
+
+def _finish(run: SearchRun, deadline: Deadline) -> None:
+    """After exploring: a rehearsal failure no config changes is raised at once; then
+    parity (only configs that may be exported are confirmed), confirmation, parity again
+    (confirmation may reorder the finalists) within the time the rehearsal's reserve
+    leaves, and the rehearsal of the config to export, however late."""
+    store, rehearse = run.store, run.rehearses
+    if rehearse and (failed := job_failure(store.records())) is not None:
+        raise failure_error(failed)  # found while exploring: said at once
+    reserve = reserved_s(store.records(), store.spec, 0.0) if rehearse else 0.0
+    checks = deadline.less(reserve)
+    check = None
+    run.plan_parity(checks, store.records(), final=True)  # if exploring did not
+    if run.limits.parity_check:  # within the time budget: exploring left them room
+        check = ParityCheck(run, run.limits)
+        check.settle(checks)
+    run.confirm(checks)
+    if check is not None:
+        check.settle(checks)
+    if rehearse:  # none is exported unrehearsed
+        rehearse_selected(run, deadline)

@@ -16,6 +16,7 @@ from autotune.core.errors import NoFitError
 from autotune.core.parity import Arithmetic, changes
 from autotune.core.parity_verdict import Status
 from autotune.core.precisions import from_fields
+from autotune.core.run_events import required
 from autotune.core.spec import SearchSpec
 from autotune.core.stats import SpeedRatio, paired_ratio, quiet_step_s, speed_ratio
 from autotune.core.trial import Candidate, TrialRecord, TrialResult, Verdict
@@ -94,6 +95,21 @@ def exportable(record: TrialRecord) -> bool:
     if record.parity is not None and record.parity.blocks_export:
         return False
     return record.rehearsal is None or not record.rehearsal.blocks_export
+
+
+def select_export(
+    spec: SearchSpec,
+    records: Sequence[TrialRecord],
+    objective: Objective = Objective.THROUGHPUT,
+    *,
+    rehearse: bool = True,
+) -> TrialRecord | None:
+    """The record an export writes: `select_for` among the configs their rehearsal
+    cleared (it passed, or was not needed) where the run evaluates or saves, unless the
+    search was told --no-rehearse. No config is exported unrehearsed."""
+    if required(spec, rehearse):
+        records = [r for r in records if r.rehearsal is not None and r.rehearsal.clears]
+    return select_for(spec, records, objective)
 
 
 def select_for(
@@ -386,7 +402,7 @@ def _peak(record: TrialRecord) -> float:
     return float(record.result.peak_memory_bytes or 0)
 
 
-def nothing_fits(recs: list[TrialRecord], spec: SearchSpec) -> NoFitError:
+def nothing_fits(recs: list[TrialRecord], spec: SearchSpec, *, rehearse: bool = True) -> NoFitError:
     """The one-line report when no config fits: the smallest peak seen and what to try."""
     fits = fitting(recs, spec.fit_limit_bytes)
     failed = [r for r in fits if r.rehearsal is not None and r.rehearsal.blocks_export]
@@ -398,6 +414,14 @@ def nothing_fits(recs: list[TrialRecord], spec: SearchSpec) -> NoFitError:
             f"your run's evaluation and save; trial {first.number}'s "
             f"{first.rehearsal.describe()}; raise --memory-budget, or change the settings "
             "of that event in --base-args"
+        )
+    unrehearsed = select_for(spec, recs)
+    if unrehearsed is not None and required(spec, rehearse):  # fits, and not rehearsed yet
+        return NoFitError(
+            f"trial {unrehearsed.number} fits, but no config has been rehearsed against your "
+            "run's evaluation and checkpoint saves yet, and none is exported before it is: "
+            "run the search again (it resumes the study and rehearses it), or pass "
+            "--no-rehearse to it"
         )
     if fits:  # they fit, but none learns like the recipe
         return NoFitError(

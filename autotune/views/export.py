@@ -13,16 +13,24 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.enums import Objective, Task
-from autotune.core.errors import ExportError, NoFitError
+from autotune.core.errors import ExportError
 from autotune.core.files import write_all_atomic
 from autotune.core.parity import changes
 from autotune.core.parity_state import ParityState
+from autotune.core.run_events import RunEvents, required
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
 from autotune.hf.training_args import TUNED, merge, recipe, training_fields
 from autotune.hf.training_args import validate as check
 from autotune.tuning.parity import reference_for
-from autotune.tuning.selection import fitting, kept_note, ranked, select_for, unverified_note
+from autotune.tuning.rehearsal import failure_error, job_failure
+from autotune.tuning.selection import (
+    fitting,
+    kept_note,
+    ranked,
+    select_export,
+    unverified_note,
+)
 
 
 def sidecar_path(output: Path) -> Path:
@@ -77,13 +85,14 @@ def export_best(
     force: bool = False,
     parity: ParityState | None = None,
     all_records: Sequence[TrialRecord] = (),
+    rehearse: bool = True,
 ) -> Path:
     """Write the arguments JSON and its sidecar atomically; returns the arguments path.
 
     The arguments are exactly what the probe ran (`recipe`). `validate` parses them with
     HfArgumentParser first (the search does, with transformers loaded); `autotune export`
     writes what the probe already ran, without importing transformers."""
-    arguments = {**recipe(spec, record.candidate), **evaluation_arguments(record)}
+    arguments = exported_arguments(spec, record)
     kept = previous_export(output, force=force)
     # the user's own run (output_dir, max_steps, ...) and what they added to an earlier
     # export stay
@@ -100,7 +109,7 @@ def export_best(
         )
     summary = {
         **_summary(record, spec, study_name, runners_up, objective),
-        "parity": parity_summary(record, spec, all_records, parity),
+        "parity": parity_summary(record, spec, all_records, parity, rehearse=rehearse),
         "arguments": arguments,
         "your_arguments": spec.kept_arguments,  # written back from --base-args
         "model_arguments": record.candidate.model_arguments(),
@@ -131,18 +140,15 @@ def export_selected(
     validate: bool,
     force: bool = False,
     parity: ParityState | None = None,
+    rehearse: bool = True,
 ) -> TrialRecord | None:
-    """Select the best of a study's records and export it; None when nothing fits.
-    NoFitError where a rehearsal found the user's evaluation fits at no evaluation
-    batch (no config's would: none is exported)."""
-    hopeless = next((r for r in records if r.rehearsal and r.rehearsal.hopeless), None)
-    passed = any(r.rehearsal is not None and r.rehearsal.passed for r in records)
-    if hopeless is not None and hopeless.rehearsal is not None and not passed:
-        raise NoFitError(
-            f"trial {hopeless.number} trains within the budget, but its "
-            f"{hopeless.rehearsal.describe()}"
-        )
-    best = select_for(spec, records, objective)
+    """Select the best of a study's records that its rehearsal cleared (`rehearse`:
+    where the run evaluates or saves; False: searched with --no-rehearse) and export it;
+    None when nothing does. NoFitError, its fix last, where a rehearsal failed in a way
+    no config changes (none is exported)."""
+    if required(spec, rehearse) and (failed := job_failure(records)) is not None:
+        raise failure_error(failed)
+    best = select_export(spec, records, objective, rehearse=rehearse)
     if best is None:
         return None
     others = [r for r in ranked(fitting(records, spec.fit_limit_bytes)) if r != best][:3]
@@ -157,6 +163,7 @@ def export_selected(
         force=force,
         parity=parity,
         all_records=records,
+        rehearse=rehearse,
     )
     return best
 
@@ -166,10 +173,13 @@ def parity_summary(
     spec: SearchSpec,
     records: Sequence[TrialRecord],
     state: ParityState | None,
+    *,
+    rehearse: bool = True,
 ) -> dict[str, Any]:
     """What the exported config changes against the user's recipe, split into what keeps
     the arithmetic of training and what alters it, with the parity verdict on the latter,
-    and why a change parity did not verify was exported anyway (its significant gain)."""
+    why a change parity did not verify was exported anyway (its significant gain), and
+    its rehearsal (or the one reason it has none)."""
     reference = reference_for(spec, records, state)
     found = changes(reference, record.candidate)
     parity = record.parity
@@ -183,27 +193,26 @@ def parity_summary(
         "kept_arithmetic": kept_note(spec, records, record),
         "tolerance": state.tolerance.describe() if state and state.tolerance else None,
         "steps": state.steps if state else None,
-        "rehearsal": record.rehearsal.describe() if record.rehearsal else NOT_REHEARSED,
+        "rehearsal": rehearsal_line(record, spec, rehearse=rehearse),
     }
 
 
-NOT_REHEARSED = (
-    "rehearsal: not run for this config (your run neither evaluates nor saves checkpoints, "
-    "--no-rehearse, no time left within the budget, or the configs rehearsed before it "
-    "failed: see `autotune show`)"
-)
+def rehearsal_line(record: TrialRecord, spec: SearchSpec, *, rehearse: bool) -> str:
+    """The config's rehearsal, or the one reason it has none."""
+    if record.rehearsal is not None:
+        return record.rehearsal.describe()
+    if not RunEvents.of(spec).any:
+        return "rehearsal: not needed: your run neither evaluates nor saves checkpoints"
+    if not rehearse:
+        return "rehearsal: skipped (--no-rehearse): not checked against your evaluation and saves"
+    return "rehearsal: not run yet for this config (none is exported before it is)"
 
 
-def evaluation_arguments(record: TrialRecord) -> dict[str, Any]:
-    """The evaluation settings its rehearsal tuned (the user's did not fit), exported
-    with the config; {} where theirs fit or it was not rehearsed."""
-    found = record.rehearsal
-    if found is None or not found.tuned or found.blocks_export:
-        return {}
-    tuned: dict[str, Any] = {"per_device_eval_batch_size": found.eval_batch}
-    if found.eval_accumulation is not None:
-        tuned["eval_accumulation_steps"] = found.eval_accumulation
-    return tuned
+def exported_arguments(spec: SearchSpec, record: TrialRecord) -> dict[str, Any]:
+    """What the export writes for `record` (before the user's own fields are kept):
+    what its probe ran, and the evaluation settings its rehearsal tuned."""
+    tuned = record.rehearsal.exported_fields() if record.rehearsal else {}
+    return {**recipe(spec, record.candidate), **tuned}
 
 
 NOT_CHECKED = "training parity not checked (searched with --parity off)"

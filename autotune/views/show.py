@@ -16,7 +16,7 @@ from autotune.core.trial import TrialRecord
 from autotune.core.units import format_size
 from autotune.hf.training_args import study_arguments
 from autotune.tuning import predicted_peak, process_bytes
-from autotune.tuning.selection import ranked, select_for
+from autotune.tuning.selection import ranked, select_export
 from autotune.views.summary import change_lines
 
 GIB = float(2**30)
@@ -90,9 +90,11 @@ def _as_loaded(record: TrialRecord) -> str:
 
 
 def trial_rows(
-    records: Sequence[TrialRecord], spec: SearchSpec, objective: Objective
+    records: Sequence[TrialRecord], spec: SearchSpec, objective: Objective, *, rehearse: bool = True
 ) -> list[TrialRow]:
-    best = select_for(spec, records, objective)
+    """A row a trial, best first: the best is what an export would write (`rehearse`:
+    among the configs their rehearsal cleared, where the run evaluates or saves)."""
+    best = select_export(spec, records, objective, rehearse=rehearse)
     rows = []
     process = process_bytes(spec.device.kind, records)
     for record in ranked(records):

@@ -61,9 +61,10 @@ def test_a_rehearsal_that_fits_says_each_events_peak_and_what_it_skipped() -> No
     assert Rehearsal.from_json(found.to_json()) == found
 
 
-def test_only_running_out_of_memory_keeps_a_config_from_the_export() -> None:
-    """An error in the user's metric or a timeout is the job's, the same for every
-    config: said with the export, not a reason to export another config."""
+def test_only_running_out_of_memory_rules_a_config_out_an_error_is_the_jobs() -> None:
+    """Running out of memory is the config's: the next is rehearsed. An error in the
+    user's metric is the job's, the same for every config: no other config is tried, the
+    search stops with it and says what to do."""
     from helpers import cand, rec
 
     from autotune.tuning.selection import exportable
@@ -72,6 +73,7 @@ def test_only_running_out_of_memory_keeps_a_config_from_the_export() -> None:
     error = Rehearsal((Event("train", "ok", GIB), Event("evaluation", "error", GIB, "KeyError")))
     assert oom.blocks_export and not error.blocks_export and not error.passed
     assert "failed (KeyError) at evaluation" in error.describe()
+    assert error.job_level and not oom.job_level and "--no-rehearse" in error.fix()
     assert not exportable(dataclasses.replace(rec(0, cand(8)), rehearsal=oom))
     assert exportable(dataclasses.replace(rec(0, cand(8)), rehearsal=error))
 

@@ -66,7 +66,10 @@ def test_an_evaluation_past_the_budget_gets_a_batch_that_fits_and_trains_in_thei
     """Their compute_metrics keeps every batch's logits, and at their evaluation batch of
     64 the evaluation runs out of memory where training fits: the rehearsal finds a
     smaller batch that fits, the export carries it, and their own script, reading the
-    export, evaluates every 5 steps and saves every 4 for 10 steps under the same limit."""
+    export, evaluates every 5 steps and saves every 4 for 10 steps under the same limit.
+    A time budget spent by the survey and the probe leaves the rehearsal no time: it runs
+    past the budget and says so (it once was skipped, and the export, unrehearsed, kept
+    the batch of 64 that dies at their first evaluation)."""
     args = {**EVALUATES, "save_strategy": "steps", "save_steps": 4}
     (job.parent / "evaluates.json").write_text(json.dumps(args))
     done = autotune(
@@ -79,14 +82,24 @@ def test_an_evaluation_past_the_budget_gets_a_batch_that_fits_and_trains_in_thei
         "--memory-budget",
         BUDGET,
         *ONE_CONFIG,
+        "--time-budget",
+        "10s",
         "--study",
         "evaluates",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     said = "rehearsal: before the export, the config to export runs your evaluation and a "
-    assert said + "checkpoint save and resume" in done.stdout
+    assert said + "checkpoint save and resume under the budget" in done.stdout
+    assert "trial 0, the first config that fits, runs your evaluation now" in done.stdout
+    assert "it runs past the budget (no config is exported unrehearsed)" in done.stdout
     assert "trial 0: rehearsal: fits (train " in done.stdout
     assert "out of memory with evaluation batch 64" in done.stdout
+    assert "past the time budget)" in done.stdout
+    assert (
+        "rehearsal: not run" not in done.stdout and "0 is exported unrehearsed" not in done.stdout
+    )
+    summary = json.loads((job.parent / "studies" / "evaluates.best.summary.json").read_text())
+    assert summary["parity"]["rehearsal"].startswith("rehearsal: fits (train")
     exported = job.parent / "studies" / "evaluates.best.json"
     batch = json.loads(exported.read_text())["per_device_eval_batch_size"]
     assert 1 <= batch < 64
@@ -105,16 +118,20 @@ def test_an_evaluation_past_the_budget_gets_a_batch_that_fits_and_trains_in_thei
     }
 
 
-def test_an_evaluation_that_fits_at_no_batch_is_refused_with_what_would(
+def test_an_evaluation_that_fits_at_no_batch_stops_the_search_at_its_first_fit(
     job: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An evaluation set four times as large: the training still fits, but the logits it
-    keeps do not, at their batch nor at any smaller one, which a pass's growth shows:
-    nothing is exported, and the error says what would fit."""
+    keeps do not, at their batch nor at any smaller one, which a pass's growth shows.
+    The first config that fits rehearses it at once: the search stops there, with three
+    minutes of budget and more configs left to probe, nothing is exported, and the last
+    line says what would fit (it once explored on for the whole budget first)."""
     rows = (job.parent / "eval.jsonl").read_text()
     (job.parent / "eval-x4.jsonl").write_text(4 * rows)
     monkeypatch.setenv("JOB_EVAL", "eval-x4.jsonl")
     (job.parent / "tight.json").write_text(json.dumps(EVALUATES))
+    # two precisions, four probes allowed: the search had more to explore
+    configs = [("fp32,bf16" if a == "fp32" else a) for a in ONE_CONFIG[:-2]]
     done = autotune(
         job.parent,
         "search",
@@ -124,11 +141,23 @@ def test_an_evaluation_that_fits_at_no_batch_is_refused_with_what_would(
         "tight.json",
         "--memory-budget",
         BUDGET,
-        *ONE_CONFIG,
+        *configs,
+        "--max-trials",
+        "4",
+        "--time-budget",
+        "3m",
         "--study",
         "tight",
     )
     assert done.returncode != 0, done.stdout
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith("(preprocess_logits_for_metrics, e.g. an argmax)")
+    )
+    assert "trial 0, the first config that fits, runs your evaluation now" in done.stdout
+    assert "(probe 1 of 4)" in done.stdout
+    assert "trial 1" not in done.stdout, done.stdout  # no probe after the rehearsal
     assert "rehearsal: out of memory at evaluation at a peak of" in done.stderr, done.stderr
     assert "of the way through" in done.stderr  # late in the pass: the logits piling up
     # a pass that shows the logits' growth (at 64 or 32) ends the halving: no eighth

@@ -12,7 +12,6 @@ from helpers import SPEC, cand, rec
 
 from autotune.core.rehearsal import Event, Rehearsal
 from autotune.core.trial import TrialRecord
-from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import SearchLimits
 from autotune.tuning.rehearsal import (
     SAVE_BYTES_PER_S,
@@ -22,7 +21,6 @@ from autotune.tuning.rehearsal import (
     checkpoint_room,
     expected_s,
     plan_line,
-    rehearse_selected,
     reserved_s,
 )
 
@@ -54,28 +52,6 @@ def test_a_smaller_evaluation_batch_is_half_a_quarter_then_an_eighth_of_theirs()
     assert _halves(64) == [32, 16, 8]
     assert _halves(5) == [2, 1]
     assert _halves(1) == []
-
-
-def test_a_config_left_unrehearsed_for_want_of_time_is_said_once() -> None:
-    """The search tries the rehearsal before confirming and again after; a config the
-    time left cannot rehearse is announced the first time only."""
-    said: list[str] = []
-    probe = rec(0, cand(8), peak_gib=7.0)  # its checkpoint would not fit beside it
-    timed = dataclasses.replace(
-        probe, result=dataclasses.replace(probe.result, phases_s={"wall": 30.0})
-    )
-    big = dataclasses.replace(SPEC, parameters=10**9)
-    run = types.SimpleNamespace(
-        spec=big,
-        store=types.SimpleNamespace(records=lambda: [timed]),
-        limits=SearchLimits(),
-        observer=types.SimpleNamespace(on_plan=said.append),
-    )
-    nearly_over = Deadline.after(5.0)
-    first = rehearse_selected(run, nearly_over)  # type: ignore[arg-type]
-    assert first == 0 and len(said) == 1 and "trial 0 is exported unrehearsed" in said[0]
-    assert rehearse_selected(run, nearly_over, said=first) == 0  # type: ignore[arg-type]
-    assert len(said) == 1
 
 
 def _probed(phases: dict[str, float], peak_gib: float = 1.0) -> TrialRecord:
@@ -136,16 +112,19 @@ def test_a_save_whose_whole_checkpoint_fits_beside_the_peak_is_not_rehearsed() -
     assert checkpoint_bytes(held, probe.candidate) == 2 * 10**9 + 10**6 * (4 + 8)
 
 
-def test_a_rehearsal_the_time_budget_ends_is_cut_not_failed() -> None:
-    """An event the budget's end stopped neither fails nor fits: said as cut, with what
-    fit before it, and it keeps no config from the export."""
+def test_a_rehearsal_its_time_limit_ends_is_cut_and_no_config_would_pass() -> None:
+    """An event the trial's time limit stopped neither fits nor ran out of memory: said
+    as cut, with the limit and what fit before it. A pass over their evaluation set
+    takes as long whatever the config: the job's failure, with its fix."""
     train = Event("train", "ok", 2**30)
-    cut = Rehearsal((train, Event("save", "ok", 2**30), Event("resume", "cut")))
-    assert (
-        cut.describe()
-        == "rehearsal: cut by the time budget at resume (train 1.00 GiB; save 1.00 GiB fit)"
+    cut = Rehearsal(
+        (train, Event("save", "ok", 2**30), Event("resume", "cut", reason="--trial-timeout (9 s)"))
     )
-    assert not cut.blocks_export and not cut.passed and cut.failed is None
+    assert cut.describe() == (
+        "rehearsal: cut at resume by --trial-timeout (9 s) (train 1.00 GiB; save 1.00 GiB fit)"
+    )
+    assert not cut.blocks_export and not cut.passed and not cut.clears and cut.failed is None
+    assert cut.job_level and cut.fix().startswith("raise --trial-timeout")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,13 +133,12 @@ class _Config:  # what a rehearsal child is handed, as far as _run reads it
     rehearsal: dict[str, object] | None = None
 
 
-@pytest.mark.parametrize(("left_s", "said"), [(4.0, "cut"), (None, "error")])
-def test_a_rehearsal_timed_out_by_the_budgets_end_is_cut_by_its_own_limit_failed(
-    tmp_path: Path, left_s: float | None, said: str
+def test_a_rehearsal_runs_under_the_trials_limit_not_what_is_left_of_the_budget(
+    tmp_path: Path,
 ) -> None:
     """The child wrote that the train and save events ended and the resume started, then
-    was killed at its timeout: where the time budget's end set that timeout the resume
-    is cut (the job did nothing wrong); at the trial's own limit, the job failed."""
+    was killed at its timeout: the trial's own, never the few seconds the budget had
+    left (a rehearsal the budget cut let an unrehearsed config be exported)."""
     from autotune.core.enums import Outcome
     from autotune.core.rehearsal import EVENTS_NAME
     from autotune.core.trial import TrialResult
@@ -178,23 +156,22 @@ def test_a_rehearsal_timed_out_by_the_budgets_end_is_cut_by_its_own_limit_failed
     def launched(config: _Config, timeout_s: float) -> TrialResult:
         timeouts.append(timeout_s)
         (tmp_path / EVENTS_NAME).write_text("".join(json.dumps(e) + "\n" for e in events))
-        return TrialResult(Outcome.TIMEOUT, reason=f"timeout after {timeout_s:.0f} s")
+        return TrialResult(
+            Outcome.TIMEOUT, reason=f"timeout after {timeout_s:.0f} s", phases_s={"wall": 9.5}
+        )
 
     run = types.SimpleNamespace(
-        limits=SearchLimits(),
+        limits=SearchLimits(trial_timeout_s=9.0),
         launcher=types.SimpleNamespace(run=launched),
         trial_config=lambda *args, **kwargs: _Config(str(tmp_path)),
     )
-    deadline = Deadline(None) if left_s is None else Deadline.after(left_s)
     saving = RunEvents.of(SPEC)
     fields = {**saving.fields, "per_device_eval_batch_size": 8}
-    found, _ = _run(run, rec(0, cand(8)), saving, fields, deadline)  # type: ignore[arg-type]
-    assert [e.outcome for e in found.events] == ["ok", "not reached", "ok", said]
-    if said == "cut":
-        assert timeouts[0] <= 4.0
-        assert found.describe().startswith("rehearsal: cut by the time budget at resume")
-    else:
-        assert found.describe().startswith("rehearsal: failed (timeout after")
+    found, _ = _run(run, rec(0, cand(8)), saving, fields)  # type: ignore[arg-type]
+    assert timeouts == [9.0]
+    assert [e.outcome for e in found.events] == ["ok", "not reached", "ok", "cut"]
+    assert found.describe().startswith("rehearsal: cut at resume by --trial-timeout (9 s)")
+    assert found.seconds == 9.5
 
 
 def _evaluating(tmp_path: Path, pile: float) -> tuple[types.SimpleNamespace, list[int]]:
@@ -250,7 +227,7 @@ def test_logits_that_pile_past_the_budget_stop_the_halving_at_the_first_pass_tha
 
     run, batches = _evaluating(tmp_path, pile=0.9)
     events = RunEvents.of(run.spec)
-    found = rehearse(run, rec(0, cand(8)), events, Deadline(None))  # type: ignore[arg-type]
+    found = rehearse(run, rec(0, cand(8)), events)  # type: ignore[arg-type]
     assert batches == [64]
     assert found.hopeless and found.blocks_export
     assert "out of memory with evaluation batch 64: the logits your compute_metrics keeps " in (
@@ -269,7 +246,7 @@ def test_a_pass_that_ends_near_the_budget_still_halves_to_a_batch_that_fits(
 
     run, batches = _evaluating(tmp_path, pile=0.25)
     events = RunEvents.of(run.spec)
-    found = rehearse(run, rec(0, cand(8)), events, Deadline(None))  # type: ignore[arg-type]
+    found = rehearse(run, rec(0, cand(8)), events)  # type: ignore[arg-type]
     assert batches == [64, 32]
     assert found.passed and found.tuned and found.eval_batch == 32
     assert found.note == "out of memory with evaluation batch 64"
