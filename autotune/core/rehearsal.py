@@ -36,7 +36,8 @@ class Event:
     reason: str = ""
     done: float | None = None  # the evaluation: the share of its batches done (a failure)
     # the evaluation: the peak its pass would end at, its peak's growth with the batches
-    # done (its progress marks) carried to the end: what no smaller batch lowers
+    # done (its progress marks) carried to the end, or what it held at its start and the
+    # logits kept of each sample times its samples: what no smaller batch lowers
     pass_end_bytes: int | None = None
 
 
@@ -158,10 +159,14 @@ def read_events(
     """The events the child wrote (a JSON object a line: `{"event", "state", ...}`). An
     event started and never ended is the one the process failed in, as `failure` says
     ("oom" or "error": how the run ended; "cut": its time limit ended it), at the
-    process's `peak_bytes` (read after it failed; else the peak when the event started)."""
+    process's `peak_bytes` (read after it failed; else the peak when the event started).
+    Where an evaluation failed, the peak its pass would end at: its progress marks'
+    growth carried to the end (`pass_end`), or, where more, what it held at its start
+    and the logits it keeps of each sample times its samples (a floor: lines "kept")."""
     started: dict[str, dict[str, Any]] = {}
     done: dict[str, Event] = {}
     progress: dict[str, list[tuple[float, int]]] = {}
+    kept: dict[str, int] = {}  # an event's floor: what it holds at its start + all it keeps
     for line in text.splitlines():
         try:
             raw = json.loads(line)
@@ -173,6 +178,10 @@ def read_events(
         elif state == "progress":
             mark = (float(raw.get("done", 0.0)), int(raw.get("peak_bytes") or 0))
             progress.setdefault(name, []).append(mark)
+        elif state == "kept" and name in started:
+            held = int(started[name].get("held_bytes") or 0)
+            each, samples = int(raw.get("bytes_per_sample") or 0), int(raw.get("samples") or 0)
+            kept[name] = held + each * samples if held else 0
         elif state == "end":
             done[name] = Event(name, "ok", raw.get("peak_bytes"))
         elif state == "skipped":
@@ -188,7 +197,8 @@ def read_events(
             why = "" if failure == "oom" else reason
             marks = progress.get(name, [])
             done_share = marks[-1][0] if marks else 0.0
-            events.append(Event(name, failure, peak, why, done_share, pass_end(marks)))
+            end = max(pass_end(marks) or 0, kept.get(name, 0)) or None
+            events.append(Event(name, failure, peak, why, done_share, end))
         else:
             events.append(Event(name, "not reached"))
     return tuple(events)

@@ -42,6 +42,7 @@ class Events(TrainerCallback):
         self.kind, self.index = config.device_kind, index
         self.evaluate, self.save = evaluate, save
         self.predicted = 0  # evaluation batches done
+        self.kept_per_sample = 0  # the most bytes of logits kept for one sample so far
 
     def mark(self, event: str, state: str, **extra: Any) -> None:
         if os.environ.get("RANK", "0") != "0":  # a DDP run: rank 0 writes the events
@@ -55,8 +56,8 @@ class Events(TrainerCallback):
             return
         self.mark("train", "end")
         control.should_evaluate, control.should_save = self.evaluate, self.save
-        if self.evaluate:
-            self.mark("evaluation", "start")
+        if self.evaluate:  # what the pass starts from: held now, not the steps' peak
+            self.mark("evaluation", "start", held_bytes=hardware.footprint(self.kind, self.index))
         elif self.save:
             self.mark("save", "start")
 
@@ -77,6 +78,54 @@ class Events(TrainerCallback):
         self.predicted += 1
         if total and self.predicted * 10 // total != (self.predicted - 1) * 10 // total:
             self.mark("evaluation", "progress", done=round(self.predicted / total, 3))
+
+    def count_kept(self, trainer: Any, piled: bool) -> None:
+        """Where the Trainer keeps the logits on the budget's device to the pass's end
+        (`piled`: on the CPU, or a GPU without eval_accumulation_steps), measure what it
+        keeps of each sample as it goes (through preprocess_logits_for_metrics: theirs,
+        or one that keeps the logits as they are): the pass then holds that for every
+        sample of their evaluation set, a floor no evaluation batch lowers."""
+        if not piled or trainer.eval_dataset is None:
+            return
+        theirs = trainer.preprocess_logits_for_metrics
+        samples = _samples(trainer.eval_dataset)
+
+        def measured(logits: Any, labels: Any) -> Any:
+            kept = theirs(logits, labels) if theirs is not None else logits
+            rows = _rows(kept)
+            per_sample = _bytes(kept) // rows if rows else 0
+            if per_sample > self.kept_per_sample:
+                self.kept_per_sample = per_sample
+                self.mark("evaluation", "kept", bytes_per_sample=per_sample, samples=samples)
+            return kept
+
+        trainer.preprocess_logits_for_metrics = measured
+
+
+def _bytes(kept: Any) -> int:
+    """The bytes of the tensors in what the Trainer keeps of a batch (nested alike)."""
+    if isinstance(kept, list | tuple):
+        return sum(_bytes(k) for k in kept)
+    if isinstance(kept, dict):
+        return sum(_bytes(k) for k in kept.values())
+    return int(kept.numel() * kept.element_size()) if hasattr(kept, "numel") else 0
+
+
+def _rows(kept: Any) -> int:
+    """The samples in a batch of what is kept: its first tensor's leading dimension."""
+    if isinstance(kept, list | tuple):
+        return next((r for k in kept if (r := _rows(k))), 0)
+    if isinstance(kept, dict):
+        return next((r for k in kept.values() if (r := _rows(k))), 0)
+    shape = getattr(kept, "shape", ())
+    return int(shape[0]) if len(shape) else 0
+
+
+def _samples(dataset: Any) -> int:
+    """The samples of an evaluation set (of every set, where it is a dict of them)."""
+    if isinstance(dataset, dict):
+        return max((_samples(d) for d in dataset.values()), default=0)
+    return len(dataset) if hasattr(dataset, "__len__") else 0
 
 
 def rehearse(config: TrialConfig, model: Any, recipe: dict[str, Any], index: int) -> TrialResult:
@@ -106,6 +155,8 @@ def rehearse(config: TrialConfig, model: Any, recipe: dict[str, Any], index: int
         )
         if os.environ.get("RANK", "0") == "0":
             append_line(events.path, json.dumps({"logits_kept": keeps}))
+        on_device = config.device_kind != "cuda" or args.eval_accumulation_steps is None
+        events.count_kept(trainer, keeps and evaluate and on_device)
         events.mark("train", "start")
         trainer.train()
         # the stand-in's model trains on; the user's factory builds theirs again, and the

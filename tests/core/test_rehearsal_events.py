@@ -98,3 +98,20 @@ def test_an_evaluations_progress_marks_say_where_its_pass_would_end() -> None:
     )
     failed = Rehearsal(read_events(text, failure="oom", peak_bytes=GIB)).failed
     assert failed == Event("evaluation", "oom", GIB, done=0.4, pass_end_bytes=1600 * MIB)
+
+
+def test_the_logits_kept_of_each_sample_set_a_floor_on_the_passs_end() -> None:
+    """A pass that died at its first tenth says nothing by its marks; but it held 1 GiB
+    when it started and keeps 4 MiB of logits a sample for 512 samples: it would end at
+    3 GiB at least, whatever the batch. Without what it held at its start, no floor."""
+    text = lines(
+        {"event": "train", "state": "end", "peak_bytes": 2 * GIB},
+        {"event": "evaluation", "state": "start", "peak_bytes": 2 * GIB, "held_bytes": GIB},
+        {"event": "evaluation", "state": "kept", "bytes_per_sample": 2 * MIB, "samples": 512},
+        {"event": "evaluation", "state": "kept", "bytes_per_sample": 4 * MIB, "samples": 512},
+        {"event": "evaluation", "state": "progress", "done": 0.1, "peak_bytes": 2 * GIB},
+    )
+    failed = Rehearsal(read_events(text, failure="oom", peak_bytes=2 * GIB)).failed
+    assert failed is not None and failed.pass_end_bytes == 3 * GIB
+    unheld = text.replace(', "held_bytes": 1073741824', "")
+    assert Rehearsal(read_events(unheld, failure="oom")).failed.pass_end_bytes is None  # type: ignore[union-attr]

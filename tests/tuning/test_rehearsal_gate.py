@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from helpers import SPEC, cand, rec
 
-from autotune.core.enums import Outcome
+from autotune.core.enums import Objective, Outcome
 from autotune.core.errors import NoFitError
 from autotune.core.rehearsal import EVENTS_NAME, Event, Rehearsal
 from autotune.core.trial import TrialRecord, TrialResult
@@ -199,6 +199,20 @@ def test_later_rehearsals_start_at_the_evaluation_batch_found_to_fit(tmp_path: P
     assert chosen is not None and chosen.number == 2 and chosen.rehearsal is not None
     assert chosen.rehearsal.exported_fields() == {"per_device_eval_batch_size": 32}
     assert "found to fit by trial 1's rehearsal" in chosen.rehearsal.note
+
+
+@pytest.mark.parametrize("objective", list(Objective))
+@pytest.mark.parametrize("train_steps", [0, 1000])
+def test_every_objective_exports_through_the_same_gate(
+    objective: Objective, train_steps: int
+) -> None:
+    """Throughput, efficiency and the time to finish the user's run alike: the faster,
+    leaner config unrehearsed is not the export; the rehearsed one is."""
+    spec = dataclasses.replace(EVALUATES, train_steps=train_steps)
+    slow = dataclasses.replace(rec(0, cand(8), sps=10.0, peak_gib=1.5), rehearsal=PASSED)
+    fast = rec(1, cand(16), sps=20.0, peak_gib=1.0)
+    chosen = select_export(spec, [slow, fast], objective)
+    assert chosen is not None and chosen.number == 0
 
 
 def test_no_config_is_exported_unrehearsed_where_the_run_evaluates_or_saves() -> None:
