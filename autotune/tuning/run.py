@@ -20,7 +20,6 @@ import optuna
 
 from autotune.core.enums import Objective, Outcome
 from autotune.core.errors import AutotuneError, StudyError
-from autotune.core.parity import Arithmetic
 from autotune.core.run_events import required
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialConfig, TrialRecord, TrialResult
@@ -54,8 +53,8 @@ from autotune.tuning.rehearsal import (
     reserved_s,
 )
 from autotune.tuning.selection import (
-    DRIFT,
     compare,
+    decided,
     duel_pair,
     exportable,
     fitting,
@@ -63,7 +62,6 @@ from autotune.tuning.selection import (
     keeping_twin,
     ranked,
     select_for,
-    settled,
     verdict,
 )
 from autotune.tuning.time_plan import plan_parity
@@ -397,9 +395,8 @@ class SearchRun:
             ratio = compare(a, b)
             together = len(dict(a.rounds).keys() & dict(b.rounds).keys())
             left = deadline.left()
-            alike = Arithmetic.of(a.candidate) == Arithmetic.of(b.candidate)
             if (
-                settled(ratio, 0.0 if alike else DRIFT)
+                decided(a, b, self.spec, self.limits.objective)
                 or together >= most
                 or (left is not None and self._confirm_s(a) + self._confirm_s(b) > left)
             ):

@@ -4,7 +4,8 @@ keeps the user's arithmetic, then the least memory.
 Fastest by the quiet step time (core/stats.py: the lower quartile of the measured steps,
 which a slow spell of the host moves least); the figures shown stay the medians. A
 change of precision or optimizer that parity did not verify is exported only when it is
-significantly faster than the best config that keeps the recipe's arithmetic."""
+significantly faster than the best config that keeps the recipe's arithmetic, in paired
+rounds."""
 
 from __future__ import annotations
 
@@ -25,10 +26,6 @@ from autotune.core.units import format_size
 MIN_NOISE = 0.01  # two configs closer than 1% are a tie even when both measured tight
 MAX_NOISE = 0.10  # a noisy measurement never makes a config >10% slower count as a tie
 RESOLVED = 0.02  # paired rounds whose interval lies within 1 +- this: a tie, settled
-# Runs not side by side drift apart by more than their steps vary: the same config read
-# 22% apart in its probe and its confirmation on an H100, 20-30% on a 2-core host, 39%
-# once. A gain from such runs, not paired rounds, must clear this to be significant
-DRIFT = 0.25
 GIB = float(2**30)
 
 
@@ -86,7 +83,22 @@ def select_best(
     if not keeping:
         return chosen  # nothing keeps their arithmetic: the change, unverified, and said so
     alternative = _best_of(keeping, objective, train_steps, recipe)
-    return chosen if significant(chosen, alternative, objective) else alternative
+    return chosen if significant(chosen, alternative, objective, train_steps) else alternative
+
+
+def leader(
+    spec: SearchSpec,
+    records: Sequence[TrialRecord],
+    objective: Objective = Objective.THROUGHPUT,
+) -> TrialRecord | None:
+    """The config selection would export if every gain it read were confirmed: the best,
+    a tie going to the recipe's arithmetic, before an unverified change must show its
+    gain in paired rounds. Where it changes the arithmetic unverified, the rounds that
+    decide are between it and the best that keeps the arithmetic (`duel_pair`)."""
+    pool = [r for r in fitting(records, spec.fit_limit_bytes) if exportable(r)]
+    if not pool:
+        return None
+    return _best_of(pool, objective, spec.train_steps, recipe_arithmetic(spec))
 
 
 def exportable(record: TrialRecord) -> bool:
@@ -179,32 +191,70 @@ def compare(faster: TrialRecord, slower: TrialRecord) -> SpeedRatio | None:
 def duel_pair(
     spec: SearchSpec, pool: Sequence[TrialRecord], objective: Objective
 ) -> tuple[TrialRecord, TrialRecord] | None:
-    """The two finalists the export hinges on: the one selection would export, and the
-    best that keeps the recipe's arithmetic where the export changes it unverified
-    (whether its gain is significant decides), else the fastest other config (whether
-    it ties decides). None with fewer than two, or ranking by efficiency (the peak, not
-    only the speed, decides there)."""
+    """The two finalists the export hinges on: where the leader (`leader`) changes the
+    recipe's arithmetic unverified, it and the best config that keeps the arithmetic
+    (whether its gain, confirmed in paired rounds, is significant decides: under every
+    objective); else the config selection exports and the fastest other (whether they
+    tie decides: by throughput alone, as the peak, not only the speed, decides under
+    the others). None with fewer than two."""
+    recipe = recipe_arithmetic(spec)
+    ahead = leader(spec, pool, objective)
+    if ahead is None:
+        return None
+    keeping = [r for r in pool if Arithmetic.of(r.candidate) == recipe and r != ahead]
+    if not verified(ahead, recipe) and keeping:
+        return ahead, _best_of(keeping, objective, spec.train_steps, recipe)
     chosen = select_for(spec, pool, objective)
     if chosen is None or objective != Objective.THROUGHPUT or spec.train_steps:
         return None
-    recipe = recipe_arithmetic(spec)
-    keeping = [r for r in pool if Arithmetic.of(r.candidate) == recipe and r != chosen]
-    if not verified(chosen, recipe) and keeping:
-        return chosen, _best_of(keeping, objective, 0, recipe)
     rivals = [r for r in ranked(pool) if r.number != chosen.number]
     return (chosen, rivals[0]) if rivals else None
 
 
-def settled(ratio: SpeedRatio | None, drift: float = 0.0) -> bool:
-    """Whether a comparison of two configs is decided: its interval leaves out 1 (one
-    is faster), or, from paired rounds, lies within 1 +- `RESOLVED` (a tie). Where the
-    decision is a significant gain's (`drift`: the two differ in arithmetic), a range
-    from runs not side by side decides only beyond that drift, as `significant` reads
-    it; within it, paired rounds must tell."""
+def decided(a: TrialRecord, b: TrialRecord, spec: SearchSpec, objective: Objective) -> bool:
+    """Whether the duel between `a` and `b` (`duel_pair`) is over: for two of the same
+    arithmetic, their comparison is settled (`settled`); for a change of it, only paired
+    rounds decide: their interval of its gain, by the objective, leaves out 1 or lies
+    within 1 +- `RESOLVED`."""
+    if Arithmetic.of(a.candidate) == Arithmetic.of(b.candidate):
+        return settled(compare(a, b))
+    gain = paired_gain(a, b, objective, spec.train_steps)
+    if gain is None:
+        return False
+    return not gain.tie or (1 - RESOLVED <= gain.low and gain.high <= 1 + RESOLVED)
+
+
+def paired_gain(
+    chosen: TrialRecord, other: TrialRecord, objective: Objective, train_steps: int = 0
+) -> SpeedRatio | None:
+    """How many times better `chosen` is than `other` by the objective, from the rounds
+    they ran in side by side (None without two): their speed ratio; per GiB of peak
+    (efficiency: each peak is measured, the speed is what drifts); or the time to finish
+    the user's run, one-time costs included (the rounds time the steps)."""
+    paired = paired_ratio(chosen.rounds, other.rounds)
+    if paired is None:
+        return None
+    if objective == Objective.EFFICIENCY:
+        k = _peak(other) / max(_peak(chosen), 1.0)
+        return SpeedRatio(paired.value * k, paired.low * k, paired.high * k, paired.rounds)
+    step_s = quiet_step_s(chosen.result)
+    if not train_steps or not step_s:
+        return paired
+    mine = (chosen.result.one_time_s or 0.0) + train_steps * step_s
+    once = other.result.one_time_s or 0.0
+
+    def theirs(ratio: float) -> float:  # `other`'s steps are `ratio` times `chosen`'s
+        return (once + train_steps * step_s * ratio) / mine
+
+    return SpeedRatio(theirs(paired.value), theirs(paired.low), theirs(paired.high), paired.rounds)
+
+
+def settled(ratio: SpeedRatio | None) -> bool:
+    """Whether a comparison of two configs of the same arithmetic is decided: its
+    interval leaves out 1 (one is faster), or, from paired rounds, lies within
+    1 +- `RESOLVED` (a tie)."""
     if ratio is None:
         return False
-    if drift and not ratio.rounds:
-        return ratio.low > 1.0 + drift or ratio.high < 1.0 / (1.0 + drift)
     if not ratio.tie:
         return True
     return ratio.rounds >= 2 and 1 - RESOLVED <= ratio.low and ratio.high <= 1 + RESOLVED
@@ -218,17 +268,17 @@ def verified(record: TrialRecord, recipe: Arithmetic) -> bool:
     return record.parity is not None and record.parity.status == Status.OK
 
 
-def significant(chosen: TrialRecord, other: TrialRecord, objective: Objective) -> bool:
-    """Whether `chosen` beats `other` beyond the noise: from paired rounds, its speed
-    ratio's interval above 1; from runs not side by side, its range above 1 + `DRIFT`,
-    what separate runs of one config drift apart (with --objective efficiency, its
-    samples/s per GiB above the other's by more than their noise)."""
-    if objective == Objective.EFFICIENCY:
-        return efficiency(chosen) > efficiency(other) * (1.0 + noise_band(other))
-    ratio = compare(chosen, other)
-    if ratio is None:
-        return False
-    return ratio.low > (1.0 if ratio.rounds else 1.0 + DRIFT)
+def significant(
+    chosen: TrialRecord, other: TrialRecord, objective: Objective, train_steps: int = 0
+) -> bool:
+    """Whether `chosen`, which changes the recipe's arithmetic unverified, beats `other`
+    beyond the noise: only paired rounds tell, the two timed side by side in alternating
+    order, their interval of its gain by the objective above 1 (`paired_gain`). Runs not
+    side by side never do: on two processes one probe read a bf16 Adafactor config 1.33x
+    (1.28-1.43x over its steps) the best fp32 one, while another config of that search
+    read 27% slower in its confirmation than in its probe."""
+    gain = paired_gain(chosen, other, objective, train_steps)
+    return gain is not None and gain.low > 1.0
 
 
 def unverified_note(spec: SearchSpec, records: Sequence[TrialRecord], chosen: TrialRecord) -> str:
@@ -282,7 +332,11 @@ def kept_note(spec: SearchSpec, records: Sequence[TrialRecord], chosen: TrialRec
     ratio = compare(faster, chosen)
     if ratio is None or ratio.value <= 1.0:
         return ""
-    runs = "in paired rounds" if ratio.rounds else f"in separate runs (they drift {DRIFT:.0%})"
+    runs = (
+        "in paired rounds, not a significant gain"
+        if ratio.rounds
+        else "in separate runs, a gain not confirmed in paired rounds"
+    )
     what = [
         c.describe() for c in changes(chosen.candidate, faster.candidate) if not c.keeps_arithmetic
     ]
@@ -290,7 +344,7 @@ def kept_note(spec: SearchSpec, records: Sequence[TrialRecord], chosen: TrialRec
     left = "" if status == Status.OK else f", which parity left {status}"
     return (
         f"kept your arithmetic: trial {faster.number} ({faster.candidate.describe()}) read "
-        f"{ratio.describe()} its speed {runs}, not a significant gain for its change "
+        f"{ratio.describe()} its speed {runs} for its change "
         f"({'; '.join(what) or 'of arithmetic'}){left}; --parity on or a longer "
         "--time-budget can settle it"
     )
@@ -302,7 +356,7 @@ def keeping_twin(spec: SearchSpec, records: Sequence[TrialRecord]) -> Candidate 
     to, measured beside it so that the gain of the change is weighed against its own
     batch split and levers, not against whichever arithmetic-keeping config happened to
     be probed."""
-    best = select_for(spec, records)
+    best = leader(spec, records)
     recipe = recipe_arithmetic(spec)
     if best is None or verified(best, recipe):
         return None

@@ -173,8 +173,8 @@ def _no_runs(
         quick=True,
         why=f"{_probes_left(records, explore_left_s, 0.0)}parity: judged from the probes' own "
         f"losses (the same batches from the same weights), which cannot verify: a change of "
-        f"your precision or optimizer is exported only when significantly faster, marked "
-        f"unverified. {CALIBRATED_STEPS}-step runs ({runs}, about "
+        f"your precision or optimizer is exported only when paired rounds confirm it "
+        f"significantly faster, marked unverified. {CALIBRATED_STEPS}-step runs ({runs}, about "
         f"{format_duration(need_s)}) would take over half of the "
         f"{format_duration(explore_left_s)} left to explore; a --time-budget of about "
         f"{format_duration(60 * math.ceil(afford / 60))} affords them",

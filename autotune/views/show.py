@@ -258,7 +258,7 @@ def print_table(
             "samples/s, tokens/s: at the median step. The * ranks first by the quiet step (a "
             "probe's lower quartile: a busy host slows it least), ties going to one that keeps "
             "your recipe's precision and optimizer, then to the smaller peak; a change of "
-            "them that parity did not verify only where it is significantly faster"
+            "them that parity did not verify only where paired rounds show it significantly faster"
         )
     for line in lever_lines(spec):
         console.print(line)

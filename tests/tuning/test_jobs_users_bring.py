@@ -168,7 +168,11 @@ def test_a_factory_edited_from_4bit_to_bf16_is_another_search(job: Path, tmp_pat
     assert "job.held: {'frozen 4-bit nf4'" in last, last
 
 
-def test_two_processes_keep_the_users_global_batch(job: Path) -> None:
+def test_two_processes_keep_the_users_global_batch_and_arithmetic(job: Path) -> None:
+    """Over two processes (gloo) the global batch counts both; and a change of the
+    recipe's precision or optimizer read in probes alone, no paired rounds run
+    (--confirm-rounds 0), is not exported, whatever it read (one such probe once
+    exported bf16 Adafactor for 1.33x, which its confirmation would not have shown)."""
     (job.parent / "sixteen.json").write_text(
         json.dumps(
             {**BASE_ARGS, "per_device_train_batch_size": 16, "gradient_accumulation_steps": 1}
@@ -185,16 +189,22 @@ def test_two_processes_keep_the_users_global_batch(job: Path) -> None:
         "--nproc-per-node",
         "2",
         "--precisions",
-        "fp32",
+        "fp32,bf16",
+        "--optimizers",
+        "adamw_torch,adafactor",
         "--checkpointing",
         "off",
         "--max-trials",
-        "1",
+        "2",
         "--study",
         "two",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "global batch 32 over 2 processes" in done.stdout
+    assert "(probe 2 of 2)" in done.stdout  # a second config was probed beside the recipe
     args = json.loads((job.parent / "studies" / "two.best.json").read_text())
     # per device x accumulation x 2 processes: their 16 x 1 x 2, not half of it
     assert args["per_device_train_batch_size"] * args["gradient_accumulation_steps"] == 16
+    assert args.get("bf16") is not True and args["optim"] == "adamw_torch"
+    summary = json.loads((job.parent / "studies" / "two.best.summary.json").read_text())
+    assert summary["parity"]["alters_arithmetic"] == [], summary["parity"]

@@ -120,7 +120,7 @@ def test_parity_runs_of_20_steps_where_they_fit_half_the_time_left_else_quick_ch
     tight = parity_plan(records, 2 * twenty - 1)
     assert tight is not None and (tight.steps, tight.quick) == (0, True)  # no runs
     assert "judged from the probes' own losses" in tight.why
-    assert "exported only when significantly faster, marked unverified" in tight.why
+    assert "exported only when paired rounds confirm it significantly faster" in tight.why
     afford = (60.0 + 2 * twenty) / 0.8
     assert f"a --time-budget of about {int(-(-afford // 60))}m00s affords them" in tight.why
     # without runs, the whole time left explores: probes at the mean wall time (30 s),

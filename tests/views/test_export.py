@@ -166,7 +166,7 @@ def test_a_kept_recipe_says_the_faster_change_it_passed_over_under_nothing_chang
     assert lines[1:3] == [
         "  nothing changed",
         "  kept your arithmetic: trial 1 (batch 8x8 bf16 no-ckpt adamw_torch) read 1.15x (1.15-"
-        "1.15x over their step times) its speed in separate runs (they drift 25%), not a "
-        "significant gain for its change (precision fp32 -> bf16), which parity left "
+        "1.15x over their step times) its speed in separate runs, a gain not confirmed in "
+        "paired rounds for its change (precision fp32 -> bf16), which parity left "
         "unchecked; --parity on or a longer --time-budget can settle it",
     ]
