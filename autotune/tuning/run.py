@@ -60,6 +60,7 @@ from autotune.tuning.selection import (
     fitting,
     incumbent_cost,
     keeping_twin,
+    leader,
     ranked,
     select_for,
     verdict,
@@ -556,11 +557,19 @@ def _finish(run: SearchRun, deadline: Deadline) -> None:
     """After exploring: a rehearsal failure no config changes is raised at once; then
     parity (only configs that may be exported are confirmed), confirmation, parity again
     (confirmation may reorder the finalists) within the time the rehearsal's reserve
-    leaves, and the rehearsal of the config to export, however late."""
+    leaves (none where the export and the change the paired rounds weigh are rehearsed
+    already), and the rehearsal of the config to export, however late."""
     store, rehearse = run.store, run.rehearses
-    if rehearse and (failed := job_failure(store.records())) is not None:
+    records = store.records()
+    if rehearse and (failed := job_failure(records)) is not None:
         raise failure_error(failed)  # found while exploring: said at once
-    reserve = reserved_s(store.records(), store.spec, 0.0) if rehearse else 0.0
+    objective = run.limits.objective
+    contenders = (
+        select_for(store.spec, records, objective),
+        leader(store.spec, records, objective),
+    )
+    pending = [r for r in contenders if r and not (r.rehearsal and r.rehearsal.clears)]
+    reserve = reserved_s(records, store.spec, 0.0) if rehearse and pending else 0.0
     checks = deadline.less(reserve)
     check = None
     run.plan_parity(checks, store.records(), final=True)  # if exploring did not
