@@ -66,6 +66,8 @@ def test_exported_config_was_measured_within_the_budget(
     summary = json.loads((work / "studies" / "tiny.best.summary.json").read_text())
     assert summary["best"]["peak_memory_bytes"] <= summary["memory_budget_bytes"] * 0.95
     assert summary["fit_limit_bytes"] == int(summary["memory_budget_bytes"] * 0.95)
+    # searched with --no-rehearse (the tests' default): the one reason, said
+    assert summary["parity"]["rehearsal"].startswith("rehearsal: skipped (--no-rehearse)")
     # Confirmed before crowned: a second, longer run of 6 measured steps, after the
     # probe's adaptive window (at least 2 steps; the tiny model's fast steps are timed
     # for up to a second, at most CPU_WINDOW_STEPS)
