@@ -159,8 +159,8 @@ def test_an_evaluation_that_fits_at_no_batch_stops_the_search_at_its_first_fit(
     assert "(probe 1 of 4)" in done.stdout
     assert "trial 1" not in done.stdout, done.stdout  # no probe after the rehearsal
     assert "rehearsal: out of memory at evaluation at a peak of" in done.stderr, done.stderr
-    assert "of the way through" in done.stderr  # late in the pass: the logits piling up
-    # a pass that shows the logits' growth (at 64 or 32) ends the halving: no eighth
+    # a pass that shows what the logits kept add up to (at 64 or 32) ends the halving:
+    # no eighth
     assert "out of memory with evaluation batch 64" in done.stderr
     assert "evaluation batch 8" not in done.stderr
     assert "pile up with the evaluation set, whatever the batch (its pass would end" in (
