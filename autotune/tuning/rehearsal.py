@@ -138,7 +138,11 @@ def rehearse_selected(run: RunContext, deadline: Deadline) -> None:
 
 
 def job_failure(records: Sequence[TrialRecord]) -> TrialRecord | None:
-    """A trial whose rehearsal failed in a way no training config changes, if any."""
+    """A trial whose rehearsal failed in a way no training config changes, if any, while
+    no config's passed: what a pass holds at its start is the config's, so near the
+    limit a leaner config may still fit where one read as hopeless did not."""
+    if any(r.rehearsal is not None and r.rehearsal.passed for r in records):
+        return None
     return next((r for r in records if r.rehearsal is not None and r.rehearsal.job_level), None)
 
 

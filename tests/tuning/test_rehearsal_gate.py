@@ -167,6 +167,9 @@ def test_an_evaluation_that_raises_is_the_jobs_failure_and_stops_the_search(
         rehearse_selected(run, Deadline(None))  # type: ignore[arg-type]
     assert len(run.batches) == 1
     assert job_failure(run.store.records()) is not None
+    # where another config's rehearsal passed, the failure was that config's, not the job's
+    passed = dataclasses.replace(rec(2, cand(32)), rehearsal=PASSED)
+    assert job_failure([*run.store.records(), passed]) is None
 
 
 def test_the_first_config_that_fits_rehearses_at_once_where_the_run_evaluates(
