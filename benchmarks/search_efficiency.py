@@ -214,35 +214,52 @@ def autotune_run(model_dir: Path, work: Path, s: dict[str, object], trials: int)
 
 
 def overhead(model_dir: Path, work: Path, repeats: int = 3) -> dict[str, dict[str, float]]:
-    """Mean seconds per phase of one probe: fresh interpreter vs fork server."""
-    model = resolve_model(str(model_dir))
+    """Mean seconds per phase of one probe, and its quickest step: a fresh interpreter, the
+    fork server, and the fork server handing down the model it built (as a search does).
+    The launches are interleaved, so that what slows the host slows each alike."""
     from autotune.core.trial import Candidate
+    from autotune.probe.shared_model import SharedModel
 
+    model = resolve_model(str(model_dir))
     candidate = Candidate(8, 1, "fp32", False, "adamw_torch")
-    phases: dict[str, dict[str, float]] = {}
-    for mode in ("fresh process (before)", "fork server (after)"):
-        server = ForkServer(work / "oh.log", data_limit=2**31) if "fork" in mode else None
-        runs = []
-        try:
-            for i in range(repeats):
-                config = TrialConfig(
-                    number=i,
-                    trial_dir=str(work / "oh" / mode[:4] / str(i)),
-                    model=model,
-                    candidate=candidate,
-                    device="cpu",
-                    seq_len=128,
-                    target_len=8,
-                    memory_limit_bytes=2**31,
-                    warmup_steps=2,
-                    measure_steps=3,
-                )
-                runs.append(run_trial(config, timeout_s=300, server=server).phases_s)
-        finally:
+
+    def config(mode: int, i: int) -> TrialConfig:
+        return TrialConfig(
+            number=i,
+            trial_dir=str(work / "oh" / str(mode) / str(i)),
+            model=model,
+            candidate=candidate,
+            device="cpu",
+            seq_len=128,
+            target_len=8,
+            memory_limit_bytes=2**31,
+            warmup_steps=2,
+            measure_steps=3,
+        )
+
+    servers: dict[str, ForkServer | None] = {
+        "fresh process (before)": None,
+        "fork server (after)": ForkServer(work / "oh.log", data_limit=2**31),
+        "fork server, model inherited": ForkServer(
+            work / "oh-shared.log", data_limit=2**31, shared=SharedModel.of(config(0, 0))
+        ),
+    }
+    runs: dict[str, list[TrialResult]] = {mode: [] for mode in servers}
+    try:
+        for i in range(repeats):
+            for k, (mode, server) in enumerate(servers.items()):
+                runs[mode].append(run_trial(config(k, i), timeout_s=300, server=server))
+    finally:
+        for server in servers.values():
             if server is not None:
                 server.close()
-        mean = {k: statistics.mean(r.get(k, 0.0) for r in runs) for k in runs[0]}
+    phases: dict[str, dict[str, float]] = {}
+    for mode, results in runs.items():
+        mean = {
+            k: statistics.mean(r.phases_s.get(k, 0.0) for r in results) for k in results[0].phases_s
+        }
         mean["start+teardown"] = mean["wall"] - mean["total"]
+        mean["quickest_step"] = min(min(r.step_times_s) for r in results)
         phases[mode] = mean
     return phases
 
@@ -329,6 +346,7 @@ def markdown(f: dict) -> str:
                 "measured_steps",
                 "peak_flops",
                 "wall",
+                "quickest_step",
             )
         )
         + " |"
@@ -350,10 +368,10 @@ Trial budget for the searches: {f["trial_budget"]} ({f["trial_budget"] / f["spac
 
 Launches the skip rules saved in the autotune run: {a["skipped_launches"]}.
 
-Per-trial overhead, seconds (mean of 3 probes of one small config):
+Per-trial overhead, seconds (mean of 3 probes of one small config, the launches interleaved;\nthe quickest step is the least of their steps: an inherited model should match the others):
 
-| launch | start+teardown | import | build | warm-up | measured steps | peak FLOP/s | wall |
-| --- | --- | --- | --- | --- | --- | --- | --- |
+| launch | start+teardown | import | build | warm-up | measured steps | peak FLOP/s | wall | quickest step |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
 {rows}
 """
 

@@ -54,7 +54,7 @@ def probe_config(
 
 
 @pytest.mark.slow
-def test_an_inherited_model_gives_the_peak_and_speed_of_a_fresh_process(
+def test_an_inherited_model_gives_the_peak_and_loss_of_a_fresh_process(
     tmp_path: Path,
 ) -> None:
     model_dir = write_model(tmp_path / "mid-gpt2", MID_GPT2)
@@ -81,16 +81,10 @@ def test_an_inherited_model_gives_the_peak_and_speed_of_a_fresh_process(
         assert gap < 0.08, (fresh.peak_memory_bytes, run.peak_memory_bytes)
     # the same weights and batches: the same loss
     assert inherited.final_loss == pytest.approx(fresh.final_loss, rel=1e-5)
-    # and the same speed within noise: the quickest step of each, which another process
-    # on the host slows least, against the probes run before and after it (same shapes,
-    # their own model), so that what slowed the host for one of them does not fail the
-    # test (ci: a fresh probe's every step 1.5x the inherited one's while another test
-    # ran). Pages copied on write, or a model built twice, would slow it against both.
-    quickest = min(inherited.step_times_s)
-    around = (min(fresh.step_times_s), min(own.step_times_s))
-    steps = (fresh.step_times_s, inherited.step_times_s, own.step_times_s)
-    assert quickest < 1.33 * max(around), steps
-    assert quickest > 0.75 * min(around), steps
+    # Its speed against a fresh process is a benchmark's question, not a test's: two tests
+    # share these two cores, and a step read 1.5-2x slower for whichever probe ran beside
+    # another test (ci). `benchmarks/search_efficiency.py` times the three launches
+    # interleaved, alone on the host, and prints each one's quickest step.
 
 
 def test_a_probe_takes_the_inherited_model_only_when_it_would_build_the_same(
