@@ -71,7 +71,10 @@ class ListType(click.ParamType):  # type: ignore[type-arg]
 
 def study_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """--study and --storage, shared by the commands that read a stored study."""
-    command = click.option("--storage", help="[default: sqlite:///studies/autotune.db]")(command)
+    command = click.option(
+        "--storage",
+        help="Optuna storage URL [default: $AUTOTUNE_STORAGE, else sqlite:///studies/autotune.db].",
+    )(command)
     command = click.option(
         "--study", "study_name", required=True, help="The study's name (see `autotune search`)."
     )(command)
@@ -218,10 +221,11 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option(
         "--precisions",
         type=ListType(tuple(values(Precision))),
-        help="Comma-separated, from fp32, tf32, fp16, bf16 [default: all the device supports]; "
-        "as-loaded instead of fp32 and tf32 where your job holds its weights in 16 bits or "
-        "quantized (no autocast: each layer in its weights' dtype). Precision changes the "
-        "training arithmetic: leave out what your recipe must not use.",
+        help="Comma-separated, from fp32, tf32, fp16, bf16, as-loaded [default: all the device "
+        "and your job support]. as-loaded takes the place of fp32 and tf32 where your job "
+        "holds its weights in 16 bits or quantized (no autocast: each layer in its weights' "
+        "dtype). Precision changes the training arithmetic: leave out what your recipe must "
+        "not use.",
     ),
     click.option(
         "--optimizers",

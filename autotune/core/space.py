@@ -208,7 +208,8 @@ def _chosen_precisions(
         if held_in and not (name == Precision.AS_LOADED or precision_spec(name).mixed):
             raise SpaceError(
                 f"--precisions {name}: your job holds its weights in {held_in}, so a run "
-                "without autocast computes in that, not in 32 bits; ask for as-loaded"
+                "without autocast computes in that, not in 32 bits; pass --precisions "
+                "as-loaded for that run without autocast"
             )
         if trains_in and precision_spec(name).scales_gradients:
             raise SpaceError(

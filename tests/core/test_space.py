@@ -129,3 +129,13 @@ def test_the_alignment_rule_applies_at_a_small_global_batch() -> None:
     512 tokens a sample every one is a multiple of 64 tokens: the largest is the guess."""
     space = derive(A100, global_batch_size=32)
     assert seed_candidates(space, A100, tokens_per_sample=512)[1].per_device_train_batch_size == 32
+
+
+@pytest.mark.parametrize("asked", ["fp32", "tf32"])
+def test_no_autocast_on_a_job_held_in_16_bits_is_asked_for_by_its_own_name(asked: str) -> None:
+    """`--precisions fp32` on a bf16-held job would name arithmetic it does not do: the
+    error gives the flag that runs it without autocast, and that flag is taken."""
+    with pytest.raises(SpaceError, match="pass --precisions as-loaded"):
+        derive(A100, global_batch_size=16, precisions=[asked], held_in="bfloat16")
+    space = derive(A100, global_batch_size=16, precisions=["as-loaded"], held_in="bfloat16")
+    assert [p.value for p in space.precisions] == ["as-loaded"]
