@@ -24,6 +24,11 @@ class SearchReport:
 
 @dataclasses.dataclass(frozen=True)
 class SearchOutcome:
+    """What `autotune.search` returns: the exported config (`best`, written to `output`),
+    how the search ended, what changed against your recipe with its parity verdict
+    (`parity`), the speed over your recipe or the plain default (`versus_default`), and
+    `arguments()`, the export as an object of your arguments class."""
+
     study_name: str
     best: TrialRecord
     output: Path
