@@ -1,19 +1,19 @@
 #!/usr/bin/env python
 """Every command block of the README and of examples/README.md, run as written on this
 machine, in order, each document in a fresh folder. Prints each command's exit code and
-wall time, and what the README's export changed in its my_args.json.
+wall time, and what the README's export changed in its args.json.
 
 What runs, and the only changes made to what is written:
 - README, the CPU try-out: the command after its install line (the install is the one
-  this environment already did).
-- README, the GPU block: its train.py and my_args.json copied word for word, a small
-  Llama checkpoint and its tokenizer at `my/checkpoint` and a `train.jsonl`, then each
-  command in order, `--device cpu` added to the search where there is no GPU.
-- README, the stand-in line (`--model google/mt5-small --base-args my_args.json`), in
-  the GPU block's folder, `--device cpu` added likewise; then the "Review a study"
-  block there (its study is the stand-in's, `mt5-small`, beside a my_args.json):
-  `dashboard` serves until stopped, so it is stopped after 15 s, and counts as run
-  when it printed its address; then `autotune doctor`.
+  this environment already did); then, in that folder, the "Review a study" block
+  (`dashboard` serves until stopped, so it is stopped after 15 s, and counts as run when
+  it printed its address), the demo study's line from a copy of `examples/`, and
+  `autotune doctor`.
+- README, the GPU quick start: its train.py and args.json copied word for word into a
+  folder, then each command after the install line, in that folder: its `cd` into
+  examples/quickstart is that folder. Its one override (TRAIN_MODEL, TRAIN_DATA) names a
+  tiny local chat model and conversations, as there is no hub here; `--device cpu` is
+  added to the search where there is no GPU.
 - examples/README.md: each command of its blocks in order (comments and continuation
   lines as a shell reads them), from a folder holding a copy of `examples/`; then the
   `tune_on_local_text.py WORKDIR` its prose describes.
@@ -21,8 +21,9 @@ What runs, and the only changes made to what is written:
     python benchmarks/docs_as_written.py [--work DIR] [--only readme|examples]
 
 tests/test_readme.py checks the same blocks without running them (every command parses,
-the files are what Python and SFTConfig accept); this runs them, which takes about 45
-minutes on 2 cores: the searches keep their written time budgets.
+the files are the repository's quick start); tests/test_examples.py runs the quick start's
+search and export. This runs them all, which takes about 45 minutes on 2 cores: the
+searches keep their written time budgets.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from pathlib import Path
 from _common import ROOT
 
 sys.path.insert(0, str(ROOT / "tests"))
-from job_script import write_job  # a small Llama, a byte-level tokenizer, jsonl data
+from job_script import write_chat_job  # a tiny chat model and conversations
 
 INSTALL = 'pip install torch && pip install -e ".[peft]"'
 SERVE_S = 15.0  # how long `autotune dashboard` serves before it is stopped
@@ -55,18 +56,10 @@ def try_out(readme: str) -> list[str]:
 
 
 def gpu_block(readme: str) -> list[str]:
-    """The commands of the README's GPU block after its install line, in order."""
-    head = readme.split("## Tune your own training script", 1)[0]
-    block = head.split(INSTALL, 1)[1]
+    """The commands of the README's GPU quick start after its install line, in order."""
+    block = readme.split(INSTALL, 1)[1]
     lines = [line.strip() for line in block.split("\n\n", 1)[0].splitlines()]
     return [line for line in lines if line]
-
-
-def stand_in(readme: str) -> str:
-    """The README's stand-in command, written inline across lines in backquotes."""
-    head = readme.split("## What it does", 1)[0]
-    (found,) = re.findall(r"`(autotune search --model [^`]*--base-args[^`]*)`", head, re.S)
-    return " ".join(found.split())
 
 
 def review_block(readme: str) -> list[str]:
@@ -77,8 +70,18 @@ def review_block(readme: str) -> list[str]:
 
 def doctor(readme: str) -> list[str]:
     """The README's "Check the machine first" line, without its comment."""
-    section = readme.split("## Check the machine first", 1)[1].split("\n## ", 1)[0]
-    return [x.split(" #", 1)[0].strip() for x in section.splitlines() if x.startswith("    ")]
+    return _indented(readme.split("## Check the machine first", 1)[1].split("\n## ", 1)[0])
+
+
+def demo(readme: str) -> list[str]:
+    """The README's line that reads the recorded study under examples/demo/."""
+    section = readme.split("## Review a study", 1)[1].split("\n## ", 1)[0]
+    return _indented(re.sub(r"```.*?```", "", section, flags=re.S))
+
+
+def _indented(markdown: str) -> list[str]:
+    lines = markdown.splitlines()
+    return [x.split(" #", 1)[0].strip() for x in lines if x.startswith("    ") and x.strip()]
 
 
 def shell_commands(markdown: str) -> list[str]:
@@ -94,20 +97,15 @@ def shell_commands(markdown: str) -> list[str]:
     return commands
 
 
-def prepare_readme(work: Path, readme: str) -> None:
-    """train.py and my_args.json as the README writes them; the checkpoint and data they
-    name."""
+def prepare_readme(work: Path, readme: str) -> dict[str, str]:
+    """train.py and args.json as the README writes them, and the quick start's override:
+    the environment naming a tiny local model and data set in place of the hub's."""
     (script,) = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "# train.py" in b]
     (args_json,) = re.findall(r"```json\n(.*?)```", readme, re.S)
     (work / "train.py").write_text(script)
-    (work / "my_args.json").write_text(args_json)
-    job = work / "job"
-    write_job(job)
-    checkpoint = work / "my" / "checkpoint"
-    shutil.copytree(job / "model", checkpoint)
-    for file in (job / "tokenizer").iterdir():
-        shutil.copy(file, checkpoint / file.name)
-    shutil.copy(job / "train.jsonl", work / "train.jsonl")
+    (work / "args.json").write_text(args_json)
+    model, data = write_chat_job(work / "offline")
+    return {"TRAIN_MODEL": str(model), "TRAIN_DATA": str(data)}
 
 
 def on_this_machine(command: str, gpu: bool) -> str:
@@ -125,13 +123,14 @@ class Runner:
         self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "PATH": path}
         self.rows: list[tuple[str, str, int, float]] = []
 
-    def run(self, where: str, command: str, cwd: Path) -> int:
+    def run(self, where: str, command: str, cwd: Path, env: dict[str, str] | None = None) -> int:
         print(f"\n$ {command}   (in {cwd})", flush=True)
         started = time.monotonic()
         if command.startswith("autotune dashboard"):
             code = self.serve(command, cwd)
         else:
-            code = subprocess.run(command, shell=True, cwd=cwd, env=self.env).returncode
+            environment = {**self.env, **(env or {})}
+            code = subprocess.run(command, shell=True, cwd=cwd, env=environment).returncode
         self.rows.append((where, command, code, time.monotonic() - started))
         return code
 
@@ -170,19 +169,24 @@ def readme_blocks(runner: Runner, work: Path, gpu: bool) -> dict[str, object]:
     cpu.mkdir()
     for command in try_out(readme):
         runner.run("README, CPU try-out", command, cpu)
+    for command in review_block(readme):
+        runner.run("README, review", command, cpu)
+    shutil.copytree(ROOT / "examples", cpu / "examples")
+    for command in demo(readme):
+        runner.run("README, demo study", command, cpu)
+    for command in doctor(readme):
+        runner.run("README, doctor", command, cpu)
     block = work / "readme-gpu"
     block.mkdir()
-    prepare_readme(block, readme)
-    before = json.loads((block / "my_args.json").read_text())
+    override = prepare_readme(block, readme)
+    before = json.loads((block / "args.json").read_text())
     for command in gpu_block(readme):
-        if runner.run("README, GPU block", on_this_machine(command, gpu), block) != 0:
+        if command.startswith("cd "):
+            continue  # into the folder of train.py and args.json: `block` is that folder
+        code = runner.run("README, GPU quick start", on_this_machine(command, gpu), block, override)
+        if code != 0:
             break
-    after = json.loads((block / "my_args.json").read_text())
-    runner.run("README, stand-in", on_this_machine(stand_in(readme), gpu), block)
-    for command in review_block(readme):
-        runner.run("README, review", command, block)
-    for command in doctor(readme):
-        runner.run("README, doctor", command, block)
+    after = json.loads((block / "args.json").read_text())
     return {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v}
 
 
@@ -219,7 +223,7 @@ def main() -> None:
     for where, command, code, seconds in runner.rows:
         print(f"| {where} | `{command}` | {code} | {seconds:.0f} s |")
     if changed:
-        print(f"\nthe README's my_args.json, changed by its export: {changed}")
+        print(f"\nthe README's args.json, changed by its export: {changed}")
     sys.exit(max((code for *_, code, _ in runner.rows), default=0))
 
 

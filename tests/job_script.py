@@ -234,3 +234,53 @@ BASE_ARGS = {
     "dataset_text_field": "text",
     "bf16": False,
 }
+
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<{{ message['role'] }}>{{ message['content'] }}<eos>"
+    "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def write_chat_job(folder: Path) -> tuple[Path, Path]:
+    """What the README's quick start downloads, tiny and offline: a chat model folder (a
+    small Qwen2 stored in bf16 beside its tokenizer, which has a chat template) and a data
+    folder whose train.jsonl holds conversations as TRL's chat data sets do. Returns the
+    model folder and the data folder (the quick start's TRAIN_MODEL and TRAIN_DATA)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    model_dir, data_dir = folder / "chat-model", folder / "chat-data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    bpe = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<eos>", pad_token="<pad>", bos_token="<bos>"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(str(model_dir))
+    tokenizer.save_pretrained(str(model_dir))
+    rng = random.Random(0)
+    with open(data_dir / "train.jsonl", "w", encoding="utf-8") as out:
+        for _ in range(64):
+            turns = [
+                {"role": role, "content": " ".join(rng.choices(WORDS, k=rng.randint(2, 12)))}
+                for role in ("user", "assistant")
+            ]
+            out.write(json.dumps({"messages": turns}) + "\n")
+    return model_dir, data_dir

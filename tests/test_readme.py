@@ -1,7 +1,7 @@
 """The README's commands as a new user copies them: every `autotune` command in it and in
 docs/ parses as the CLI parses it (no option that does not exist, no value it refuses),
-the GPU block is the same sequence the "Tune your own training script" section explains,
-and its train.py and my_args.json are what SFTConfig and Python accept."""
+the GPU quick start's train.py and args.json are examples/quickstart/'s and what SFTConfig
+and Python accept, and benchmarks/docs_as_written.py runs every command they write."""
 
 from __future__ import annotations
 
@@ -58,13 +58,15 @@ def test_every_autotune_command_in_the_docs_parses(doc: Path) -> None:
             pytest.fail(f"{doc.name}: {command!r} is refused: {exc.format_message()}")
 
 
-def test_the_gpu_block_is_the_sequence_the_tune_your_script_section_explains() -> None:
+def test_the_quick_starts_files_are_the_repositorys_as_the_readme_shows_them() -> None:
+    """What a GPU user pastes is what tests/test_examples.py runs offline."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    head, body = readme.split("## Tune your own training script", 1)
-    gpu = [c for c in _commands(head) if "--trainer" in c or c.startswith("autotune export")]
-    explained = _commands(body.split("\n## ", 1)[0])
-    assert gpu and gpu == explained[: len(gpu)]
-    assert "python train.py my_args.json" in head and "python train.py my_args.json" in body
+    quickstart = ROOT / "examples" / "quickstart"
+    (script,) = [b for b in _blocks(readme, "python") if b.startswith("# train.py")]
+    (args_json,) = _blocks(readme, "json")
+    assert script == (quickstart / "train.py").read_text(encoding="utf-8")
+    assert args_json == (quickstart / "args.json").read_text(encoding="utf-8")
+    assert "examples/quickstart" in readme
 
 
 def test_the_docs_script_runs_every_command_the_readme_and_the_examples_write() -> None:
@@ -82,16 +84,19 @@ def test_the_docs_script_runs_every_command_the_readme_and_the_examples_write() 
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     gpu = docs.gpu_block(readme)
-    ran = [*docs.try_out(readme), *gpu, docs.stand_in(readme)]
-    ran += [*docs.review_block(readme), *docs.doctor(readme)]
+    ran = [*docs.try_out(readme), *gpu, *docs.review_block(readme)]
+    ran += [*docs.demo(readme), *docs.doctor(readme)]
     assert same(_commands(readme)) <= same(ran)
-    assert docs.on_this_machine(gpu[0], gpu=False) == f"{gpu[0]} --device cpu"
-    assert [docs.on_this_machine(c, gpu=False) for c in gpu[1:]] == gpu[1:]
+    search = next(c for c in gpu if c.startswith("autotune search"))
+    assert docs.on_this_machine(search, gpu=False) == f"{search} --device cpu"
+    assert [docs.on_this_machine(c, gpu=False) for c in gpu if c != search] == [
+        c for c in gpu if c != search
+    ]
     examples = (ROOT / "examples/README.md").read_text(encoding="utf-8")
     assert same(_commands(examples)) <= same(docs.shell_commands(examples))
 
 
-def test_the_readmes_train_py_and_my_args_are_what_python_and_sftconfig_accept() -> None:
+def test_the_readmes_train_py_and_args_are_what_python_and_sftconfig_accept() -> None:
     from trl import SFTConfig
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -100,7 +105,7 @@ def test_the_readmes_train_py_and_my_args_are_what_python_and_sftconfig_accept()
     exec(compile(script, "train.py", "exec"), namespace)  # imports and defines, runs nothing
     make_trainer = namespace["make_trainer"]
     assert make_trainer.__annotations__["args"] in ("SFTConfig", SFTConfig)  # type: ignore[attr-defined]
-    assert 'if __name__ == "__main__":' in script  # python train.py my_args.json trains
+    assert 'if __name__ == "__main__":' in script  # python train.py args.json trains
     (args_json,) = _blocks(readme, "json")
     fields = json.loads(args_json)
     # on this CPU the export adds use_cpu (tuned on the CPU); on a GPU it is not needed
@@ -136,3 +141,22 @@ def test_the_docs_table_of_dimensions_is_the_declared_space() -> None:
     assert values("activation_checkpointing") == [level.value for level in Checkpointing]
     assert tuple(values("optim")) == DEFAULT
     assert tuple(values("train_sampling_strategy")) == SAMPLINGS
+
+
+def test_the_docs_list_every_field_the_export_may_change() -> None:
+    """docs/export.md's list is what the search may write: every field a candidate sets
+    on any device, every lever's fields (its TrainingArguments fields and those of your
+    own class) at a value other than its plain one, and the rehearsal's evaluation batch."""
+    from autotune.core.levers import DECLARED
+    from autotune.hf.training_args import TUNED
+
+    fields = set(TUNED) | {"per_device_eval_batch_size", "eval_accumulation_steps"}
+    for lever in DECLARED:
+        other = True if isinstance(lever.plain, bool) else 1
+        fields |= {*lever.fields(other), *lever.class_fields(other), *lever.owns}
+    listed = (ROOT / "docs" / "export.md").read_text(encoding="utf-8")
+    listed = listed.split("### What the export may change", 1)[1].split("\n## ", 1)[0]
+    missing = sorted(f for f in fields if f"`{f}`" not in listed)
+    assert not missing, f"docs/export.md does not list {missing}"
+    examples = (ROOT / "examples" / "README.md").read_text(encoding="utf-8")
+    assert "only the fields docs/export.md lists" in examples
