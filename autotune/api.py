@@ -81,7 +81,7 @@ def search(
         studies_dir: where studies, trial folders and exports go.
         **options: any other flag of `autotune search`, its dashes as underscores
             (global_batch_size=64, precisions=["fp32", "bf16"], parity="quick",
-            lever=["torch_compile=false"], no_rehearse=True; `options_table()` lists
+            lever=["NAME=VALUE"], no_rehearse=True; `options_table()` lists
             them). A list is a list or a comma-separated str; None is the default.
             `study_name=` and `levers=`, the fields behind --study and --lever, work too.
 

@@ -53,6 +53,7 @@ from autotune.tuning.rehearsal import (
     reserved_s,
 )
 from autotune.tuning.selection import (
+    by_objective,
     compare,
     decided,
     duel_pair,
@@ -61,7 +62,6 @@ from autotune.tuning.selection import (
     incumbent_cost,
     keeping_twin,
     leader,
-    ranked,
     select_for,
     verdict,
 )
@@ -360,10 +360,12 @@ class SearchRun:
                 break
             fits = fitting(self.store.records(), self.spec.fit_limit_bytes)
             pool = [r for r in fits if exportable(r)]
-            # The config selection would export first (--objective efficiency may pick
-            # one the throughput ranking puts lower), then the fastest.
-            chosen = select_for(self.spec, pool, self.limits.objective)
-            finalists = [r for r in pool if r == chosen] + [r for r in ranked(pool) if r != chosen]
+            # The config selection would export first, then its rivals by the objective
+            # (a config the objective ranks low cannot change the export)
+            objective = self.limits.objective
+            chosen = select_for(self.spec, pool, objective)
+            rivals = by_objective(pool, objective, self.spec.train_steps)
+            finalists = [r for r in pool if r == chosen] + [r for r in rivals if r != chosen]
             left = deadline.left()  # a run expected to end past the budget does not start
             # and then what the headline ratio is taken against (their recipe, or the
             # plain default)

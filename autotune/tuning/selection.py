@@ -193,10 +193,9 @@ def duel_pair(
 ) -> tuple[TrialRecord, TrialRecord] | None:
     """The two finalists the export hinges on: where the leader (`leader`) changes the
     recipe's arithmetic unverified, it and the best config that keeps the arithmetic
-    (whether its gain, confirmed in paired rounds, is significant decides: under every
-    objective); else the config selection exports and the fastest other (whether they
-    tie decides: by throughput alone, as the peak, not only the speed, decides under
-    the others). None with fewer than two."""
+    (whether its gain, confirmed in paired rounds, is significant decides); else the
+    config selection exports and its strongest rival by the objective (whether one is
+    better decides). Under every objective. None with fewer than two."""
     recipe = recipe_arithmetic(spec)
     ahead = leader(spec, pool, objective)
     if ahead is None:
@@ -205,20 +204,35 @@ def duel_pair(
     if not verified(ahead, recipe) and keeping:
         return ahead, _best_of(keeping, objective, spec.train_steps, recipe)
     chosen = select_for(spec, pool, objective)
-    if chosen is None or objective != Objective.THROUGHPUT or spec.train_steps:
+    if chosen is None:
         return None
-    rivals = [r for r in ranked(pool) if r.number != chosen.number]
+    rivals = [r for r in by_objective(pool, objective, spec.train_steps) if r != chosen]
     return (chosen, rivals[0]) if rivals else None
 
 
+def by_objective(
+    records: Sequence[TrialRecord], objective: Objective, train_steps: int = 0
+) -> list[TrialRecord]:
+    """Best first by what selection minimises (`record_cost`): the step time, the time to
+    finish the user's run, or the cost per GiB of peak; those without a cost last."""
+    costs = {r.number: record_cost(r, train_steps, objective) for r in records}
+    return sorted(
+        records, key=lambda r: (costs[r.number] is None, costs[r.number] or 0.0, r.number)
+    )
+
+
 def decided(a: TrialRecord, b: TrialRecord, spec: SearchSpec, objective: Objective) -> bool:
-    """Whether the duel between `a` and `b` (`duel_pair`) is over: for two of the same
-    arithmetic, their comparison is settled (`settled`); for a change of it, only paired
-    rounds decide: their interval of its gain, by the objective, leaves out 1 or lies
-    within 1 +- `RESOLVED`."""
-    if Arithmetic.of(a.candidate) == Arithmetic.of(b.candidate):
-        return settled(compare(a, b))
+    """Whether the duel between `a` and `b` (`duel_pair`) is over, by the objective: for
+    two of the same arithmetic, their comparison is settled (`settled`), from their
+    rounds side by side where they have two, else their runs; for a change of it, only
+    paired rounds decide: their interval of its gain leaves out 1 or lies within
+    1 +- `RESOLVED`."""
     gain = paired_gain(a, b, objective, spec.train_steps)
+    if Arithmetic.of(a.candidate) == Arithmetic.of(b.candidate):
+        return settled(
+            gain
+            or _by_objective(speed_ratio(a.result, b.result), a, b, objective, spec.train_steps)
+        )
     if gain is None:
         return False
     return not gain.tie or (1 - RESOLVED <= gain.low and gain.high <= 1 + RESOLVED)
@@ -228,25 +242,36 @@ def paired_gain(
     chosen: TrialRecord, other: TrialRecord, objective: Objective, train_steps: int = 0
 ) -> SpeedRatio | None:
     """How many times better `chosen` is than `other` by the objective, from the rounds
-    they ran in side by side (None without two): their speed ratio; per GiB of peak
-    (efficiency: each peak is measured, the speed is what drifts); or the time to finish
-    the user's run, one-time costs included (the rounds time the steps)."""
+    they ran in side by side (None without two)."""
     paired = paired_ratio(chosen.rounds, other.rounds)
-    if paired is None:
+    return _by_objective(paired, chosen, other, objective, train_steps) if paired else None
+
+
+def _by_objective(
+    speed: SpeedRatio | None,
+    chosen: TrialRecord,
+    other: TrialRecord,
+    objective: Objective,
+    train_steps: int,
+) -> SpeedRatio | None:
+    """A speed ratio of `chosen` over `other` as the objective reads it: itself; per GiB
+    of peak (efficiency: each peak is measured, the speed is what drifts); or the time
+    to finish the user's run, one-time costs included (the ratio times the steps)."""
+    if speed is None:
         return None
     if objective == Objective.EFFICIENCY:
         k = _peak(other) / max(_peak(chosen), 1.0)
-        return SpeedRatio(paired.value * k, paired.low * k, paired.high * k, paired.rounds)
+        return SpeedRatio(speed.value * k, speed.low * k, speed.high * k, speed.rounds)
     step_s = quiet_step_s(chosen.result)
     if not train_steps or not step_s:
-        return paired
+        return speed
     mine = (chosen.result.one_time_s or 0.0) + train_steps * step_s
     once = other.result.one_time_s or 0.0
 
     def theirs(ratio: float) -> float:  # `other`'s steps are `ratio` times `chosen`'s
         return (once + train_steps * step_s * ratio) / mine
 
-    return SpeedRatio(theirs(paired.value), theirs(paired.low), theirs(paired.high), paired.rounds)
+    return SpeedRatio(theirs(speed.value), theirs(speed.low), theirs(speed.high), speed.rounds)
 
 
 def settled(ratio: SpeedRatio | None) -> bool:

@@ -276,7 +276,7 @@ def test_paired_rounds_decide_what_pooled_steps_cannot() -> None:
 
 def test_the_duel_is_between_the_export_and_the_config_it_would_yield_to() -> None:
     from autotune.core.stats import SpeedRatio
-    from autotune.tuning.selection import duel_pair, settled
+    from autotune.tuning.selection import decided, duel_pair, settled
 
     spec = dataclasses.replace(SPEC, recipe_settings={"optim": "adamw_torch"})
     yours = _timed(0, cand(8), (1.00, 1.10, 0.95, 1.05, 1.00), peak_gib=2.0)
@@ -287,21 +287,42 @@ def test_the_duel_is_between_the_export_and_the_config_it_would_yield_to() -> No
     assert duel_pair(spec, [yours], Objective.THROUGHPUT) is None
     # by efficiency too, where the leader changes the arithmetic unverified
     assert [r.number for r in duel_pair(spec, [yours, close], Objective.EFFICIENCY)] == [1, 0]  # type: ignore[union-attr]
-    assert duel_pair(spec, [yours, slower], Objective.EFFICIENCY) is None  # one arithmetic
+    # one arithmetic, by efficiency: the export (the leaner 16x4) and its rival by the
+    # objective; their peaks, 1 GiB against 2, decide it without rounds
+    lean = duel_pair(spec, [yours, slower], Objective.EFFICIENCY)
+    assert lean is not None and [r.number for r in lean] == [2, 0]
+    assert decided(*lean, spec, Objective.EFFICIENCY)
     assert not settled(None) and settled(SpeedRatio(1.1, 1.05, 1.15))  # one is faster
     assert not settled(SpeedRatio(1.0, 0.9, 1.1))  # pooled steps that overlap
     assert not settled(SpeedRatio(1.0, 0.9, 1.1, rounds=3))  # rounds, still wide
     assert settled(SpeedRatio(1.0, 0.99, 1.015, rounds=5))  # a tie within 2%
     # Where the export hinges on a significant gain (the two differ in arithmetic), runs
     # not side by side never decide: twice as fast in separate runs, the duel goes on
-    from autotune.tuning.selection import decided
-
     twice = _timed(3, BF16_FUSED, (0.50, 0.52, 0.49, 0.51, 0.50), peak_gib=2.0)
     assert not decided(twice, yours, spec, Objective.THROUGHPUT)
     paired = dataclasses.replace(twice, rounds=_rounds(0.50, 0.52))
     assert decided(
         paired, dataclasses.replace(yours, rounds=_rounds(1.0, 1.03)), spec, Objective.THROUGHPUT
     )
+
+
+def test_the_duel_goes_to_the_rival_the_objective_names() -> None:
+    """For a run of 100 steps, the compiled config is the fastest but the slowest to
+    finish (60 s of compilation): the export's rival is the one whose time to finish is
+    next, not the fastest. A confirmation of the compiled one cannot change the export,
+    and the finalists the confirmation runs are in the objective's order."""
+    from autotune.tuning.selection import by_objective, decided, duel_pair
+
+    plain, compiled = finishing(0, 0.5, 0.10), finishing(1, 60.0, 0.08)
+    near = finishing(2, 0.5, 0.102)
+    pool = [plain, compiled, near]
+    spec = dataclasses.replace(SPEC, train_steps=100, memory_budget_bytes=8 * GIB)
+    pair = duel_pair(spec, pool, Objective.THROUGHPUT)
+    assert pair is not None and [r.number for r in pair] == [0, 2]
+    assert [r.number for r in by_objective(pool, Objective.THROUGHPUT, 100)] == [0, 2, 1]
+    assert [r.number for r in by_objective(pool, Objective.THROUGHPUT)] == [1, 0, 2]
+    # 2% apart over steps that do not vary: their separate runs already tell them apart
+    assert decided(plain, near, spec, Objective.THROUGHPUT)
 
 
 def _steps_at(sps: float, spread: float = 0.03) -> tuple[float, ...]:
