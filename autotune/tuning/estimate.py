@@ -196,12 +196,15 @@ def activation_bytes(
     level = candidate.activation_checkpointing
     # offloaded, the checkpointed layers' inputs are held in host memory, not the device's
     saved = 0 if level == Checkpointing.OFFLOAD and device_kind == DeviceKind.CUDA else 1
-    total = 0
+    total = recomputed = 0
     for first, count, per_layer, s in stacks:
         kept = level.kept_layers(first, count)
         total += kept * per_layer + int((count - kept) * 2 * s * b * h * scale * saved)
         if kept < count:  # the layer being recomputed
-            total += per_layer
+            recomputed = max(recomputed, per_layer)
+    # one at a time, never two stacks' together: an encoder's layers recompute once the
+    # decoder's backward is done
+    total += recomputed
     if task == Task.CLASSIFICATION:
         return total
     return total + logit_bytes(b * out_len, vocab, candidate, device_kind, fused_head)

@@ -4,6 +4,11 @@ interpreter where the server cannot run it."""
 
 from __future__ import annotations
 
+import importlib
+import io
+import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +18,9 @@ import pytest
 from job_script import BASE_ARGS, write_job
 
 from autotune.core.errors import LaunchError
+from autotune.core.job import FACTS_NAME
 from autotune.launch import survey
-from autotune.launch.forkserver import EarlyServer
+from autotune.launch.forkserver import PRELOAD, EarlyServer, serve
 from autotune.launch.survey import FactoryFailed, survey_job
 
 HANGS = """
@@ -89,5 +95,55 @@ def test_a_server_that_declines_the_survey_stays_for_the_probes(tmp_path: Path) 
         with pytest.raises(LaunchError, match="declined the survey: CUDA"):
             server.survey(tmp_path / "request.json", tmp_path / "stderr.log", timeout_s=10)
         assert server.process is not None  # not discarded
+    finally:
+        server.discard()
+
+
+def test_a_server_whose_imports_initialised_cuda_declines_the_survey_for_a_fresh_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's own check, run here on a CPU whose torch says CUDA was initialised
+    (as bitsandbytes' import through peft once did): `serve` declines the survey, and
+    the parent, given that reply, surveys in a fresh interpreter and keeps the server,
+    still in step, for the probes."""
+    import torch
+
+    for name in PRELOAD:  # serve's imports, done before torch is told anything
+        importlib.import_module(name)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # serve sets it: undone after
+    asked = {"job": str(tmp_path / "request.json"), "stdout": os.devnull, "stderr": os.devnull}
+    replies = io.StringIO()
+    interrupt = signal.getsignal(signal.SIGINT)
+    try:
+        serve(io.StringIO(json.dumps(asked) + "\n"), replies)  # the survey, then no setup
+    finally:
+        signal.signal(signal.SIGINT, interrupt)
+    (reply,) = replies.getvalue().splitlines()  # no child forked: no pid, no status
+    assert "pid" not in json.loads(reply)
+
+    fresh: list[Path] = []
+
+    def surveyed_afresh(request: Path, log: Path, timeout_s: float) -> int:
+        fresh.append(request)
+        request.with_name(FACTS_NAME).write_text(json.dumps({"error": "surveyed afresh"}))
+        return 1
+
+    monkeypatch.setattr(survey, "_fresh", surveyed_afresh)
+    replays = (
+        "import sys; sys.stdin.readline(); print(sys.argv[1], flush=True); sys.stdin.readline()"
+    )
+    server = EarlyServer()
+    server.discard()
+    server.process = subprocess.Popen(
+        [sys.executable, "-c", replays, reply],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        bufsize=0,
+    )
+    try:
+        with pytest.raises(FactoryFailed, match="surveyed afresh"):
+            _survey(tmp_path / "job.py", "make_trainer", server, timeout_s=10)
+        assert len(fresh) == 1 and server.process is not None  # kept for the probes
     finally:
         server.discard()

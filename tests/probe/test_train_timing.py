@@ -71,3 +71,17 @@ def test_a_packed_step_counts_as_the_global_batch_at_the_mean_length() -> None:
 def test_each_packed_step_is_scaled_by_its_own_tokens() -> None:
     assert per_global_batch([1.0, 2.0], [800, 1600], 400.0) == [0.5, 0.5]
     assert per_global_batch([1.0], [0], 400.0) == [1.0]  # nothing counted: as measured
+
+
+def test_a_packed_step_of_two_processes_counts_the_tokens_of_both() -> None:
+    """DDP over 2 processes, each packing 8 rows of 200 tokens: a step trains 3200 tokens,
+    64 samples of 50, and the global batch is 16 (8 x 1 x 2). A step of 1 s trains four
+    global batches, so it ranks as one of 0.25 s (64 samples/s), as with one process;
+    the samples a step trains (what the export divides by the global batch) are both
+    processes', and so are the tokens a second."""
+    fed = [(1600, 1600)] * 3  # one process's count: the warm-up step, then the timed ones
+    two = config(True, nproc_per_node=2)
+    assert two.global_batch_size == 16
+    result = timed_batches(two, Timer([1.0, 1.0]), Count(fed), WORST)
+    assert result.step_times_s == (0.25, 0.25) and result.samples_per_s == pytest.approx(64.0)
+    assert result.samples_per_step == 64.0 and result.tokens_per_s == pytest.approx(3200.0)

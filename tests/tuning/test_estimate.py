@@ -345,3 +345,55 @@ def test_a_fused_lm_head_holds_one_tile_of_the_logits_not_all_of_them() -> None:
     # a tile is at most 4096 tokens by 32768 entries, however long the batch or vocabulary
     tile = 4096 * 32768 * 2
     assert logit_bytes(16 * 2048, 128256, bf16, "cuda", True) == tile
+
+
+def test_the_certain_floor_holds_a_frozen_base_as_it_is_held() -> None:
+    """What the skip rule refuses on with no margin: the frozen base at the bytes it is
+    held in (2 a parameter in bf16, about half a byte in 4 bits), the adapter's weights
+    and gradients in 32 bits and AdamW's 8 bytes of state for the adapter alone."""
+    from autotune.tuning.estimate import floor_bytes
+
+    total, trainable = 10**9, 10**7
+    frozen = total - trainable
+    adapter = 4 * trainable + 4 * trainable + 8 * trainable
+    bf16 = cand(8, "bf16")
+    assert floor_bytes(total, bf16, trainable=trainable, frozen_bytes=2 * frozen) == (
+        2 * frozen + adapter
+    )
+    nf4 = frozen * 9 // 16  # packed 4-bit weights and their absmax: about half a byte
+    assert floor_bytes(total, bf16, trainable=trainable, frozen_bytes=nf4) == nf4 + adapter
+    # a frozen embedding has no state: 8-bit Adam's 32-bit embedding state is not held
+    eight_bit = dataclasses.replace(bf16, optim="adamw_bnb_8bit")
+    assert (
+        floor_bytes(total, eight_bit, embedding=10**8, trainable=trainable, frozen_bytes=nf4)
+        == nf4 + 8 * trainable + 2 * trainable
+    )
+
+
+def test_a_checkpointed_stack_holds_one_recomputed_layer_at_a_time() -> None:
+    """Checkpointed, a layer keeps only its input (2*s*b*h bytes at 16 bits) until
+    backward recomputes it: one layer's activations, s*b*h*(34 + 5*a*s/h), are alive at
+    a time. An encoder-decoder recomputes its decoder's layers before its encoder's:
+    the larger of the two stacks' layers, never both together."""
+    config = {"d_model": 64, "num_layers": 4, "num_heads": 4, "vocab_size": 100}
+    b, h, a = 8, 64, 4
+
+    def layer(s: int, attended: int) -> int:  # fp32: twice the 16-bit figure
+        return s * b * h * (34 + 5 * a * attended // h) * 2
+
+    def inputs(s: int) -> int:
+        return 2 * s * b * h * 2
+
+    def held(level: Checkpointing, task: str = "classification", target: int = 0) -> int:
+        return activation_bytes(config, task, cand(b, ckpt=level), 128, target, "cuda")
+
+    assert held(Checkpointing.OFF) == 4 * layer(128, 128)
+    assert held(Checkpointing.ON) == 4 * inputs(128) + layer(128, 128)
+    # layers 0 and 2 checkpointed, 1 and 3 keep everything
+    assert held(Checkpointing.EVERY_2) == 2 * layer(128, 128) + 2 * inputs(128) + layer(128, 128)
+    assert held(Checkpointing.OFFLOAD) == layer(128, 128)  # the inputs in host memory
+    encoder, decoder = layer(128, 128), layer(64, 64 + 128)
+    logits = 12 * b * 64 * config["vocab_size"]
+    assert held(Checkpointing.ON, "seq2seq", 64) == (
+        4 * inputs(128) + 4 * inputs(64) + max(encoder, decoder) + logits
+    )

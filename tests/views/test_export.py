@@ -9,7 +9,7 @@ from helpers import SPEC, cand, rec
 from transformers import HfArgumentParser, TrainingArguments
 
 from autotune.core.device import DeviceInfo
-from autotune.core.enums import DeviceKind, Objective
+from autotune.core.enums import DeviceKind, Objective, Precision, Task
 from autotune.core.errors import ExportError
 from autotune.hf.training_args import validate
 from autotune.views.export import export_best, sidecar_path
@@ -170,3 +170,52 @@ def test_a_kept_recipe_says_the_faster_change_it_passed_over_under_nothing_chang
         "paired rounds for its change (precision fp32 -> bf16), which parity left "
         "unchecked; --parity on or a longer --time-budget can settle it",
     ]
+
+
+def test_their_tf32_is_carried_from_their_file_through_the_plan_into_the_export(
+    tmp_path: Path,
+) -> None:
+    """Their --base-args turn TF32 on: read into the plan's recipe, it stays on in the
+    export of a bf16 config on CUDA (the matmuls bf16 leaves in 32 bits), and an fp32
+    config, which means full fp32 matmuls, turns it off."""
+    from autotune.core.checkpointing import Checkpointing
+    from autotune.core.job import ParameterCount
+    from autotune.core.trial import Candidate, ModelSpec
+    from autotune.tuning.options import SearchOptions
+    from autotune.tuning.plan import Layout, plan
+    from autotune.tuning.resolve import Facts, read_base
+
+    theirs = tmp_path / "args.json"
+    theirs.write_text(json.dumps({"output_dir": "out", "tf32": True, "learning_rate": 1e-4}))
+    facts = Facts(
+        device=DeviceInfo(DeviceKind.CUDA, 0, "A100", 80 * 2**30, (8, 0)),
+        model=ModelSpec("tiny", "local", Task.CAUSAL_LM, {"num_hidden_layers": 2}),
+        job=None,
+        base=read_base(theirs, None),
+        counted=ParameterCount(total=10**6, embedding=10**5, largest=10**5, checkpoint_layers=2),
+        max_positions=256,
+        installed_optimizers=("adamw_torch",),
+        levers=(),
+        levers_not_offered=(),
+        checkpointing_field="activation_checkpointing",
+        gpus=1,
+    )
+    options = SearchOptions(model="tiny", device="cuda", global_batch_size=16, base_args=theirs)
+    spec, _ = plan(options, facts, Layout(), with_dataset=False)
+
+    def exported(precision: Precision) -> dict[str, object]:
+        candidate = Candidate(8, 2, precision, Checkpointing.OFF, "adamw_torch")
+        out = export_best(
+            record=rec(1, candidate, sps=2.0, peak_gib=1.0),
+            spec=spec,
+            study_name="s",
+            output=tmp_path / f"{precision}.json",
+            runners_up=[],
+            objective=Objective.THROUGHPUT,
+            validate=False,  # TrainingArguments refuses tf32 on a machine without CUDA
+        )
+        return dict(json.loads(out.read_text()))
+
+    bf16 = exported(Precision.BF16)
+    assert bf16["tf32"] is True and bf16["bf16"] is True and bf16["learning_rate"] == 1e-4
+    assert exported(Precision.FP32)["tf32"] is False
