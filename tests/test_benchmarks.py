@@ -7,6 +7,7 @@ by hand after changing the search or the benchmarks' training child.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -36,3 +37,21 @@ def test_benchmark_runs_quick(script: str, expected: str) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert expected in done.stdout
+
+
+def test_the_soaks_smallest_setting_finds_nothing_left_behind() -> None:
+    """benchmarks/soak.py at two minutes: one search of each kind (to its end, Ctrl-C,
+    SIGKILL, the study file locked a while, a resume, the user's factory), each checked
+    for processes left alive and counts that grew."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--minutes", "2", "--light"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Problems: none." in done.stdout
+    kinds = {json.loads(line)["kind"] for line in done.stdout.splitlines() if line[:2] == '{"'}
+    assert kinds == {"stand-in", "factory", "resume", "ctrl-c", "sigkill", "storage-busy"}
