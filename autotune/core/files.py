@@ -1,9 +1,12 @@
-"""Writing files so that nothing the user has is lost or loosened."""
+"""Writing files so that nothing the user has is lost or loosened, and reading the JSON
+that people and other processes wrote."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 
 def write_atomic(path: Path, text: str | bytes) -> None:
@@ -63,3 +66,24 @@ def _stage(tmp: Path, target: Path, text: str | bytes) -> None:
                 os.chown(tmp, before.st_uid, before.st_gid)
             except PermissionError:
                 pass  # only root may give a file away; the mode is kept all the same
+
+
+def parse_json(text: str | bytes) -> Any:
+    """The JSON value of `text` (bytes: UTF-8); ValueError saying what is wrong with it
+    for anything else, including what `json.loads` raises no ValueError for (nesting
+    deeper than it recurses) or says in Python's terms (an integer past the digits
+    Python converts)."""
+    try:
+        return json.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
+    except RecursionError:
+        raise ValueError("nested deeper than can be read") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise
+    except ValueError:  # the only other: int()'s limit on the digits it converts
+        raise ValueError("a number has more digits than can be read") from None
+
+
+def read_json(path: Path) -> Any:
+    """The JSON value of the file at `path`: OSError when it cannot be read, ValueError
+    (what is wrong) when it holds no JSON."""
+    return parse_json(path.read_bytes())

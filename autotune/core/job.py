@@ -11,6 +11,9 @@ import json
 from pathlib import Path
 from typing import Any, Protocol
 
+from autotune.core._typed import check_fields
+from autotune.core.files import parse_json
+
 FACTS_NAME = "facts.json"  # what the survey child writes beside its request
 
 
@@ -116,7 +119,11 @@ class JobFacts:
 
     @classmethod
     def from_json(cls, text: str) -> JobFacts:
-        raw = json.loads(text)
-        raw["args_fields"] = tuple(raw.get("args_fields", ()))
+        """ValueError saying what is wrong on anything that is not this version's facts."""
+        raw = parse_json(text)
+        if isinstance(raw, dict):  # facts without the class's fields: none known
+            raw = {"args_fields": [], **raw}
+        raw = check_fields(cls, raw)
+        raw["args_fields"] = tuple(raw["args_fields"])
         raw["longest_samples"] = tuple(raw.get("longest_samples", ()))
         return cls(**raw)

@@ -57,8 +57,8 @@ def claim_folder(folder: Path, name: str, url: str, *, write: bool = True) -> No
     `write=False` only checks (before anything is written)."""
     owner = f"{name} {storage_key(url)}"
     marker = folder / "STUDY"
-    try:
-        found = marker.read_text(encoding="utf-8").strip()
+    try:  # bytes a person or a tool left there are shown, not decoded strictly
+        found = " ".join(marker.read_bytes().decode("utf-8", "replace").split())[:100]
     except FileNotFoundError:
         if write:
             folder.mkdir(parents=True, exist_ok=True)

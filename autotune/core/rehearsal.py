@@ -20,6 +20,9 @@ import dataclasses
 import json
 from typing import Any
 
+from autotune.core._typed import check_fields
+from autotune.core.files import parse_json
+
 EVENTS_NAME = "rehearsal.jsonl"
 EVENTS = ("train", "evaluation", "save", "resume")
 
@@ -148,8 +151,9 @@ class Rehearsal:
 
     @classmethod
     def from_json(cls, text: str) -> Rehearsal:
-        raw = json.loads(text)
-        events = tuple(Event(**e) for e in raw.pop("events"))
+        """ValueError saying what is wrong on anything not a rehearsal of this version."""
+        raw = check_fields(cls, parse_json(text))
+        events = tuple(Event(**check_fields(Event, e)) for e in raw.pop("events"))
         return cls(events=events, **raw)
 
 
@@ -169,31 +173,33 @@ def read_events(
     kept: dict[str, int] = {}  # an event's floor: what it holds at its start + all it keeps
     for line in text.splitlines():
         try:
-            raw = json.loads(line)
-        except json.JSONDecodeError:
+            raw = parse_json(line)
+        except ValueError:
             continue  # a line cut short by the process dying
+        if not isinstance(raw, dict):
+            continue  # no event: the child writes none such
         name, state = str(raw.get("event", "")), raw.get("state")
         if state == "start":
             started[name] = raw
         elif state == "progress":
-            mark = (float(raw.get("done", 0.0)), int(raw.get("peak_bytes") or 0))
+            mark = (_share(raw.get("done")), _count(raw.get("peak_bytes")) or 0)
             progress.setdefault(name, []).append(mark)
         elif state == "kept" and name in started:
-            held = int(started[name].get("held_bytes") or 0)
-            each, samples = int(raw.get("bytes_per_sample") or 0), int(raw.get("samples") or 0)
-            kept[name] = held + each * samples if held else 0
+            held = _count(started[name].get("held_bytes")) or 0
+            each = _count(raw.get("bytes_per_sample")) or 0
+            kept[name] = held + each * (_count(raw.get("samples")) or 0) if held else 0
         elif state == "end":
-            done[name] = Event(name, "ok", raw.get("peak_bytes"))
+            done[name] = Event(name, "ok", _count(raw.get("peak_bytes")))
         elif state == "skipped":
-            done[name] = Event(name, "skipped", reason=str(raw.get("reason", "")))
+            done[name] = Event(name, "skipped", reason=_line(raw.get("reason")))
         elif state in ("oom", "error"):
-            done[name] = Event(name, state, raw.get("peak_bytes"), str(raw.get("reason", "")))
+            done[name] = Event(name, state, _count(raw.get("peak_bytes")), _line(raw.get("reason")))
     events = []
     for name in EVENTS:
         if name in done:
             events.append(done[name])
         elif name in started:
-            peak = peak_bytes or started[name].get("peak_bytes")
+            peak = peak_bytes or _count(started[name].get("peak_bytes"))
             why = "" if failure == "oom" else reason
             marks = progress.get(name, [])
             done_share = marks[-1][0] if marks else 0.0
@@ -202,6 +208,27 @@ def read_events(
         else:
             events.append(Event(name, "not reached"))
     return tuple(events)
+
+
+def _count(value: Any) -> int | None:
+    """A count of bytes or samples as the child wrote it; None where it wrote no count
+    (a line another version, or a damaged file, holds), or none a machine could have."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value) if 0 <= value < 2**63 else None  # NaN compares False
+
+
+def _share(value: Any) -> float:
+    """The share of a pass done, from 0 to 1 (0 where the line says no number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return 0.0
+    return float(min(max(value, 0), 1))
+
+
+def _line(value: Any) -> str:
+    """A reason as one line ("" where there is none)."""
+    lines = str(value).strip().splitlines() if value is not None else []
+    return lines[0][:300] if lines else ""
 
 
 def pass_end(marks: list[tuple[float, int]]) -> int | None:

@@ -10,8 +10,10 @@ import dataclasses
 import json
 from typing import Any
 
+from autotune.core._typed import check_fields
 from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import DeviceKind, Outcome, Precision, Task
+from autotune.core.files import parse_json
 from autotune.core.levers import DECLARED, Lever, model_arguments
 from autotune.core.parity_verdict import Parity
 from autotune.core.rehearsal import Rehearsal
@@ -307,10 +309,9 @@ class TrialResult:
 
     @classmethod
     def from_json(cls, text: str) -> TrialResult:
-        """Parse a result; raises ValueError (or TypeError/KeyError) on anything malformed."""
-        raw = json.loads(text)
-        if not isinstance(raw, dict):
-            raise ValueError("result is not a JSON object")
+        """Parse a result; ValueError saying what is wrong on anything malformed (not
+        JSON, another version's fields, a value of the wrong type)."""
+        raw = check_fields(cls, parse_json(text))
         raw["outcome"] = Outcome(raw["outcome"])
         raw["step_times_s"] = tuple(float(t) for t in raw.get("step_times_s", ()))
         raw["curve"] = tuple((int(s), float(v)) for s, v in raw.get("curve", ()))

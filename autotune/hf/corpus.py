@@ -14,13 +14,14 @@ import hashlib
 import json
 import random
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from autotune.core.dataset import DataSpec, LengthStats
 from autotune.core.enums import Task
 from autotune.core.errors import UsageError
+from autotune.core.files import parse_json
 from autotune.core.space import SAMPLINGS
 
 # Deferred imports: datasets and transformers load only when a --dataset is prepared; the
@@ -42,6 +43,9 @@ def load_source(source: str, *, split: str) -> Any:
 
     datasets.disable_progress_bars()  # one line per event, not a progress bar per file
     path = Path(source).expanduser()
+    before = datasets.logging.get_verbosity()
+    # its own stderr handler logs a malformed file before raising: the one line is ours
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     try:
         if path.is_dir():
             loaded = datasets.load_from_disk(str(path))
@@ -60,6 +64,8 @@ def load_source(source: str, *, split: str) -> Any:
                     f"--dataset {source}: cannot read {path.suffix!r} files; use "
                     f"{', '.join(FILE_KINDS)} or a save_to_disk folder"
                 )
+            if kind == "json":
+                _check_json_rows(path, source)
             return datasets.load_dataset(kind, data_files=str(path), split="train")
         if source.startswith((".", "/", "~")):
             raise UsageError(f"--dataset {source}: no such file or folder")
@@ -69,6 +75,45 @@ def load_source(source: str, *, split: str) -> Any:
     except Exception as exc:  # the hub offline, a malformed file, a missing split
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise UsageError(f"cannot load --dataset {source}: {first}") from None
+    finally:
+        datasets.logging.set_verbosity(before)
+
+
+def _check_json_rows(path: Path, source: str) -> None:
+    """Every row of a JSON Lines file (or every element of a .json list) is a JSON object
+    that Python reads; UsageError naming the first that is not. Read here, before
+    `datasets`: its readers kill the process (SIGSEGV) on some (pyarrow 26 where the first
+    row is null, pandas' on rows nested some 10,000 deep). Costs less than the tokenizing."""
+    try:
+        rows = _lines(path)
+        if path.suffix.lower() != ".jsonl":
+            try:
+                whole = parse_json(path.read_bytes())
+            except ValueError:
+                pass  # JSON Lines, as datasets' own to_json writes a .json: line by line
+            else:
+                if isinstance(whole, dict):  # an object of columns: datasets reads it
+                    return
+                if not isinstance(whole, list):
+                    shown = json.dumps(whole)[:40]
+                    raise UsageError(f"--dataset {source} holds {shown}, not JSON objects")
+                rows = ((f"row {n}", row) for n, row in enumerate(whole, 1))
+        for where, row in rows:
+            if not isinstance(row, dict):
+                shown = json.dumps(row)[:40]
+                raise UsageError(f"--dataset {source}: {where} is {shown}, not a JSON object")
+    except ValueError as exc:  # not UTF-8, not JSON, too deep, a number too long
+        raise UsageError(f"--dataset {source} is not valid JSON ({exc})") from None
+
+
+def _lines(path: Path) -> Iterator[tuple[str, Any]]:
+    with path.open("rb") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield f"line {n}", parse_json(line)
+                except ValueError as exc:
+                    raise ValueError(f"line {n}: {exc}") from None
 
 
 def load_tokenizer(name: str) -> Any:
@@ -191,10 +236,10 @@ def _token_ids(
     """The dataset's ids as given (an input_ids column), else its text tokenized."""
     columns = list(table.column_names)
     if "input_ids" in columns:
-        ids = [list(map(int, x)) for x in table["input_ids"]]
+        ids = _id_lists(table["input_ids"], source, "input_ids")
         seq2seq = task == Task.SEQ2SEQ
         targets = (
-            [list(map(int, x)) for x in table["labels"]]
+            _id_lists(table["labels"], source, "labels")
             if seq2seq and "labels" in columns
             else None
         )
@@ -222,6 +267,24 @@ def _token_ids(
     return _Tokens(
         ids, targets, columns, text_column, target_column, tokenizer, int(tok.pad_token_id)
     )
+
+
+def _id_lists(rows: Sequence[Any], source: str, column: str) -> list[list[int]]:
+    """A column of token ids as given: each row a list of whole numbers from 0 (Arrow
+    may hold them as floats); UsageError naming the first row that is not."""
+    found = []
+    for n, row in enumerate(rows):
+        ok = isinstance(row, list) and all(
+            (type(t) is int or (isinstance(t, float) and t.is_integer())) and t >= 0 for t in row
+        )
+        if not ok:
+            shown = repr(row) if len(repr(row)) <= 60 else repr(row)[:57] + "..."
+            raise UsageError(
+                f"--dataset {source}: row {n} of {column!r} is {shown}; token ids are lists "
+                "of whole numbers from 0"
+            )
+        found.append([int(t) for t in row])
+    return found
 
 
 def padding_waste(
@@ -264,11 +327,12 @@ def _class_labels(table: Any, columns: list[str], column: str | None, source: st
             f"{', '.join(columns)}; pass --target-column"
         )
     values = list(table[column])
-    bad = next((v for v in values if isinstance(v, bool) or not isinstance(v, int)), None)
-    if bad is not None:
+    # a list, not next(..., None): a missing label (None) is one to refuse
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or v < 0]
+    if bad:
         raise UsageError(
-            f"--dataset {source}: labels in {column!r} must be class ids (whole numbers), "
-            f"found {bad!r}; map the classes to 0, 1, ... first"
+            f"--dataset {source}: labels in {column!r} must be class ids (whole numbers from "
+            f"0), found {bad[0]!r}; map the classes to 0, 1, ... first"
         )
     return [int(v) for v in values]
 

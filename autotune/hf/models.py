@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 
 from autotune.core.enums import Task
 from autotune.core.errors import ModelConfigError, ModelNotFoundError, UsageError
+from autotune.core.files import read_json
 from autotune.core.job import ParameterCount
 from autotune.core.trial import ModelSpec
 
@@ -69,7 +70,8 @@ def resolve_model(name: str, *, task: str = "auto") -> ModelSpec:
 
 def detect_task(config: dict[str, Any]) -> str | None:
     """The training task a config was published for, or None when it does not say."""
-    for arch in config.get("architectures") or []:
+    archs = config.get("architectures")
+    for arch in archs if isinstance(archs, list) else []:  # a config may say anything
         for suffix, task in _ARCH_SUFFIXES:
             if str(arch).endswith(suffix):
                 return task
@@ -133,12 +135,17 @@ def count_parameters(spec: ModelSpec) -> ParameterCount:
 
     try:
         with torch.device("meta"):
-            return parameter_count(build_model(spec))
-    except ValueError as exc:  # peft: a target module the model does not have
-        if not spec.adapter:
-            raise
-        first = str(exc).strip().splitlines()[0]
-        raise UsageError(f"--lora: {first}; targets= must name layers {spec.name} has") from None
+            model = build_model(spec)
+    except Exception as exc:  # what a config's values make building the model raise
+        if spec.adapter and isinstance(exc, ValueError):  # peft: a target the model lacks
+            first = str(exc).strip().splitlines()[0]
+            raise UsageError(
+                f"--lora: {first}; targets= must name layers {spec.name} has"
+            ) from None
+        raise ModelConfigError(
+            f"transformers cannot build {spec.name!r} from its config: {_said(exc)}"
+        ) from None
+    return parameter_count(model)
 
 
 def parameter_count(model: Any) -> ParameterCount:
@@ -226,8 +233,8 @@ def _load_local(path: Path, name: str) -> dict[str, Any]:
             "save_pretrained, or a hub id"
         )
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        config = read_json(config_path)
+    except ValueError as exc:  # not UTF-8, not JSON, too deep, a number too long
         raise ModelConfigError(
             f"{config_path} is not valid JSON ({exc}); fix or regenerate it"
         ) from None
@@ -292,10 +299,27 @@ def transformers_config(config: dict[str, Any]) -> Any:
     return AutoConfig.for_model(model_type, **values)
 
 
+# Building a model on the meta device costs no memory, but a loop per layer (or expert):
+# a config saying 2**63 of them would hang the search, not fail it
+MAX_LAYERS = 10_000
+
+
 def _check_buildable(name: str, config: dict[str, Any]) -> None:
+    for key, value in config.items():
+        many = isinstance(value, int) and not isinstance(value, bool) and value > MAX_LAYERS
+        if many and ("layer" in key or "experts" in key):
+            raise ModelConfigError(
+                f"{name!r}: its config's {key} is {value}, more than the {MAX_LAYERS} a model "
+                "built here may have; fix config.json"
+            )
     try:
         transformers_config(config)
-    except (ValueError, KeyError, TypeError) as exc:
+    except Exception as exc:  # the config's checks raise their own types
         raise ModelConfigError(
-            f"transformers cannot build {name!r} from its config: {exc}"
+            f"transformers cannot build {name!r} from its config: {_said(exc)}"
         ) from None
+
+
+def _said(exc: Exception) -> str:
+    """An exception's message on one line (huggingface_hub's validation errors take two)."""
+    return " ".join(str(exc).split())[:300] or type(exc).__name__

@@ -5,6 +5,8 @@ into the LoraConfig fields `hf/models.with_adapter` wraps the built model with."
 from __future__ import annotations
 
 import importlib.util
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +91,33 @@ def _read_file(path: Path | None) -> dict[str, Any]:
     raw = read_json_object(path, option="--peft-config")
     if raw.get("peft_type", "LORA") != "LORA":
         raise UsageError(f"--peft-config {path}: give a LoRA adapter_config.json")
-    return {k: raw[k] for k in _FILE_KEYS if raw.get(k) is not None}
+    settings = {k: raw[k] for k in _FILE_KEYS if raw.get(k) is not None}
+    for key, value in settings.items():  # LoraConfig takes any type; the model would not
+        takes, what = _FILE_TYPES[key]
+        if not takes(value):
+            raise UsageError(f"--peft-config {path}: {key} is {value!r}; it must be {what}")
+    return settings
+
+
+def _number(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
+
+
+_FILE_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "r": (lambda v: _number(v) and isinstance(v, int), "a whole number"),
+    "lora_alpha": (_number, "a number"),
+    "lora_dropout": (lambda v: _number(v) and 0 <= v < 1, "a number from 0 up to 1"),
+    "target_modules": (
+        lambda v: (
+            isinstance(v, str) or (isinstance(v, list) and all(isinstance(m, str) for m in v))
+        ),
+        "a layer name or a list of them",
+    ),
+    "bias": (lambda v: isinstance(v, str), 'one of "none", "all", "lora_only"'),
+    "use_rslora": (lambda v: isinstance(v, bool), "true or false"),
+}
 
 
 def _check(settings: dict[str, Any], where: str) -> None:

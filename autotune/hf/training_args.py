@@ -25,6 +25,7 @@ from typing import Any
 from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import DeviceKind, Precision
 from autotune.core.errors import AutotuneError, UsageError
+from autotune.core.files import read_json
 from autotune.core.job import BaseArguments
 from autotune.core.levers import DECLARED
 from autotune.core.optimizers import NOT_HERE, optimizer
@@ -175,10 +176,10 @@ def training_fields(args_class: str = "") -> set[str]:
 def read_json_object(path: Path, *, option: str) -> dict[str, Any]:
     """The file's JSON object; UsageError naming the option and the problem."""
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = read_json(path)
     except FileNotFoundError:
         raise UsageError(f"{option} {path}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # not UTF-8, not JSON, too deep, a number too long
         raise UsageError(f"{option} {path} is not valid JSON ({exc})") from None
     if not isinstance(raw, dict):
         raise UsageError(f"{option} {path} must hold a JSON object of argument names to values")
@@ -286,6 +287,11 @@ def cli_flags(tuned: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+# Fields TrainingArguments opens when they hold no dict. It opens a number (a bool too)
+# as a file descriptor: 1 read and closed autotune's own stdout, 0 waited on stdin.
+OPENED_FIELDS = ("accelerator_config", "deepspeed", "fsdp_config")
+
+
 def validate(
     fields: dict[str, Any], *, error: type[AutotuneError], where: str, args_class: str = ""
 ) -> None:
@@ -296,6 +302,10 @@ def validate(
     from transformers.utils import logging as hf_logging
 
     cls = arguments_class(args_class)
+    for key in OPENED_FIELDS:
+        value = fields.get(key)
+        if value is not None and not isinstance(value, (str, dict)):
+            raise error(f"{where}: {key} is {value!r}; give the path of a JSON file or an object")
     parser = HfArgumentParser(cls)
     before = hf_logging.get_verbosity()
     # errors only: its warnings speak of this machine ("no Ampere GPU detected here" for
@@ -303,7 +313,8 @@ def validate(
     hf_logging.set_verbosity(logging.ERROR)
     try:
         (parsed,) = parser.parse_dict(fields)
-    except (ValueError, TypeError) as exc:
+    except Exception as exc:  # its checks raise what they raise on a value of the wrong
+        # type (AttributeError for metric_for_best_model [])
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise error(f"{where}: {cls.__name__} refuses it: {first}") from None
     finally:

@@ -36,7 +36,7 @@ from typing import IO, Any
 
 from autotune.core.enums import DeviceKind
 from autotune.core.errors import LaunchError
-from autotune.core.files import write_atomic
+from autotune.core.files import parse_json, write_atomic
 from autotune.core.levers import model_arguments
 from autotune.core.spec import SearchSpec
 from autotune.hf.factory import load_factory
@@ -307,8 +307,8 @@ def _read_reply(
         buffer += chunk
     line, buffer = buffer.split(b"\n", 1)
     try:
-        return dict(json.loads(line)), buffer
-    except (ValueError, TypeError):
+        return dict(parse_json(line)), buffer
+    except (ValueError, TypeError):  # not JSON (too deep, too long too), or no object
         raise LaunchError(f"the fork server sent {line[:80]!r} (see {log})") from None
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import LaunchError, UsageError
+from autotune.core.files import read_json
 from autotune.core.job import FACTS_NAME, JobFacts, SurveyServer
 from autotune.system.process import child_env, dies_with, stop
 
@@ -65,11 +66,23 @@ def survey_job(
                 "(raise --trial-timeout if building your job takes longer)"
             )
         answer = _answer(path.with_name(FACTS_NAME), log, returncode)
+    return _facts(answer, trainer)
+
+
+def _facts(answer: dict[str, Any], trainer: str) -> JobFacts:
+    """The facts the child answered; FactoryFailed with its one-line error otherwise."""
     if "facts" in answer:
-        return JobFacts.from_json(json.dumps(answer["facts"]))
+        try:
+            return JobFacts.from_json(json.dumps(answer["facts"]))
+        except ValueError as exc:  # written by another autotune than this one
+            raise FactoryFailed(
+                f"building {_name(trainer)} answered facts this autotune cannot read ({exc}); "
+                "reinstall autotune so that the search and its probes are one version"
+            ) from None
+    error = (str(answer["error"]).strip().splitlines() or ["no reason given"])[0]
     if answer.get("raised"):
-        raise FactoryFailed(f"{_name(trainer)} raised {answer['error']}")
-    raise FactoryFailed(str(answer["error"]))
+        raise FactoryFailed(f"{_name(trainer)} raised {error}")
+    raise FactoryFailed(error)
 
 
 def _fresh(request: Path, log: Path, timeout_s: float) -> int | None:
@@ -92,12 +105,20 @@ def _fresh(request: Path, log: Path, timeout_s: float) -> int | None:
 
 
 def _answer(path: Path, log: Path, returncode: int | None) -> dict[str, Any]:
+    """The child's answer: {"facts": ...}, or {"error": its one line, "raised": ...};
+    where it wrote neither (it died, or wrote something else), its log's last line."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+        answer = read_json(path)
     except (OSError, ValueError):
+        answer = None
+    if isinstance(answer, dict) and ("facts" in answer or isinstance(answer.get("error"), str)):
+        return answer
+    try:
         lines = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-        last = lines[-1] if lines else f"exit status {returncode}"
-        return {"error": f"building your job crashed: {last[:300]}", "raised": False}
+    except OSError:
+        lines = []
+    last = lines[-1] if lines else f"exit status {returncode}"
+    return {"error": f"building your job crashed: {last[:300]}", "raised": False}
 
 
 def _name(trainer: str) -> str:

@@ -23,6 +23,7 @@ import optuna
 
 from autotune.core.device import measuring_environment
 from autotune.core.enums import Outcome
+from autotune.core.errors import StudyError
 from autotune.core.parity_state import ParityState
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord, TrialResult
@@ -82,7 +83,7 @@ class Reuse:
                 continue
             try:
                 other = SearchSpec.from_json(raw)
-            except (ValueError, TypeError, KeyError):  # a spec of another autotune version
+            except (ValueError, TypeError, KeyError, RecursionError):  # another version's
                 continue
             if other.measurement_identity() != wanted:
                 continue
@@ -90,7 +91,7 @@ class Reuse:
                 study = optuna.load_study(study_name=summary.study_name, storage=store.storage)
                 found = StudyStore(study, store.storage, store.url, other)
                 records, parity = found.records(), found.parity()
-            except (ValueError, TypeError, KeyError):  # results this version cannot read
+            except (StudyError, ValueError, TypeError, KeyError):  # results it cannot read
                 continue
             sources.append(Source(summary.study_name, other, tuple(records), parity))
         return cls(

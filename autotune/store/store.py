@@ -100,7 +100,9 @@ class StudyStore:
             raise StudyError(
                 f"study {name!r} was not made by autotune (it has no {StudyAttr.SPEC})"
             )
-        return cls(study, storage, url, SearchSpec.from_json(raw))
+        with _readable(name, url, "its search spec"):
+            spec = SearchSpec.from_json(raw)
+        return cls(study, storage, url, spec)
 
     @staticmethod
     def stored_spec(*, url: str, name: str) -> SearchSpec | None:
@@ -118,7 +120,8 @@ class StudyStore:
         except Exception as exc:
             raise StudyError(f"cannot open storage {mask(url)!r}: {first_line(exc)}") from None
         raw = storage.get_study_user_attrs(study_id).get(StudyAttr.SPEC)
-        return SearchSpec.from_json(raw) if raw else None
+        with _readable(name, url, "its search spec"):
+            return SearchSpec.from_json(raw) if raw else None
 
     def _check_identity(self) -> None:
         wanted = json.dumps(self.spec.identity(), sort_keys=True)
@@ -174,14 +177,14 @@ class StudyStore:
         rounds: dict[int, list[tuple[int, float]]] = {}
         for trial in finished:
             if Attr.CONFIRMS in trial.user_attrs:
-                confirmed = int(trial.user_attrs[Attr.CONFIRMS])
-                run = TrialResult.from_json(trial.user_attrs[Attr.RESULT])
+                with self._readable(f"trial {trial.number}'s result"):
+                    confirmed = int(trial.user_attrs[Attr.CONFIRMS])
+                    run = TrialResult.from_json(trial.user_attrs[Attr.RESULT])
+                    round_made = int(trial.user_attrs.get(Attr.ROUND, -1))
                 confirmations.setdefault(confirmed, []).append(run)
                 step_s = quiet_step_s(run) if run.outcome == Outcome.OK else None
                 if Attr.ROUND in trial.user_attrs and step_s:
-                    rounds.setdefault(confirmed, []).append(
-                        (int(trial.user_attrs[Attr.ROUND]), step_s)
-                    )
+                    rounds.setdefault(confirmed, []).append((round_made, step_s))
         state = self.parity()
         rehearsed = self.rehearsals()
         found = []
@@ -189,8 +192,9 @@ class StudyStore:
             if Attr.CONFIRMS in trial.user_attrs:
                 continue
             extra = confirmations.get(trial.number, [])
-            first = TrialResult.from_json(trial.user_attrs[Attr.RESULT])
-            candidate = candidate_of(self.spec.space, trial.params)
+            with self._readable(f"trial {trial.number}'s result"):
+                first = TrialResult.from_json(trial.user_attrs[Attr.RESULT])
+                candidate = candidate_of(self.spec.space, trial.params)
             found.append(
                 TrialRecord(
                     trial.number,
@@ -208,7 +212,8 @@ class StudyStore:
     def parity(self) -> ParityState | None:
         """The study's parity runs and verdicts (None before any parity run)."""
         raw = self.study.user_attrs.get(StudyAttr.PARITY)
-        return ParityState.from_json(raw) if raw else None
+        with self._readable("its parity runs"):
+            return ParityState.from_json(raw) if raw else None
 
     @transient_retry
     def save_parity(self, state: ParityState) -> None:
@@ -218,7 +223,8 @@ class StudyStore:
     def objective(self) -> Objective:
         """What the study's last search selected by (throughput for one stored before the
         objective was kept): show, export, report and autotune.load select by it too."""
-        return Objective(self.study.user_attrs.get(StudyAttr.OBJECTIVE, Objective.THROUGHPUT))
+        with self._readable("its objective"):
+            return Objective(self.study.user_attrs.get(StudyAttr.OBJECTIVE, Objective.THROUGHPUT))
 
     @transient_retry
     def save_objective(self, objective: Objective) -> None:
@@ -238,7 +244,8 @@ class StudyStore:
     def rehearsals(self) -> dict[int, Rehearsal]:
         """The study's rehearsals, by the trial rehearsed."""
         raw = self.study.user_attrs.get(StudyAttr.REHEARSALS, {})
-        return {int(n): Rehearsal.from_json(text) for n, text in raw.items()}
+        with self._readable("its rehearsals"):
+            return {int(n): Rehearsal.from_json(text) for n, text in raw.items()}
 
     @transient_retry
     def save_rehearsal(self, number: int, rehearsal: Rehearsal) -> None:
@@ -251,7 +258,8 @@ class StudyStore:
     def parity_plan(self) -> ParityPlan | None:
         """The parity runs' length --parity auto planned for this study, if it has."""
         raw = self.study.user_attrs.get(StudyAttr.PARITY_PLAN)
-        return ParityPlan.from_json(raw) if raw else None
+        with self._readable("its parity plan"):
+            return ParityPlan.from_json(raw) if raw else None
 
     @transient_retry
     def save_parity_plan(self, plan: ParityPlan) -> ParityPlan:
@@ -500,6 +508,9 @@ class StudyStore:
             attrs[Attr.CONSTRAINT_GIB] = verdict.constraint_gib
         return {str(k): v for k, v in attrs.items()}
 
+    def _readable(self, what: str) -> contextlib.AbstractContextManager[None]:
+        return _readable(self.name, self.url, what)
+
     def _id(self, number: int) -> int:
         return compat.trial_id(self.storage, self.study, number)
 
@@ -525,3 +536,17 @@ def _already_finished(exc: BaseException) -> bool:
     if isinstance(exc, optuna.exceptions.UpdateFinishedTrialError):
         return True
     return str(exc).startswith("Cannot tell a")
+
+
+@contextlib.contextmanager
+def _readable(name: str, url: str, what: str) -> Iterator[None]:
+    """Decoding what a study holds: StudyError, naming the study and `what` of it cannot
+    be read, where another version (or damage) left it in a shape this one cannot read."""
+    try:
+        yield
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        why = f"no {exc}" if isinstance(exc, KeyError) else first_line(exc)
+        raise StudyError(
+            f"study {name!r} in {mask(url)}: {what} cannot be read ({why}); another autotune "
+            "version wrote it, or it is damaged: search it under another --study"
+        ) from None

@@ -26,7 +26,6 @@ arithmetic: no parity run is needed, and the tuned ones are exported with the co
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import time
 from collections.abc import Sequence
@@ -35,6 +34,7 @@ from typing import Any
 
 from autotune.core.enums import DeviceKind, Outcome
 from autotune.core.errors import NoFitError
+from autotune.core.files import parse_json
 from autotune.core.rehearsal import EVENTS_NAME, Event, Rehearsal, read_events
 from autotune.core.run_events import RunEvents
 from autotune.core.spec import SearchSpec
@@ -417,10 +417,11 @@ def _logits_kept(text: str) -> bool:
     compute_metrics, and not prediction_loss_only)."""
     for line in text.splitlines():
         try:
-            if json.loads(line).get("logits_kept"):
-                return True
-        except json.JSONDecodeError:
-            continue
+            raw = parse_json(line)
+        except ValueError:
+            continue  # a line cut short by the process dying
+        if isinstance(raw, dict) and raw.get("logits_kept"):
+            return True
     return False
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from autotune.core.enums import Objective, Task
 from autotune.core.errors import ExportError
-from autotune.core.files import write_all_atomic
+from autotune.core.files import read_json, write_all_atomic
 from autotune.core.parity import changes
 from autotune.core.parity_state import ParityState
 from autotune.core.run_events import RunEvents, required
@@ -54,17 +54,17 @@ def previous_export(output: Path, *, force: bool) -> dict[str, Any]:
             "writes an export over it: choose another --output"
         )
     try:
-        sidecar = json.loads(sidecar_path(output).read_text(encoding="utf-8"))
-        ours = isinstance(sidecar, dict) and {"study", "best"} <= set(sidecar)
-        existing = json.loads(where.read_text(encoding="utf-8"))
+        sidecar, existing = read_json(sidecar_path(output)), read_json(where)
     except (OSError, ValueError):
-        ours, existing = False, None
+        sidecar = existing = None
+    ours = isinstance(sidecar, dict) and {"study", "best"} <= set(sidecar)
     if ours and isinstance(existing, dict):
         written = sidecar.get("arguments")
         if not isinstance(written, dict):  # a sidecar from before it listed them
             written = {k: v for k, v in existing.items() if k in TUNED}
-        written = {**written, **(sidecar.get("your_arguments") or {})}
-        return {k: v for k, v in existing.items() if k not in written}
+        theirs = sidecar.get("your_arguments") or {}
+        if isinstance(theirs, dict):  # else not a sidecar autotune wrote: refused below
+            return {k: v for k, v in existing.items() if k not in {**written, **theirs}}
     if not force:
         raise ExportError(
             f"{output} exists and was not written by autotune; choose another "
@@ -220,8 +220,15 @@ NOT_CHECKED = "training parity not checked (searched with --parity off)"
 
 def written_script_changes(output: Path) -> list[str]:
     """The script lines an export's sidecar lists (none for a sidecar from before)."""
-    summary = json.loads(sidecar_path(output).read_text(encoding="utf-8"))
-    return [str(line) for line in summary.get("script_changes", [])]
+    path = sidecar_path(output)
+    try:
+        summary = read_json(path)
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"cannot read {path}: {exc}") from None
+    lines = summary.get("script_changes", []) if isinstance(summary, dict) else None
+    if not isinstance(lines, list):
+        raise ExportError(f"{path} is not an export's summary: export again to rewrite it")
+    return [str(line) for line in lines]
 
 
 def script_changes(candidate: Candidate, *, factory: bool = False) -> list[str]:
