@@ -41,8 +41,8 @@ def test_a_compiled_probe_pays_its_compilation_once_and_says_so(tmp_path: Path) 
     assert eager.outcome == compiled.outcome == Outcome.OK, compiled.reason
     assert compiled.one_time_s is not None and eager.one_time_s is not None
     # a cold compilation (its own cache) costs seconds; the warm-up excess of a plain run
-    # is a fraction of a second
-    assert compiled.one_time_s > 5.0 > 10 * eager.one_time_s, (
+    # is a fraction of that (0.2-0.4 s alone here, 1.2 s beside two other test runs)
+    assert compiled.one_time_s > max(5.0, 4 * eager.one_time_s), (
         compiled.one_time_s,
         eager.one_time_s,
     )
