@@ -155,6 +155,8 @@ class SearchRun:
         limits = self.limits
         if sum(is_probe(r) for r in recs) + len(busy) >= limits.max_trials:
             return f"reached --max-trials {limits.max_trials}"
+        if not busy and not any(is_probe(r) for r in recs):
+            return ""  # no answer without one measurement: the first probe runs, however late
         if deadline.passed() and not self._reserve_idle(recs, end):
             return "time budget spent" + (
                 " (the rest is for confirmation)" if limits.confirm_top else ""

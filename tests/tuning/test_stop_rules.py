@@ -70,6 +70,20 @@ def test_the_time_budget_stops_new_probes_at_its_search_share() -> None:
     assert not budget.passed() and budget.left() == 19.0  # confirmation still has its time
 
 
+def test_the_first_probe_runs_however_late_the_survey_left_it() -> None:
+    """A 10 s budget spent by the survey of a slow factory (ci, cores shared): with no
+    measurement there is nothing to export, so the first probe starts past the budget;
+    once it has a result, the budget stops the next."""
+    clock = Clock()
+    budget = Deadline.after(10.0, clock)
+    search = run(SearchLimits(max_trials=50, confirm_top=0))
+    clock.now += 15
+    assert search._stop_reason([], {}, budget, never_over, end=budget) == ""
+    assert search._stop_reason([], {cand(8): 1}, budget, never_over, end=budget) != ""
+    why = search._stop_reason([rec(0, cand(8))], {}, budget, never_over, end=budget)
+    assert why.startswith("time budget spent")
+
+
 def test_max_trials_counts_probes_running_elsewhere_but_not_skips() -> None:
     from autotune.core.enums import Outcome
 
