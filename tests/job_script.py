@@ -173,21 +173,28 @@ def imported(folder: Path) -> Iterator[Any]:
         sys.modules.pop("job", None)
 
 
-def write_job(folder: Path) -> Path:
-    """The script, its model (fp32, and the same stored in bf16), tokenizer and data
-    under `folder`; returns the script."""
-    import torch
+def byte_tokenizer() -> Any:
+    """A byte-level tokenizer with no merges: every byte a token, trained on nothing."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    folder.mkdir(parents=True, exist_ok=True)
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     bpe = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_object=bpe, eos_token="<eos>", pad_token="<pad>", bos_token="<bos>"
     )
+
+
+def write_job(folder: Path) -> Path:
+    """The script, its model (fp32, and the same stored in bf16), tokenizer and data
+    under `folder`; returns the script."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = byte_tokenizer()
     tokenizer.save_pretrained(str(folder / "tokenizer"))
 
     def config(width: int) -> LlamaConfig:
@@ -248,18 +255,11 @@ def write_chat_job(folder: Path) -> tuple[Path, Path]:
     folder whose train.jsonl holds conversations as TRL's chat data sets do. Returns the
     model folder and the data folder (the quick start's TRAIN_MODEL and TRAIN_DATA)."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     model_dir, data_dir = folder / "chat-model", folder / "chat-data"
     data_dir.mkdir(parents=True, exist_ok=True)
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    bpe = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, eos_token="<eos>", pad_token="<pad>", bos_token="<bos>"
-    )
+    tokenizer = byte_tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE
     config = Qwen2Config(
         vocab_size=len(tokenizer),
