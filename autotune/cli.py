@@ -54,10 +54,15 @@ def search(**options: Any) -> None:
 
     # SIGTERM unwinds like Ctrl-C, so the running trial's process group is killed and
     # the trial is failed and re-queued (other commands keep the default: just exit).
-    signal.signal(signal.SIGTERM, raise_terminated)
+    # The handler before it comes back after, for a caller that runs the command in its
+    # own process (a test's CliRunner).
+    before = signal.signal(signal.SIGTERM, raise_terminated)
     fmt = options.pop("fmt")
     asked = SearchOptions(**{**options, "objective": Objective(options["objective"])})
-    outcome = search_command(asked, studies_dir=DEFAULT_STUDIES, log_to_stderr=fmt == "json")
+    try:
+        outcome = search_command(asked, studies_dir=DEFAULT_STUDIES, log_to_stderr=fmt == "json")
+    finally:
+        signal.signal(signal.SIGTERM, before)
     best = outcome.best
     if fmt == "json":
         click.echo(outcome_json(outcome))

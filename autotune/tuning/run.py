@@ -155,16 +155,22 @@ class SearchRun:
         limits = self.limits
         if sum(is_probe(r) for r in recs) + len(busy) >= limits.max_trials:
             return f"reached --max-trials {limits.max_trials}"
-        if not busy and not any(is_probe(r) for r in recs):
-            return ""  # no answer without one measurement: the first probe runs, however late
-        if deadline.passed() and not self._reserve_idle(recs, end):
+        # no answer without one measurement: the first probe runs however late (a study
+        # that took measurements over from another has them, and stops on the clock)
+        first = not busy and all(r.result.outcome == Outcome.SKIPPED for r in recs)
+        if deadline.passed() and not first and not self._reserve_idle(recs, end):
             return "time budget spent" + (
                 " (the rest is for confirmation)" if limits.confirm_top else ""
             )
         expected = probe_wall_s(recs)
         # the rehearsal before the export is left its time
         rehearsal = reserved_s(recs, self.spec, expected) if self.rehearses else 0.0
-        if end is not None and (left := end.left()) is not None and expected + rehearsal > left:
+        if (
+            not first
+            and end is not None
+            and (left := end.left()) is not None
+            and expected + rehearsal > left
+        ):
             also = " and the rehearsal" if rehearsal else ""
             return (
                 f"time budget spent: a probe{also} takes about "

@@ -84,6 +84,36 @@ def test_the_first_probe_runs_however_late_the_survey_left_it() -> None:
     assert why.startswith("time budget spent")
 
 
+class NoneFits:
+    """The estimate's verdict where nothing fits the memory budget."""
+
+    def __call__(self, candidate: Candidate) -> str | None:
+        return "the estimate says it will not fit"
+
+    def fits(self, candidate: Candidate) -> bool:
+        return False
+
+
+def test_a_search_with_nothing_left_to_probe_stops_though_it_probed_nothing() -> None:
+    """The first-probe rule lets the clock pass, never an exhausted space: a rerun that
+    took every config over from an earlier study (CI hung on it for 15 minutes) stops,
+    and so does one whose every config the estimate ruled out."""
+    clock = Clock()
+    budget = Deadline.after(10.0, clock)
+    search = run(SearchLimits(max_trials=50, confirm_top=0))
+    taken = [
+        dataclasses.replace(rec(n, c), result=rec(n, c).result.replace(reused_from="tiny"))
+        for n, c in enumerate(SPEC.space.candidates())
+    ]
+    exhausted = "every config in the space is measured or ruled out"
+    assert search._stop_reason(taken, {}, budget, never_over, end=budget) == exhausted
+    clock.now += 15
+    assert search._stop_reason(taken, {}, budget, never_over, end=budget).startswith(
+        "time budget spent"
+    )
+    assert search._stop_reason([], {}, budget, NoneFits(), end=budget) == exhausted
+
+
 def test_max_trials_counts_probes_running_elsewhere_but_not_skips() -> None:
     from autotune.core.enums import Outcome
 
