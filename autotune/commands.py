@@ -4,6 +4,7 @@ print it and the CLI turns errors into one line and an exit code."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import ipaddress
 import json
 import os
@@ -11,9 +12,6 @@ import platform
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import optuna
-from optuna_dashboard import run_server
 
 from autotune.core import checkpointing
 from autotune.core.enums import DeviceKind, Objective
@@ -39,7 +37,7 @@ from autotune.hf.training_args import (
     validate,
 )
 from autotune.store.compat import study_id as stored_id
-from autotune.store.storage import STORAGE_ENV, mask
+from autotune.store.storage import STORAGE_ENV, mask, serve_dashboard
 from autotune.store.store import StudyStore
 from autotune.system.devices import detect_device
 from autotune.tuning.estimate import estimate_rows
@@ -235,7 +233,7 @@ def dashboard_command(*, study_name: str, storage: str, host: str, port: int) ->
     study_id = stored_id(store.storage, store.study)
     for line in dashboard_lines(study_name, mask(storage), host, port, study_id):
         print(line, flush=True)
-    run_server(storage, host=host, port=port)
+    serve_dashboard(storage, host=host, port=port)
 
 
 def dashboard_lines(
@@ -313,7 +311,7 @@ def doctor_command(*, device: str, on_check: Callable[[Check], None] = lambda ch
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "optuna": optuna.__version__,
+        "optuna": importlib.metadata.version("optuna"),
         "cuda": str(torch.version.cuda),
     }
     return run_doctor(

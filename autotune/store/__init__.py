@@ -18,10 +18,11 @@ if TYPE_CHECKING:
     from autotune.store.reuse import Reuse
     from autotune.store.samplers import make_sampler
     from autotune.store.storage import STORAGE_ENV, mask
-    from autotune.store.store import StudyStore, TrialLost
+    from autotune.store.store import Asked, StudyStore, TrialLost
 
 __all__ = [
     "STORAGE_ENV",
+    "Asked",
     "Attr",
     "Reuse",
     "StudyStore",
@@ -39,6 +40,7 @@ _OWNERS = {
     "make_sampler": "autotune.store.samplers",
     "STORAGE_ENV": "autotune.store.storage",
     "mask": "autotune.store.storage",
+    "Asked": "autotune.store.store",
     "StudyStore": "autotune.store.store",
     "TrialLost": "autotune.store.store",
 }

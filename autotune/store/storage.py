@@ -156,3 +156,11 @@ def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     line = text[0][:200] if text else type(exc).__name__
     return _PASSWORD.sub(r"\1***@", line)
+
+
+def serve_dashboard(url: str, *, host: str, port: int) -> None:
+    """optuna-dashboard on the storage at `url`, until interrupted (it has no
+    authentication: the caller says so before serving off loopback)."""
+    from optuna_dashboard import run_server  # its web server: loaded by `dashboard` alone
+
+    run_server(url, host=host, port=port)

@@ -9,6 +9,7 @@ optuna-dashboard shows the Pareto front.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 from collections.abc import Callable, Iterator, Mapping
@@ -38,6 +39,21 @@ from autotune.store.storage import first_line, mask, open_storage, quiet_optuna
 
 GIB = float(2**30)
 UNRECORDED = "unrecorded.json"  # in a trial's folder: measured, but the storage was away
+
+
+@dataclasses.dataclass(frozen=True)
+class Asked:
+    """A trial the store handed out: its config and whether it is a queued first guess.
+    Optuna's trial behind it is the store's own: the search passes the value back to
+    claim, heartbeat and tell, and never reads it."""
+
+    trial: optuna.Trial = dataclasses.field(repr=False, compare=False)
+    candidate: Candidate
+    first_guess: bool
+
+    @property
+    def number(self) -> int:
+        return self.trial.number
 
 
 class StudyStore:
@@ -284,9 +300,9 @@ class StudyStore:
         return len(self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
 
     @transient_retry
-    def was_queued(self, trial: optuna.Trial) -> bool:
+    def was_queued(self, asked: Asked) -> bool:
         """The trial came from the queue, not from the sampler."""
-        return compat.was_queued(self.storage, self._id(trial.number))
+        return compat.was_queued(self.storage, self._id(asked.number))
 
     @transient_retry
     def is_empty(self) -> bool:
@@ -300,7 +316,7 @@ class StudyStore:
         self.study.enqueue_trial(candidate_params(candidate, self.spec.space), user_attrs=attrs)
 
     @transient_retry
-    def ask(self) -> tuple[optuna.Trial, Candidate]:
+    def ask(self) -> Asked:
         """The next trial to run, never the one another worker just took.
 
         Optuna hands out a queued trial by reading its state and then setting it running;
@@ -309,15 +325,15 @@ class StudyStore:
         through a lock file beside the database."""
         with _coordination.sqlite_turn(self.url):
             trial = self.study.ask(distributions(self.spec.space))
-        return trial, candidate_of(self.spec.space, trial.params)
+        candidate = candidate_of(self.spec.space, trial.params)
+        return Asked(trial, candidate, bool(trial.user_attrs.get(Attr.FIRST_GUESS)))
 
     @transient_retry
-    def claim(
-        self, trial: optuna.Trial, candidate: Candidate, max_trials: int, folder: str
-    ) -> str | None:
+    def claim(self, asked: Asked, max_trials: int, folder: str) -> str | None:
         """Claim the config for this trial and name its folder; the reason to yield when
         another worker holds the config (or the study already has `max_trials` probes),
         else None. TrialLost when another worker failed the trial meanwhile."""
+        trial, candidate = asked.trial, asked.candidate
         with _lost_if_finished(trial):
             for key, value in _coordination.worker_identity().items():
                 trial.set_user_attr(key, value)
@@ -328,8 +344,8 @@ class StudyStore:
         return _coordination.rival(trials, trial.number, candidate, max_trials)
 
     @contextlib.contextmanager
-    def heartbeat(self, trial: optuna.Trial) -> Iterator[None]:
-        with _coordination.heartbeat(self.storage, self._id(trial.number)):
+    def heartbeat(self, asked: Asked) -> Iterator[None]:
+        with _coordination.heartbeat(self.storage, self._id(asked.number)):
             yield
 
     @transient_retry
@@ -370,12 +386,12 @@ class StudyStore:
     # ---- writing results ------------------------------------------------------------
 
     @transient_retry
-    def tell(self, trial: optuna.Trial, result: TrialResult, verdict: Verdict) -> bool:
+    def tell(self, asked: Asked, result: TrialResult, verdict: Verdict) -> bool:
         """Record a result on the trial (user attributes) and tell the sampler.
 
         False when the trial was already finished: another worker took it over (its
         heartbeat lapsed while the storage was away) and re-queued its config."""
-        candidate = candidate_of(self.spec.space, trial.params)
+        trial, candidate = asked.trial, asked.candidate
         try:
             for key, value in self._attributes(candidate, result, verdict).items():
                 trial.set_user_attr(key, value)
@@ -436,8 +452,9 @@ class StudyStore:
         return int(self.storage.get_trial_number_from_id(made))
 
     @transient_retry
-    def fail_and_requeue(self, trial: optuna.Trial, candidate: Candidate, why: str) -> None:
+    def fail_and_requeue(self, asked: Asked, why: str) -> None:
         """A trial stopped by its own search (Ctrl-C, a full disk): failed, config re-queued."""
+        trial, candidate = asked.trial, asked.candidate
         try:
             trial.set_user_attr(Attr.OUTCOME, "error")
             trial.set_user_attr(Attr.REASON, f"{why}; re-queued")

@@ -1,15 +1,17 @@
-"""What the finalists' parity check and the rehearsal use of the search run they serve.
+"""What the phases of a search (exploring, parity, confirming, the rehearsal) use of the
+search run they serve.
 
-`tuning.run.SearchRun` is one; they are typed against this, so neither imports the run
+`tuning.run.SearchRun` is one; they are typed against this, so none imports the run
 that calls them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from autotune.core.spec import SearchSpec
-from autotune.core.trial import Candidate, TrialConfig
+from autotune.core.trial import Candidate, TrialConfig, TrialResult, Verdict
 from autotune.launch.runner import Launcher
 from autotune.store.reuse import Reuse
 from autotune.store.store import StudyStore
@@ -23,6 +25,10 @@ class RunContext(Protocol):
     limits: SearchLimits
     observer: Observer
     launcher: Launcher
+    probes: int  # launched by this process
+    started: float  # when it started (time.monotonic)
+    rehearses: bool  # the config to export must pass a rehearsal
+    judge: Callable[[TrialResult], Verdict]  # a result's verdict in this study
 
     def trial_config(
         self,

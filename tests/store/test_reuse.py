@@ -37,7 +37,7 @@ def study(url: str, name: str, spec: SearchSpec, results: dict[int, TrialResult]
     store = StudyStore.open(url=url, name=name, spec=spec, sampler=make_sampler("tpe", 0))
     for batch, result in results.items():
         store.enqueue(cand(batch))
-        trial, _ = store.ask()
+        trial = store.ask()
         store.tell(trial, result, verdict(result, spec, implied=False))
     return store
 
@@ -141,7 +141,7 @@ def test_a_measurement_stands_only_for_its_own_settings(tmp_path: Path) -> None:
     first = StudyStore.open(url=url, name="first", spec=spec, sampler=make_sampler("tpe", 0))
     for variant in variants:
         first.enqueue(variant)
-        trial, _ = first.ask()
+        trial = first.ask()
         first.tell(trial, measured(1.0), verdict(measured(1.0), spec, implied=False))
     new = StudyStore.open(url=url, name="new", spec=spec, sampler=make_sampler("tpe", 0))
     assert set(Reuse.gather(new).found) == variants
@@ -193,10 +193,10 @@ def test_a_config_has_one_record_when_workers_raced_to_take_it_over(tmp_path: Pa
     b = dataclasses.replace(measured(1.5), reused_from="study a trial 0")
     store = study(url, "new", SPEC, {8: a, 16: b})
     store.enqueue(cand(8))  # a second worker took 8 over too (no lock on a server)
-    trial, _ = store.ask()
+    trial = store.ask()
     store.tell(trial, a, verdict(a, SPEC, implied=False))
     store.enqueue(cand(16))  # and another probed 16 meanwhile: its own figure wins
-    trial, _ = store.ask()
+    trial = store.ask()
     store.tell(trial, measured(2.0), verdict(measured(2.0), SPEC, implied=False))
     records = store.records()
     assert sorted(r.candidate.per_device_train_batch_size for r in records) == [8, 16]
@@ -209,8 +209,8 @@ def test_a_queued_trial_is_told_from_a_sampled_one(tmp_path: Path) -> None:
     random config: the sampler, which learned from what was taken over, proposes next."""
     store = study(f"sqlite:///{tmp_path / 'studies.db'}", "new", SPEC, {})
     store.enqueue(cand(8))
-    queued, _ = store.ask()
-    sampled, _ = store.ask()
+    queued = store.ask()
+    sampled = store.ask()
     assert store.was_queued(queued) and not store.was_queued(sampled)
 
 
@@ -219,9 +219,9 @@ def test_a_reused_trial_is_not_a_probe_for_the_trial_cap(tmp_path: Path) -> None
     reused = dataclasses.replace(measured(1.0), reused_from="study a trial 0")
     store = study(url, "new", SPEC, {8: reused})
     store.enqueue(cand(16))
-    trial, candidate = store.ask()
+    trial = store.ask()
     # --max-trials 1: the reused trial leaves room for this first probe
-    assert store.claim(trial, candidate, 1, str(tmp_path / "t")) is None
+    assert store.claim(trial, 1, str(tmp_path / "t")) is None
 
 
 def test_a_reused_finalist_keeps_its_confirmation_and_is_not_confirmed_again(

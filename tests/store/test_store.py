@@ -58,16 +58,19 @@ def test_two_workers_claiming_one_config_never_both_run_it(storage: str) -> None
     config = cand(16)
     a.enqueue(config)
     a.enqueue(config)
-    (ta, ca), (tb, cb) = a.ask(), b.ask()
+    ta, tb = a.ask(), b.ask()
+    ca, cb = ta.candidate, tb.candidate
     assert ca == cb == config
     # Both claim before either looks: both yield; neither runs it.
-    assert a.claim(ta, config, 10, "trials/x") is None  # a looked before b claimed
-    assert b.claim(tb, config, 10, "trials/x") == f"trial {ta.number} is probing the same config"
+    assert a.claim(ta, 10, "trials/x") is None  # a looked before b claimed
+    assert b.claim(tb, 10, "trials/x") == f"trial {ta.number} is probing the same config"
     b.tell(tb, TrialResult(Outcome.SKIPPED, reason="yield"), Verdict(None, None, pruned=True))
-    late, _ = b.ask()
-    assert b.claim(late, config, 10, "trials/x") == f"trial {ta.number} is probing the same config"
-    other, _ = b.ask()
-    assert b.claim(other, cand(32), 2, "trials/x") == "other workers reached --max-trials 2"
+    b.enqueue(config)
+    late = b.ask()
+    assert b.claim(late, 10, "trials/x") == f"trial {ta.number} is probing the same config"
+    b.enqueue(cand(32))
+    other = b.ask()
+    assert b.claim(other, 2, "trials/x") == "other workers reached --max-trials 2"
 
 
 def test_claim_rule_when_two_workers_claim_before_either_reads() -> None:
@@ -105,9 +108,9 @@ def test_a_worker_that_stops_sending_heartbeats_loses_its_trial(
     monkeypatch.setenv("AUTOTUNE_HEARTBEAT_S", "1")  # stale after 3 s without a heartbeat
     store = worker(storage, f"beats-{uuid.uuid4().hex[:8]}")
     store.enqueue(cand(8))
-    trial, config = store.ask()
-    assert store.claim(trial, config, 10, "trials/x") is None
-    trial.set_user_attr(Attr.WORKER, "another-machine|ns|1|x")  # only its heartbeat counts
+    trial = store.ask()
+    assert store.claim(trial, 10, "trials/x") is None
+    trial.trial.set_user_attr(Attr.WORKER, "another-machine|ns|1|x")  # only its heartbeat counts
     with store.heartbeat(trial):
         time.sleep(4.5)
         assert store.recover_stale() == []
@@ -124,10 +127,10 @@ def test_a_worker_that_stops_sending_heartbeats_loses_its_trial(
 def test_a_dead_search_on_this_host_loses_its_trial_at_once(storage: str) -> None:
     store = worker(storage, f"dead-{uuid.uuid4().hex[:8]}")
     store.enqueue(cand(8))
-    trial, config = store.ask()
-    store.claim(trial, config, 10, "trials/x")
+    trial = store.ask()
+    store.claim(trial, 10, "trials/x")
     ns = _coordination.pid_namespace()
-    trial.set_user_attr(Attr.WORKER, f"{_coordination.HOST}|{ns}|999999999|gone")
+    trial.trial.set_user_attr(Attr.WORKER, f"{_coordination.HOST}|{ns}|999999999|gone")
     assert store.recover_stale() == [trial.number]
     reason = store.study.get_trials(deepcopy=False)[trial.number].user_attrs[Attr.REASON]
     assert "search process died" in reason
@@ -141,13 +144,13 @@ def test_a_dead_search_whose_pid_another_process_took_loses_its_trial_at_once(
     lapse. The worker itself, with its own start, keeps its trial."""
     store = worker(storage, f"reused-{uuid.uuid4().hex[:8]}")
     store.enqueue(cand(8))
-    trial, config = store.ask()
-    store.claim(trial, config, 10, "trials/x")
+    trial = store.ask()
+    store.claim(trial, 10, "trials/x")
     identity = str(next(iter(_coordination.worker_identity().values())))
     assert identity.endswith(f"|{_coordination.started_at(os.getpid())}")
     assert store.recover_stale() == []  # this live worker's own
     host, ns, pid, _, started = identity.split("|")
-    trial.set_user_attr(Attr.WORKER, f"{host}|{ns}|{pid}|gone|{int(started) - 1}")
+    trial.trial.set_user_attr(Attr.WORKER, f"{host}|{ns}|{pid}|gone|{int(started) - 1}")
     assert store.recover_stale() == [trial.number]
     reason = store.study.get_trials(deepcopy=False)[trial.number].user_attrs[Attr.REASON]
     assert "search process died" in reason
@@ -158,9 +161,9 @@ def test_a_live_worker_in_another_pid_namespace_keeps_its_trial(storage: str) ->
     here says nothing about a worker in another pid namespace."""
     store = worker(storage, f"ns-{uuid.uuid4().hex[:8]}")
     store.enqueue(cand(8))
-    trial, config = store.ask()
-    store.claim(trial, config, 10, "trials/x")
-    trial.set_user_attr(Attr.WORKER, f"{_coordination.HOST}|pid:[1]|999999999|other")
+    trial = store.ask()
+    store.claim(trial, 10, "trials/x")
+    trial.trial.set_user_attr(Attr.WORKER, f"{_coordination.HOST}|pid:[1]|999999999|other")
     assert store.recover_stale() == []
 
 
@@ -169,8 +172,8 @@ def test_a_claim_seen_half_written_is_not_taken_for_a_dead_worker(storage: str) 
     A trial whose host is written but not yet its pid belongs to a live worker."""
     store = worker(storage, f"half-{uuid.uuid4().hex[:8]}")
     store.enqueue(cand(8))
-    trial, _ = store.ask()
-    trial.set_user_attr(Attr.HOST, _coordination.HOST)
+    trial = store.ask()
+    trial.trial.set_user_attr(Attr.HOST, _coordination.HOST)
     assert worker(storage, store.name).recover_stale() == []
     assert next(iter(_coordination.worker_identity())) == Attr.WORKER  # the whole id goes first
 
@@ -178,10 +181,10 @@ def test_a_claim_seen_half_written_is_not_taken_for_a_dead_worker(storage: str) 
 def test_a_worker_whose_trial_was_taken_over_drops_it(storage: str) -> None:
     store = worker(storage, f"lost-{uuid.uuid4().hex[:8]}")
     store.enqueue(cand(8))
-    trial, config = store.ask()
+    trial = store.ask()
     worker(storage, store.name).study.tell(trial.number, state=TrialState.FAIL)  # elsewhere
     with pytest.raises(TrialLost, match=f"trial {trial.number} was taken over"):
-        store.claim(trial, config, 10, "trials/x")
+        store.claim(trial, 10, "trials/x")
 
 
 CONTEND = """
@@ -197,10 +200,11 @@ while time.time() < start:
     time.sleep(0.005)
 for _ in range(60):
     assert store.recover_stale() == [], "a live worker's trial was recovered"
-    trial, config = store.ask()
+    trial = store.ask()
+    config = trial.candidate
     print(trial.number, flush=True)
     store.enqueue(cand(8))
-    store.claim(trial, config, 10_000, "trials/x")  # TrialLost fails the test
+    store.claim(trial, 10_000, "trials/x")  # TrialLost fails the test
     store.tell(trial, TrialResult(Outcome.SKIPPED, reason="x"), Verdict(None, None, pruned=True))
 """
 
@@ -242,7 +246,8 @@ def proposals(tmp_path: Path, sampler: str, seed: int) -> list[str]:
     store = StudyStore.open(url=url, name="s", spec=SPEC, sampler=make_sampler(sampler, seed))
     seen = []
     for _ in range(8):  # four past TPE's random start-up
-        trial, config = store.ask()
+        trial = store.ask()
+        config = trial.candidate
         seen.append(config.describe())
         speed = 100.0 / config.per_device_train_batch_size + len(config.precision)
         result = TrialResult(Outcome.OK, samples_per_s=speed, peak_memory_bytes=2**30)
@@ -268,7 +273,7 @@ def test_confirmation_runs_keep_their_rounds_for_paired_comparison(tmp_path: Pat
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     store = StudyStore.open(url=url, name="rounds", spec=SPEC, sampler=make_sampler("tpe", 0))
     store.enqueue(cand(8))
-    trial, _ = store.ask()
+    trial = store.ask()
 
     def run(step_s: float) -> TrialResult:
         return TrialResult(

@@ -1,6 +1,9 @@
-"""Why a search stops proposing: --max-trials, the time budget, an exhausted space.
+"""Why a search stops proposing: --max-trials, the time budget, an exhausted space; and
+how it confirms its finalists.
 
-The time budget is checked with a fake clock: no sleeping."""
+The stop rule is a pure function (`tuning.stopping.stop_reason`) of what was measured,
+the time left and the parity state; the time budget is checked with a fake clock: no
+sleeping."""
 
 from __future__ import annotations
 
@@ -17,11 +20,13 @@ from autotune.core.parity import Arithmetic, Curve
 from autotune.core.parity_state import ParityState
 from autotune.core.parity_verdict import Parity, Status
 from autotune.core.trial import Candidate, TrialRecord
-from autotune.tuning._skips import NO_ESTIMATE
+from autotune.tuning import exploring
+from autotune.tuning._skips import NO_ESTIMATE, Verdictor
 from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import SearchLimits
 from autotune.tuning.parity import reserved_s
 from autotune.tuning.run import SearchRun
+from autotune.tuning.stopping import TimeLeft, confirm_s, stop_reason
 
 
 class Clock:
@@ -32,18 +37,21 @@ class Clock:
         return self.now
 
 
-def run(limits: SearchLimits) -> SearchRun:
-    store: Any = type("FakeStore", (), {"spec": SPEC})()
-    return SearchRun(
-        store=store,
-        study_dir=Path("unused"),
-        limits=limits,
-        observer=None,  # type: ignore[arg-type]
-        launcher=None,
-    )  # type: ignore[arg-type]
-
-
 never_over = NO_ESTIMATE
+
+
+def stops(
+    limits: SearchLimits,
+    records: list[TrialRecord],
+    busy: dict[Candidate, int],
+    explore: Deadline,
+    over: Verdictor = never_over,
+    *,
+    end: Deadline | None = None,
+) -> str:
+    """The stop rule as the search loop asks it, with no parity state yet."""
+    left = TimeLeft.at(explore, end)
+    return stop_reason(SPEC, limits, records, busy, over, left, None, rehearses=False)
 
 
 def faked(store: Any, limits: SearchLimits, observer: Any, launcher: Any) -> SearchRun:
@@ -61,12 +69,12 @@ def test_the_time_budget_stops_new_probes_at_its_search_share() -> None:
     clock = Clock()
     budget = Deadline.after(100.0, clock)
     explore = budget.share(0.8)  # the rest is for confirming the finalists
-    search = run(SearchLimits(max_trials=50, confirm_top=3))
+    limits = SearchLimits(max_trials=50, confirm_top=3)
     recs = [rec(0, cand(8))]
     clock.now += 79
-    assert search._stop_reason(recs, {}, explore, never_over) == ""
+    assert stops(limits, recs, {}, explore, never_over) == ""
     clock.now += 2
-    assert search._stop_reason(recs, {}, explore, never_over).startswith("time budget spent")
+    assert stops(limits, recs, {}, explore, never_over).startswith("time budget spent")
     assert not budget.passed() and budget.left() == 19.0  # confirmation still has its time
 
 
@@ -76,11 +84,11 @@ def test_the_first_probe_runs_however_late_the_survey_left_it() -> None:
     once it has a result, the budget stops the next."""
     clock = Clock()
     budget = Deadline.after(10.0, clock)
-    search = run(SearchLimits(max_trials=50, confirm_top=0))
+    limits = SearchLimits(max_trials=50, confirm_top=0)
     clock.now += 15
-    assert search._stop_reason([], {}, budget, never_over, end=budget) == ""
-    assert search._stop_reason([], {cand(8): 1}, budget, never_over, end=budget) != ""
-    why = search._stop_reason([rec(0, cand(8))], {}, budget, never_over, end=budget)
+    assert stops(limits, [], {}, budget, never_over, end=budget) == ""
+    assert stops(limits, [], {cand(8): 1}, budget, never_over, end=budget) != ""
+    why = stops(limits, [rec(0, cand(8))], {}, budget, never_over, end=budget)
     assert why.startswith("time budget spent")
 
 
@@ -100,29 +108,27 @@ def test_a_search_with_nothing_left_to_probe_stops_though_it_probed_nothing() ->
     and so does one whose every config the estimate ruled out."""
     clock = Clock()
     budget = Deadline.after(10.0, clock)
-    search = run(SearchLimits(max_trials=50, confirm_top=0))
+    limits = SearchLimits(max_trials=50, confirm_top=0)
     taken = [
         dataclasses.replace(rec(n, c), result=rec(n, c).result.replace(reused_from="tiny"))
         for n, c in enumerate(SPEC.space.candidates())
     ]
     exhausted = "every config in the space is measured or ruled out"
-    assert search._stop_reason(taken, {}, budget, never_over, end=budget) == exhausted
+    assert stops(limits, taken, {}, budget, never_over, end=budget) == exhausted
     clock.now += 15
-    assert search._stop_reason(taken, {}, budget, never_over, end=budget).startswith(
-        "time budget spent"
-    )
-    assert search._stop_reason([], {}, budget, NoneFits(), end=budget) == exhausted
+    assert stops(limits, taken, {}, budget, never_over, end=budget).startswith("time budget spent")
+    assert stops(limits, [], {}, budget, NoneFits(), end=budget) == exhausted
 
 
 def test_max_trials_counts_probes_running_elsewhere_but_not_skips() -> None:
     from autotune.core.enums import Outcome
 
-    search = run(SearchLimits(max_trials=3))
+    limits = SearchLimits(max_trials=3)
     recs = [rec(0, cand(8)), rec(1, cand(16), Outcome.SKIPPED)]
     no_deadline = Deadline.after(None)
-    assert search._stop_reason(recs, {cand(32): 5}, no_deadline, never_over) == ""
+    assert stops(limits, recs, {cand(32): 5}, no_deadline, never_over) == ""
     busy = {cand(32): 5, cand(64): 6}
-    assert search._stop_reason(recs, busy, no_deadline, never_over) == "reached --max-trials 3"
+    assert stops(limits, recs, busy, no_deadline, never_over) == "reached --max-trials 3"
 
 
 def test_a_trial_taken_over_between_ask_and_claim_is_dropped_unprobed(tmp_path: Path) -> None:
@@ -139,7 +145,7 @@ def test_a_trial_taken_over_between_ask_and_claim_is_dropped_unprobed(tmp_path: 
     asked = store.ask()
 
     def ask_then_lose() -> Any:
-        store.study.tell(asked[0].number, state=TrialState.FAIL)  # as a rival's recovery does
+        store.study.tell(asked.number, state=TrialState.FAIL)  # as a rival's recovery does
         store.enqueue(cand(8))
         return asked
 
@@ -152,7 +158,7 @@ def test_a_trial_taken_over_between_ask_and_claim_is_dropped_unprobed(tmp_path: 
         observer=None,  # type: ignore[arg-type]
         launcher=launcher,
     )
-    search._step([], {}, never_over)
+    exploring.step(search, [], {}, never_over)
     assert search.probes == 0
     waiting = store.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     assert len(waiting) == 1
@@ -230,33 +236,23 @@ def test_exploring_stops_early_enough_for_the_parity_runs_within_the_time_budget
     records = [*RECORDS, timed(3, ADAFACTOR, 1.2, 2.0)]
     clock = Clock()
     explore = Deadline.after(100.0, clock)
-    store: Any = type("FakeStore", (), {"spec": SPEC, "parity": lambda self: None})()
     limits = SearchLimits(max_trials=50, confirm_top=3, parity_steps=4)
-
-    def search(limits: SearchLimits) -> SearchRun:
-        return SearchRun(
-            store=store,
-            study_dir=Path("unused"),
-            limits=limits,
-            observer=None,  # type: ignore[arg-type]
-            launcher=None,
-        )  # type: ignore[arg-type]
 
     reserve = reserved_s(SPEC, records, None, 4, 3, Objective.THROUGHPUT)
     assert reserve > reserved_s(SPEC, records, None, 4, 1, Objective.THROUGHPUT)
     worker = dataclasses.replace(limits, confirm_top=0, parity_top=3)
     clock.now += 99 - reserve
     for limited in (limits, worker):
-        assert search(limited)._stop_reason(records, {}, explore, never_over) == ""
+        assert stops(limited, records, {}, explore, never_over) == ""
     clock.now += 1.5
-    why = search(limits)._stop_reason(records, {}, explore, never_over)
+    why = stops(limits, records, {}, explore, never_over)
     assert why.startswith(
         f"time budget spent: the rest is for the parity runs (about {reserve:.0f}s"
     )
     assert why.endswith("and confirmation")
-    assert search(worker)._stop_reason(records, {}, explore, never_over) == why
-    no_parity = search(dataclasses.replace(limits, parity_steps=0))
-    assert no_parity._stop_reason(records, {}, explore, never_over) == ""
+    assert stops(worker, records, {}, explore, never_over) == why
+    no_parity = dataclasses.replace(limits, parity_steps=0)
+    assert stops(no_parity, records, {}, explore, never_over) == ""
 
 
 def test_a_confirmation_expected_to_end_past_the_time_budget_does_not_start() -> None:
@@ -335,11 +331,9 @@ def test_no_probe_starts_that_is_expected_to_end_past_the_whole_time_budget() ->
     ]
     clock = Clock()
     explore = Deadline.after(1000.0, clock)
-    search = run(SearchLimits(max_trials=50))
-    assert (
-        search._stop_reason(probes, {}, explore, never_over, end=Deadline.after(31.0, clock)) == ""
-    )
-    why = search._stop_reason(probes, {}, explore, never_over, end=Deadline.after(29.0, clock))
+    limits = SearchLimits(max_trials=50)
+    assert stops(limits, probes, {}, explore, never_over, end=Deadline.after(31.0, clock)) == ""
+    why = stops(limits, probes, {}, explore, never_over, end=Deadline.after(29.0, clock))
     assert why == "time budget spent: a probe takes about 30s and 29s is left"
 
 
@@ -471,14 +465,18 @@ def test_time_kept_for_a_confirmation_that_cannot_start_goes_to_exploring() -> N
     budget = Deadline.after(100.0, clock)
     explore = budget.share(0.8)
     clock.now += 81
-    long, short = (run(SearchLimits(max_trials=50, confirm_steps=n)) for n in (12, 4))
-    assert min(long._confirm_s(r) for r in probes) > 19 >= min(short._confirm_s(r) for r in probes)
-    assert long._stop_reason(probes, {}, explore, never_over, end=budget) == ""
-    why = short._stop_reason(probes, {}, explore, never_over, end=budget)
+    long, short = (SearchLimits(max_trials=50, confirm_steps=n) for n in (12, 4))
+    assert (
+        min(confirm_s(SPEC, long, r) for r in probes)
+        > 19
+        >= min(confirm_s(SPEC, short, r) for r in probes)
+    )
+    assert stops(long, probes, {}, explore, never_over, end=budget) == ""
+    why = stops(short, probes, {}, explore, never_over, end=budget)
     assert why == "time budget spent (the rest is for confirmation)"
-    parity = run(SearchLimits(max_trials=50, confirm_steps=12, parity_steps=4))
-    why = parity._stop_reason(probes, {}, explore, never_over, end=budget)
+    parity = SearchLimits(max_trials=50, confirm_steps=12, parity_steps=4)
+    why = stops(parity, probes, {}, explore, never_over, end=budget)
     assert why == "time budget spent (the rest is for confirmation)"
     clock.now += 12  # 7 s left: no probe fits either
-    why = long._stop_reason(probes, {}, explore, never_over, end=budget)
+    why = stops(long, probes, {}, explore, never_over, end=budget)
     assert why == "time budget spent: a probe takes about 8s and 7s is left"

@@ -17,6 +17,7 @@ from autotune.core.parity_state import ParityPlan
 from autotune.core.trial import TrialRecord
 from autotune.store.samplers import make_sampler
 from autotune.store.store import StudyStore
+from autotune.tuning import exploring
 from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import SearchLimits
 from autotune.tuning.run import SearchRun
@@ -160,13 +161,13 @@ def test_the_parity_plan_is_kept_by_the_study_for_workers_and_reruns(tmp_path: P
         )  # type: ignore[arg-type]
 
     first = search()
-    first.plan_parity(Deadline.after(30.0), [])
+    exploring.plan_parity(first, Deadline.after(30.0), [])
     assert first.limits.parity_auto and store.parity_plan() is None  # nothing measured yet
-    first.plan_parity(Deadline.after(30.0), records)
+    exploring.plan_parity(first, Deadline.after(30.0), records)
     assert (first.limits.parity_steps, first.limits.parity_quick) == (0, True)
     assert not first.limits.parity_auto and store.parity_plan() is not None
     rerun = search()
-    rerun.plan_parity(Deadline.after(10_000.0), records)  # would afford 20 steps itself
+    exploring.plan_parity(rerun, Deadline.after(10_000.0), records)  # would afford 20 steps itself
     assert (rerun.limits.parity_steps, rerun.limits.parity_quick) == (0, True)
     assert said[-1] == "parity: the probes' own losses, unverified, as this study planned"
     assert store.save_parity_plan(ParityPlan(20, False, "")).steps == 0

@@ -1,0 +1,237 @@
+"""Exploring: take over what other studies measured alike, then propose, skip what is
+known, probe in a child and record, until the stop rule (`tuning.stopping`) says stop.
+
+Functions over the search run they serve (`RunContext`); `tuning.run` calls them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+
+from autotune.core.enums import Objective, Outcome
+from autotune.core.errors import AutotuneError, StudyError
+from autotune.core.trial import Candidate, TrialConfig, TrialRecord, TrialResult
+from autotune.store.store import Asked, TrialLost
+from autotune.tuning._context import RunContext
+from autotune.tuning._memory_verdict import far_over_budget
+from autotune.tuning._propose import Proposal, next_config
+from autotune.tuning._skips import Verdictor, open_candidates, skip_reason
+from autotune.tuning.deadline import Deadline
+from autotune.tuning.guesses import fitted_guess
+from autotune.tuning.rehearsal import job_failure, rehearse_first
+from autotune.tuning.selection import incumbent_cost, keeping_twin, verdict
+from autotune.tuning.stopping import TimeLeft, stop_reason
+from autotune.tuning.time_plan import plan_parity as planned_parity
+
+
+def take_over(run: RunContext) -> None:
+    """Record every config another study measured alike and this one has not (lever
+    4: a rerun reuses every trial that fits, not only what its sampler proposes)."""
+    if run.reuse is not None and len(run.reuse):
+        for number, candidate, result in run.store.take_over(run.reuse.found, run.judge):
+            run.observer.on_trial_end(number, candidate, result)
+
+
+def explore(
+    run: RunContext, deadline: Deadline, *, wait_for_others: bool, end: Deadline | None = None
+) -> str:
+    """Propose and probe until a limit stops it; returns why it stopped.
+
+    `wait_for_others`: before stopping, wait for other workers' running trials (the
+    finalists are chosen from every result), and go on if one of them died. `end`:
+    the whole time budget's, which no probe may be expected to end past."""
+    while True:
+        run.store.recover_stale(run.judge)  # a dead worker's trial goes back in the queue
+        recs = run.store.records()
+        failed = job_failure(recs) if run.rehearses else None
+        if failed is not None:  # no config would pass its rehearsal: stop now
+            return f"trial {failed.number}'s rehearsal failed in a way no config changes"
+        if rehearse_first(run, recs, end or deadline):  # checks first: where the run
+            continue  # evaluates, the first config that fits is rehearsed at once
+        busy = run.store.in_flight()
+        over = far_over_budget(run.spec, recs)
+        proposal = _proposal(run, recs, busy, over)
+        plan_parity(run, deadline, recs)
+        left = TimeLeft.at(deadline, end)
+        stop = stop_reason(
+            run.spec,
+            run.limits,
+            recs,
+            busy,
+            over,
+            left,
+            run.store.parity() if run.limits.parity_steps else None,
+            rehearses=run.rehearses,
+        ) or (proposal.why_stop if proposal and not busy else "")
+        if stop and busy and wait_for_others:
+            while run.store.in_flight():
+                _pause(run)
+            continue
+        if stop:
+            return stop
+        if not open_candidates(run.spec.space, recs, over, busy):
+            _pause(run)  # what is left is being probed elsewhere
+            continue
+        if proposal and not run.store.waiting():
+            if proposal.candidate is None:  # the model would stop: see what the
+                _pause(run)  # running probes (other workers') report first
+                continue
+            run.store.enqueue(proposal.candidate)
+        step(run, recs, busy, over)
+
+
+def plan_parity(
+    run: RunContext, deadline: Deadline, recs: list[TrialRecord], *, final: bool = False
+) -> None:
+    """--parity auto: once the first guesses are measured (`final`: exploring is
+    over), the parity runs' length for the time left to explore (`deadline`). The
+    study keeps it: a worker's or an earlier run's plan stands."""
+    limits = run.limits
+    if not limits.parity_auto:
+        return
+    plan = run.store.parity_plan()
+    if plan is not None:
+        kind = f"{plan.steps}-step runs" if plan.steps else "the probes' own losses, unverified"
+        said = f"parity: {kind}, as this study planned"
+    else:
+        top = limits.confirm_top if limits.parity_top is None else limits.parity_top
+        plan = planned_parity(
+            run.spec,
+            recs,
+            top=top,
+            explore_left_s=deadline.left(),
+            elapsed_s=time.monotonic() - run.started,
+            explore_share=limits.search_share,
+            final=final,
+        )
+        if plan is None:
+            return
+        plan = run.store.save_parity_plan(plan)
+        said = plan.why
+    run.limits = dataclasses.replace(
+        limits, parity_steps=plan.steps, parity_quick=plan.quick, parity_auto=False
+    )
+    if said:
+        run.observer.on_plan(said)
+
+
+def _proposal(
+    run: RunContext, recs: list[TrialRecord], busy: dict[Candidate, int], over: Verdictor
+) -> Proposal | None:
+    """--sampler model: the open config the model of step time finds most promising;
+    first, a first guess the estimate ruled out, at a batch that fits (`fitted_guess`),
+    then, where the best so far changes the recipe's arithmetic unverified, the same
+    config with the recipe's precision and optimizer, which a tie would go to."""
+    if not run.limits.propose:
+        return None
+    opened = open_candidates(run.spec.space, recs, over, busy)
+    guess = fitted_guess(run.spec, recs, opened, over.fits, in_flight=busy)
+    if guess is not None:
+        return Proposal(guess)
+    twin = keeping_twin(run.spec, recs)
+    if twin is not None and twin in opened:
+        return Proposal(twin)
+    return next_config(
+        run.spec,
+        recs,
+        opened,
+        fits=over.fits,
+        concurrent=run.limits.concurrent,
+        objective=run.limits.objective,
+    )
+
+
+def _pause(run: RunContext) -> None:
+    """Wait while other workers' trials run; take over those whose worker died."""
+    time.sleep(run.limits.poll_s)
+    run.store.recover_stale(run.judge)
+
+
+def step(
+    run: RunContext, recs: list[TrialRecord], busy: dict[Candidate, int], over: Verdictor
+) -> None:
+    """Ask for one proposal; skip it or probe it."""
+    asked = run.store.ask()
+    candidate, guess = asked.candidate, asked.first_guess
+    skip = skip_reason(candidate, recs, run.spec.space, over, busy, first_guess=guess)
+    if skip is not None:
+        result = TrialResult(Outcome.SKIPPED, reason=skip.reason)
+        run.store.tell(asked, result, verdict(result, run.spec, implied=skip.implies_oom))
+        if skip.implies_oom or guess:  # the user sees why a queued guess did not run
+            run.observer.on_trial_end(asked.number, candidate, result)
+        elif not run.store.was_queued(asked):  # the sampler's repeat: steer the next ask
+            _steer(run, asked.number, recs, over, busy)  # to a config still open
+        return
+    config = run.trial_config(
+        asked.number,
+        candidate,
+        str(asked.number),
+        adaptive=run.limits.adaptive,
+        incumbent_s=_incumbent(run, recs),
+    )
+    try:
+        rival = run.store.claim(asked, run.limits.max_trials, config.trial_dir)
+    except TrialLost:  # another worker failed it and re-queued its config: ask again
+        return
+    if rival is not None:  # another worker got there first: let it run, pick again
+        result = TrialResult(Outcome.SKIPPED, reason=rival)
+        run.store.tell(asked, result, verdict(result, run.spec, implied=False))
+        time.sleep(random.uniform(0.0, 0.5))  # two yielding workers do not retry in step
+        return
+    _probe(run, asked, config)
+
+
+def _steer(
+    run: RunContext,
+    number: int,
+    recs: list[TrialRecord],
+    over: Verdictor,
+    busy: dict[Candidate, int],
+) -> None:
+    remaining = open_candidates(run.spec.space, recs, over, busy)
+    if remaining:
+        run.store.enqueue(random.Random(run.spec.seed * 7919 + number).choice(remaining))
+
+
+def _probe(run: RunContext, asked: Asked, config: TrialConfig) -> None:
+    candidate = asked.candidate
+    run.observer.on_trial_start(asked.number, candidate)
+    try:
+        with run.store.heartbeat(asked):
+            result = run.launcher.run(config, timeout_s=run.limits.trial_timeout_s)
+    except BaseException as exc:  # Ctrl-C, SIGTERM, a full disk: fail the trial, keep the study
+        why = str(exc) if isinstance(exc, AutotuneError) else f"interrupted ({type(exc).__name__})"
+        run.store.fail_and_requeue(asked, why)
+        raise
+    run.probes += 1
+    try:
+        told = run.store.tell(asked, result, run.judge(result))
+    except StudyError as exc:  # the storage stayed away: keep the result for the rerun
+        try:
+            kept = run.store.keep_unrecorded(config.trial_dir, result)
+        except OSError:  # the same full disk: the rerun probes the config again
+            raise exc from None
+        raise StudyError(f"{exc}; trial {asked.number}'s result is kept in {kept}") from None
+    if not told:
+        lost = "not recorded: another worker took the trial over while the storage was away"
+        result = result.replace(reason=f"{result.reason}; {lost}".lstrip("; "))
+    run.observer.on_trial_end(asked.number, candidate, result)
+
+
+def _incumbent(run: RunContext, recs: list[TrialRecord]) -> float | None:
+    """What a new probe is measured against (adaptive measurement): the best cost so
+    far among comparable figures. None where a slower step may still win: ranking
+    by throughput per GiB, or the user's data (a sampling order changes only the
+    real batches, timed after the worst case)."""
+    if not run.limits.adaptive or run.limits.objective != Objective.THROUGHPUT:
+        return None
+    if run.spec.data is not None:
+        return None
+    return incumbent_cost(
+        recs,
+        fit_limit_bytes=run.spec.fit_limit_bytes,
+        train_steps=run.spec.train_steps,
+        concurrent=run.limits.concurrent,
+    )
