@@ -121,7 +121,7 @@ def hand_off(
         record.candidate,
         device_kind=target,
         checkpointing_field=spec.checkpointing_field,
-        tf32_kept=spec.recipe_settings.get("tf32") is True,
+        tf32_kept=spec.recipe.tf32,
     )
     if record.rehearsal is not None:  # the evaluation settings it found to fit
         tuned.update(record.rehearsal.exported_fields())

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from autotune.core.device import DeviceInfo, supported_precisions
 from autotune.core.enums import DeviceKind, Outcome, Precision, Task
+from autotune.core.optimizers import PLAIN as PLAIN_OPTIMIZER
 from autotune.core.trial import Candidate, ModelSpec, TrialConfig, TrialResult
 from autotune.core.units import format_size
 from autotune.launch.forkserver import ForkServer
@@ -100,7 +101,7 @@ class Doctor:
         return run_trial(config, timeout_s=self.timeout_s, server=server)
 
     def plain(
-        self, batch: int = 8, precision: str = "fp32", optim: str = "adamw_torch"
+        self, batch: int = 8, precision: str = "fp32", optim: str = PLAIN_OPTIMIZER
     ) -> Candidate:
         return Candidate(batch, 1, Precision(precision), False, optim)
 

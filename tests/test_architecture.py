@@ -175,6 +175,16 @@ def test_no_function_passes_60_lines() -> None:
                 assert length <= 60, f"{name}.{node.name}: {length} lines"
 
 
+def test_the_trainers_defaults_are_read_never_written_out_again() -> None:
+    """The optimizer's name is declared once (core/optimizers.py, the plain default
+    among the declarations); the recipe reads their class's default from the installed
+    transformers (`core/recipe.Recipe`, `tuning/resolve.default_optim`). A second copy
+    went stale once: transformers 5 trains the fused AdamW by default from torch 2.8."""
+    for name, path in modules().items():
+        if name != "autotune.core.optimizers":
+            assert '"adamw_torch"' not in path.read_text(), f"{name} writes out adamw_torch"
+
+
 def imported(importer: str, tree: ast.AST) -> Iterator[tuple[str, int]]:
     """Every module (or name) each import in `tree` reaches, with its line: inside
     functions too, `from package import module` as the module, relative ones resolved."""

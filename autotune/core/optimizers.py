@@ -66,6 +66,10 @@ class Optimizer:
         return DEFAULT_STATE_BYTES if self.state_bytes is None else self.state_bytes
 
 
+# The plain default's optimizer: torch's AdamW, the Trainer's default before torch 2.8
+# (transformers 5 defaults to the fused one from 2.8; the recipe reads the class).
+PLAIN = "adamw_torch"
+
 DECLARED = (
     # AdamW keeps 8 bytes a parameter of state, Adafactor a factored second moment; the
     # step's temporaries are at most two copies of the largest tensor for Adafactor and
@@ -73,7 +77,7 @@ DECLARED = (
     # all of the second moment), none for the fused AdamW updating in place: both hold
     # less than torch's AdamW, Adafactor less than the fused one
     Optimizer(
-        "adamw_torch",
+        PLAIN,
         state_bytes=8,
         floor_bytes=8,
         step_temporaries=_torch_adamw_step,
@@ -86,7 +90,7 @@ DECLARED = (
         state_bytes=8,
         floor_bytes=8,
         lighter=("adafactor",),
-        same_update_as="adamw_torch",
+        same_update_as=PLAIN,
         default=True,
     ),
     # The Trainer's Adafactor (beta1 None) keeps a factored second moment, rows and

@@ -18,6 +18,7 @@ from autotune.core.enums import DeviceKind, Precision
 from autotune.core.errors import SpaceError
 from autotune.core.levers import BY_NAME
 from autotune.core.optimizers import DEFAULT as DEFAULT_OPTIMIZERS
+from autotune.core.optimizers import PLAIN
 from autotune.core.precisions import precision_spec
 from autotune.core.trial import LEVERS, Candidate
 
@@ -253,7 +254,7 @@ def seed_candidates(
     default_batch = 8 if 8 in batches else batches[0]
     plain = [p for p in (Precision.FP32, Precision.AS_LOADED) if p in space.precisions]
     fp = plain[0] if plain else space.precisions[0]
-    plain_opt = "adamw_torch" if "adamw_torch" in space.optimizers else space.optimizers[0]
+    plain_opt = PLAIN if PLAIN in space.optimizers else space.optimizers[0]
     no_ckpt = space.plain_checkpointing
     seeds.append(space.candidate(default_batch, fp, no_ckpt, plain_opt))
     mixed = [p for p in ("bf16", "fp16") if p in space.precisions]

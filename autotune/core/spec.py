@@ -12,6 +12,7 @@ from autotune.core.dataset import DataSpec
 from autotune.core.device import DeviceInfo
 from autotune.core.enums import Task
 from autotune.core.levers import BY_NAME
+from autotune.core.recipe import Recipe
 from autotune.core.space import SearchSpace
 from autotune.core.trial import Candidate, ModelSpec
 
@@ -107,6 +108,11 @@ class SearchSpec:
         for tens of steps after the probe's window (benchmarks/fidelity.py).
         """
         return int(self.memory_budget_bytes * (1.0 - self.headroom))
+
+    @property
+    def recipe(self) -> Recipe:
+        """The user's recipe, typed (`recipe_settings` is what the study stores)."""
+        return Recipe(self.recipe_settings)
 
     def identity(self) -> dict[str, Any]:
         """What must match for a stored study to be resumed by this search."""

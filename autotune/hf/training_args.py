@@ -29,6 +29,7 @@ from autotune.core.files import read_json
 from autotune.core.job import BaseArguments
 from autotune.core.levers import DECLARED
 from autotune.core.optimizers import NOT_HERE, optimizer
+from autotune.core.optimizers import PLAIN as PLAIN_OPTIMIZER
 from autotune.core.precisions import FLAGS, MIXED_FLAGS, flags
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate
@@ -86,8 +87,8 @@ def study_arguments(spec: SearchSpec, candidate: Candidate) -> dict[str, Any]:
         candidate,
         device_kind=spec.device.kind,
         checkpointing_field=spec.checkpointing_field,
-        tf32_kept=spec.recipe_settings.get("tf32") is True,
-        checkpointing_kwargs=spec.recipe_settings.get(f"{spec.checkpointing_field}_kwargs"),
+        tf32_kept=spec.recipe.tf32,
+        checkpointing_kwargs=spec.recipe.checkpointing_kwargs(spec.checkpointing_field),
         factory=bool(spec.model.trainer),
     )
 
@@ -100,7 +101,7 @@ def recipe(spec: SearchSpec, candidate: Candidate) -> dict[str, Any]:
 def _tuned_fields() -> frozenset[str]:
     """Every field some candidate sets, on any device, under either checkpointing name,
     and those the levers own."""
-    probe = Candidate(8, 1, Precision.FP32, Checkpointing.OFFLOAD, "adamw_torch")
+    probe = Candidate(8, 1, Precision.FP32, Checkpointing.OFFLOAD, PLAIN_OPTIMIZER)
     return frozenset(
         key
         for kind in DeviceKind
@@ -171,6 +172,19 @@ def arguments_class(dotted: str = "") -> Any:
 def training_fields(args_class: str = "") -> set[str]:
     """The init fields of the arguments class: what an arguments file may set."""
     return {f.name for f in dataclasses.fields(arguments_class(args_class)) if f.init}
+
+
+def class_default(name: str, args_class: str = "") -> Any:
+    """The arguments class's default for field `name`, as the installed transformers
+    sets it (None where it has none): transformers 5 trains the fused AdamW by default
+    from torch 2.8, torch's own before."""
+    for field in dataclasses.fields(arguments_class(args_class)):
+        if field.name == name:
+            if field.default is not dataclasses.MISSING:
+                return field.default
+            if field.default_factory is not dataclasses.MISSING:
+                return field.default_factory()
+    return None
 
 
 def read_json_object(path: Path, *, option: str) -> dict[str, Any]:

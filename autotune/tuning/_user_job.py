@@ -15,6 +15,7 @@ from autotune.core.errors import UsageError
 from autotune.core.job import JobFacts, ParameterCount
 from autotune.core.optimizers import DEFAULT as DEFAULT_OPTIMIZERS
 from autotune.core.optimizers import FOR_QUANTIZED_BASE
+from autotune.core.recipe import Recipe
 from autotune.core.trial import ModelSpec
 from autotune.tuning.options import SearchOptions
 
@@ -81,7 +82,7 @@ def job_optimizers(
     built with its own optimizer trains that in every probe: only their `optim` then."""
     own = recipe.get("optim")
     if job.own_optimizer:
-        return (str(own or "adamw_torch"),)
+        return (Recipe(recipe).optim,)
     if asked:
         return asked
     extra = [o for o in FOR_QUANTIZED_BASE if o in installed] if job.quantization else []

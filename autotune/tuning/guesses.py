@@ -37,7 +37,7 @@ def first_guesses(spec: SearchSpec) -> list[Candidate]:
 def recipe_guess(spec: SearchSpec) -> list[Candidate]:
     """The user's own recipe (--base-args, or their class's defaults) among the first
     guesses, where the space holds it: what they would run is measured, not inferred."""
-    if not spec.recipe_settings:
+    if not spec.recipe.given:
         return []
     recipe = reference_candidate(spec, [])
     space = spec.space

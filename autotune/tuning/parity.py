@@ -49,20 +49,18 @@ from autotune.tuning.selection import (
 
 def reference_candidate(spec: SearchSpec, records: Sequence[TrialRecord]) -> Candidate:
     """The user's recipe: their precision, optimizer, checkpointing and micro-batch from
-    --base-args, else fp32 `adamw_torch` without checkpointing at the largest micro-batch
+    --base-args, else fp32 plain AdamW without checkpointing at the largest micro-batch
     that ran within the budget with that arithmetic. Their micro-batch is replaced (by
     the largest that fits) only when it was measured out of memory. Per process, as the
     study's candidates are."""
-    settings = spec.recipe_settings
     arithmetic = recipe_arithmetic(spec)
-    precision = arithmetic.precision
-    optim = str(settings.get("optim", "adamw_torch"))
-    ckpt = Checkpointing.from_arguments(settings, spec.checkpointing_field)
+    precision, optim = arithmetic.precision, spec.recipe.optim
+    ckpt = spec.recipe.checkpointing(spec.checkpointing_field)
     if ckpt not in spec.space.checkpointing:  # their job turns it on whatever they say
         ckpt = min(spec.space.checkpointing, key=lambda c: abs(c.rank - ckpt.rank))
     per_process = spec.space.global_batch_size
-    micro = settings.get("per_device_train_batch_size")
-    if isinstance(micro, int) and per_process % micro == 0:
+    micro = spec.recipe.micro_batch
+    if micro is not None and per_process % micro == 0:
         yours = spec.space.candidate(micro, precision, ckpt, optim)
         out_of_memory = any(
             r.candidate == yours and r.result.outcome == Outcome.OOM for r in records
@@ -431,7 +429,7 @@ def baseline(
     """What the headline compares the export with, and its name: the user's recipe as
     autotune ran it, where they gave one (--base-args, or their factory's arguments) and
     it was measured within the budget; else the plain default, named as such."""
-    if spec.recipe_settings:
+    if spec.recipe.given:
         recipe = reference_for(spec, records, state)
         measured = [r for r in fitting(records, spec.fit_limit_bytes) if r.candidate == recipe]
         if measured:

@@ -18,6 +18,7 @@ from autotune.core.enums import DeviceKind, Precision, Task
 from autotune.core.errors import UsageError
 from autotune.core.job import BaseArguments, JobFacts, ParameterCount, SurveyServer
 from autotune.core.levers import ZERO_STAGE, shards
+from autotune.core.recipe import Recipe
 from autotune.core.space import SAMPLINGS, SearchSpace, derive_space
 from autotune.core.spec import SearchSpec
 from autotune.tuning._user_job import (
@@ -180,7 +181,7 @@ def _space(
     job, recipe, installed = facts.job, facts.recipe, facts.installed_optimizers
     offers_fp16 = Precision.FP16 in supported_precisions(facts.device)
     optimizers = job_optimizers(o.optimizers, installed, recipe, job) if job else o.optimizers
-    sampling = str(recipe.get("train_sampling_strategy", "random"))
+    sampling = Recipe(recipe).sampling
     return derive_space(
         facts.device,
         global_batch_size=per_process_batch,

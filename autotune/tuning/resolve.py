@@ -22,6 +22,7 @@ from autotune.core.enums import DeviceKind
 from autotune.core.errors import UsageError
 from autotune.core.job import BaseArguments, JobFacts, ParameterCount, SurveyServer
 from autotune.core.levers import ZERO_STAGE
+from autotune.core.optimizers import PLAIN as PLAIN_OPTIMIZER
 from autotune.core.precisions import MIXED_FLAGS
 from autotune.core.space import SearchSpace
 from autotune.core.trial import LEVERS, ModelSpec
@@ -35,6 +36,7 @@ from autotune.hf.training_args import (
     available_optimizers,
     base_arguments,
     checkpointing_field,
+    class_default,
     read_arguments_file,
     read_json_object,
 )
@@ -72,11 +74,17 @@ class Facts:
     levers_not_offered: tuple[tuple[str, str], ...]
     checkpointing_field: str  # what the installed transformers calls it
     gpus: int  # CUDA devices this process sees (0 on the CPU)
+    # Their arguments class's optimizer where their file is silent (a factory's recipe
+    # holds its class's own)
+    default_optim: str = PLAIN_OPTIMIZER
 
     @property
     def recipe(self) -> dict[str, Any]:
         """The user's own values of the tuned fields: their file's over their class's."""
-        return job_recipe(self.job, self.base.recipe)
+        recipe = job_recipe(self.job, self.base.recipe)
+        if recipe and "optim" not in recipe:  # what their run trains: the class's default
+            recipe = {**recipe, "optim": self.default_optim}
+        return recipe
 
 
 def resolve(
@@ -119,7 +127,14 @@ def resolve(
         levers_not_offered=tuple(not_offered),
         checkpointing_field=checkpointing_field(),
         gpus=cuda_device_count() if device.kind == DeviceKind.CUDA else 0,
+        default_optim=default_optim(job.args_class if job else ""),
     )
+
+
+def default_optim(args_class: str) -> str:
+    """The optimizer the arguments class trains where the user's file is silent."""
+    default = class_default("optim", args_class)
+    return str(getattr(default, "value", default) or PLAIN_OPTIMIZER)
 
 
 def survey(

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 from autotune.core.enums import Objective, Outcome, Precision
 from autotune.core.errors import NoFitError
+from autotune.core.optimizers import PLAIN
 from autotune.core.parity import Arithmetic, changes
 from autotune.core.parity_verdict import Status
-from autotune.core.precisions import from_fields
 from autotune.core.run_events import required
 from autotune.core.spec import SearchSpec
 from autotune.core.stats import SpeedRatio, paired_ratio, quiet_step_s, speed_ratio
@@ -385,9 +385,8 @@ def keeping_twin(spec: SearchSpec, records: Sequence[TrialRecord]) -> Candidate 
     recipe = recipe_arithmetic(spec)
     if best is None or verified(best, recipe):
         return None
-    optim = str(spec.recipe_settings.get("optim", "adamw_torch"))
     twin = dataclasses.replace(
-        best.candidate.keeping_samples(), precision=recipe.precision, optim=optim
+        best.candidate.keeping_samples(), precision=recipe.precision, optim=spec.recipe.optim
     )
     return twin if Arithmetic.of(twin) == recipe else None
 
@@ -396,12 +395,10 @@ def recipe_arithmetic(spec: SearchSpec) -> Arithmetic:
     """The arithmetic of the user's recipe: their precision and optimizer (from
     --base-args, over their arguments class's defaults), fp32 AdamW where they set
     neither; `as-loaded` where their job holds its weights in 16 bits or quantized."""
-    settings = spec.recipe_settings
-    precision = from_fields(settings)
+    precision = spec.recipe.precision
     if precision == Precision.FP32 and Precision.AS_LOADED in spec.space.precisions:
         precision = Precision.AS_LOADED  # no autocast on their job: its weights' dtype
-    optim = str(settings.get("optim", "adamw_torch"))
-    return Arithmetic.of(Candidate(8, 1, precision, False, optim))
+    return Arithmetic.of(Candidate(8, 1, precision, False, spec.recipe.optim))
 
 
 def efficiency(record: TrialRecord) -> float:
@@ -542,7 +539,7 @@ def plain_default(records: Sequence[TrialRecord], spec: SearchSpec) -> TrialReco
     space = spec.space
     precision = Precision.AS_LOADED if Precision.AS_LOADED in space.precisions else Precision.FP32
     checkpointed = space.plain_checkpointing  # off, unless the user's job forces it on
-    wanted = (precision, "adamw_torch", checkpointed, space.micro_batches[0])
+    wanted = (precision, PLAIN, checkpointed, space.micro_batches[0])
     for r in records:
         c = r.candidate
         plain = (c.precision, c.optim, c.activation_checkpointing, c.per_device_train_batch_size)

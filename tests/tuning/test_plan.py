@@ -15,10 +15,11 @@ from autotune.core.device import DeviceInfo
 from autotune.core.enums import DeviceKind
 from autotune.core.errors import UsageError
 from autotune.core.job import BaseArguments, JobFacts, ParameterCount
+from autotune.core.recipe import Recipe
 from autotune.core.trial import ModelSpec
 from autotune.tuning.options import SearchOptions
 from autotune.tuning.plan import Layout, _graded, plan, workload_defaults
-from autotune.tuning.resolve import Facts, read_base
+from autotune.tuning.resolve import Facts, default_optim, read_base
 
 OPTIONS = SearchOptions(model="tiny", device="cpu")
 NO_FILE = BaseArguments(None, None, None, {})
@@ -116,3 +117,32 @@ def test_the_users_global_batch_counts_every_process() -> None:
     theirs = BaseArguments(16, None, None, {})
     spec, _ = plan(OPTIONS, _facts(base=theirs), Layout(nproc_per_node=2), with_dataset=False)
     assert spec.global_batch_size == 32 and spec.space.global_batch_size == 16
+
+
+def test_a_recipe_silent_on_the_optimizer_trains_the_classs_default() -> None:
+    """Their file sets bf16 and no optim: their run trains what TrainingArguments
+    defaults to in the installed transformers (the fused AdamW from torch 2.8), so that
+    is the recipe the headline and the first guesses weigh, read from the class. A
+    search without a recipe stays without one (the plain default is the baseline)."""
+    import transformers
+
+    default = next(
+        f.default for f in dataclasses.fields(transformers.TrainingArguments) if f.name == "optim"
+    )
+    assert default_optim("") == str(getattr(default, "value", default))
+    theirs = BaseArguments(32, None, None, {}, recipe={"bf16": True})
+    facts = _facts(base=theirs, default_optim="adamw_torch_fused")
+    spec, _ = plan(OPTIONS, facts, Layout(), with_dataset=False)
+    assert spec.recipe.optim == "adamw_torch_fused" and spec.recipe.given
+    named = BaseArguments(32, None, None, {}, recipe={"bf16": True, "optim": "adafactor"})
+    assert _facts(base=named, default_optim="adamw_torch_fused").recipe["optim"] == "adafactor"
+    spec, _ = plan(OPTIONS, _facts(default_optim="adamw_torch_fused"), Layout(), with_dataset=False)
+    assert not spec.recipe.given and spec.recipe_settings == {}
+
+
+def test_a_study_stored_before_the_class_default_was_read_keeps_plain_adamw() -> None:
+    """Studies planned earlier hold no optim where the file was silent: they meant the
+    plain AdamW, and still do."""
+    assert Recipe({"bf16": True}).optim == "adamw_torch"
+    assert Recipe({"bf16": True}).precision == "bf16"
+    assert Recipe({"per_device_train_batch_size": True}).micro_batch is None
