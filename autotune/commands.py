@@ -60,10 +60,10 @@ def best_of_study(
     """The study's selected trial by `objective` (None: the one it was searched for)."""
     store = StudyStore.load(url=storage, name=study_name)
     recs = store.records()
-    objective = objective or store.objective()
-    best = select_export(store.spec, recs, objective, rehearse=store.rehearses())
+    objective = objective or store.settings.objective()
+    best = select_export(store.spec, recs, objective, rehearse=store.settings.rehearses())
     if best is None:
-        raise none_exported(study_name, store.spec, recs, rehearse=store.rehearses())
+        raise none_exported(study_name, store.spec, recs, rehearse=store.settings.rehearses())
     return best, store.spec, recs
 
 
@@ -91,16 +91,16 @@ def export_command(
     `objective` (None: the one the study was searched for)."""
 
     store = StudyStore.load(url=storage, name=study_name)
-    records, rehearse = store.records(), store.rehearses()
+    records, rehearse = store.records(), store.settings.rehearses()
     best = export_selected(
         records=records,
         spec=store.spec,
         study_name=study_name,
         output=output,
-        objective=objective or store.objective(),
+        objective=objective or store.settings.objective(),
         validate=False,
         force=force,
-        parity=store.parity(),
+        parity=store.settings.parity(),
         rehearse=rehearse,
     )
     if best is None:
@@ -193,8 +193,8 @@ def show_command(*, study_name: str, storage: str, objective: Objective | None) 
     for); views.show prints them."""
 
     store = StudyStore.load(url=storage, name=study_name)
-    records, state, rehearse = store.records(), store.parity(), store.rehearses()
-    objective = objective or store.objective()
+    records, state, rehearse = store.records(), store.settings.parity(), store.settings.rehearses()
+    objective = objective or store.settings.objective()
     best = select_export(store.spec, records, objective, rehearse=rehearse)
     changed = None
     if best is not None:
@@ -211,9 +211,9 @@ def report_command(
 
     store = StudyStore.load(url=storage, name=study_name)
     recs = store.records()
-    objective = objective or store.objective()
-    rows = trial_rows(recs, store.spec, objective, rehearse=store.rehearses())
-    state = store.parity()
+    objective = objective or store.settings.objective()
+    rows = trial_rows(recs, store.spec, objective, rehearse=store.settings.rehearses())
+    state = store.settings.parity()
     recipe = state.reference if state else None
     return write_report(
         records=recs,

@@ -25,7 +25,7 @@ from autotune.hf.factory import resolve_reference
 from autotune.hf.levers import parse_lever_options
 from autotune.launch.forkserver import EarlyServer
 from autotune.store.storage import heartbeat_s, patience_s
-from autotune.store.store import StudyStore
+from autotune.store.store import StudyStore, stored_spec
 from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import SearchLimits
 from autotune.tuning.options import SearchOptions
@@ -92,15 +92,15 @@ def _prepare_and_search(
         explore_share=SearchLimits.search_share if o.confirm_top else 1.0,
         steps_asked=o.measure_steps is not None,
         compile_asked=TORCH_COMPILE.name in parse_lever_options(o.levers),
-        stored=StudyStore.stored_spec(url=url, name=name),
+        stored=stored_spec(url=url, name=name),
         default_budget=o.time_budget is None,
     )
     notes += plan
     notes.append(rehearsal_line(spec, rehearse=o.rehearse))
     _ensure_sqlite_folder(url)
     store = prepare_store(spec=spec, study_name=name, storage=url, sampler=o.sampler)
-    store.save_objective(o.objective)
-    store.save_rehearse(o.rehearse)  # export, show and load gate on it as this search does
+    store.settings.save_objective(o.objective)
+    store.settings.save_rehearse(o.rehearse)  # export, show and load gate on it as this search does
     claim_folder(folder, name, url)
     limits = o.limits(spec.measure_steps)
     with searching(folder):  # export and show say what they read is the best so far
@@ -185,7 +185,7 @@ class _Search:
                 explore=self.explore,
                 early=self.early,
             )
-            parity = self.store.parity() if self.limits.parity_check else None
+            parity = self.store.settings.parity() if self.limits.parity_check else None
             records = list(report.records)
             if parity is None:  # --parity off: verdicts of earlier runs do not apply either
                 records = [dataclasses.replace(r, parity=None) for r in records]

@@ -1,11 +1,17 @@
-"""What makes a stored study the same search, and the note optuna-dashboard shows."""
+"""What makes a stored study the same search (`check`), and the note optuna-dashboard
+shows."""
 
 from __future__ import annotations
 
 import json
 
+import optuna
+from optuna_dashboard import save_note
+
 from autotune.core.enums import Task
+from autotune.core.errors import StudyError
 from autotune.core.spec import SearchSpec
+from autotune.store.keys import METRIC_NAMES, StudyAttr
 
 GIB = float(2**30)
 
@@ -58,3 +64,28 @@ def note(spec: SearchSpec) -> str:
         "Values: samples_per_s (maximise), peak_memory_gib (minimise); the budget is a "
         "constraint. Each trial's user attributes hold its outcome, reason and figures.\n"
     )
+
+
+def check(study: optuna.Study, spec: SearchSpec) -> None:
+    """Mark a new study with the search it holds, or refuse one that holds another
+    (StudyError naming the first settings that differ, and what to do)."""
+    wanted = json.dumps(spec.identity(), sort_keys=True)
+    stored = study.user_attrs.get(StudyAttr.IDENTITY)
+    if stored is None:
+        study.set_user_attr(StudyAttr.IDENTITY, wanted)
+        study.set_user_attr(StudyAttr.SPEC, spec.to_json())
+        study.set_user_attr(StudyAttr.DESCRIPTION, spec.describe())
+        study.set_metric_names(list(METRIC_NAMES))
+        save_note(study, note(spec))
+    elif not same_search(stored, wanted):
+        budget_only = differs_only_in(stored, wanted, ("memory_budget_bytes", "headroom"))
+        reused = (
+            ": what it measured that still holds under the new budget is reused, not probed again"
+            if budget_only
+            else ", or repeat the original options"
+        )
+        raise StudyError(
+            f"study {study.study_name!r} already holds a different search "
+            f"({difference(stored, wanted)}); pass --study with a new name to "
+            f"start another{reused}"
+        )

@@ -90,7 +90,7 @@ class Reuse:
             try:
                 study = optuna.load_study(study_name=summary.study_name, storage=store.storage)
                 found = StudyStore(study, store.storage, store.url, other)
-                records, parity = found.records(), found.parity()
+                records, parity = found.records(), found.settings.parity()
             except (StudyError, ValueError, TypeError, KeyError):  # results it cannot read
                 continue
             sources.append(Source(summary.study_name, other, tuple(records), parity))

@@ -9,6 +9,7 @@ import re
 import sqlite3
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +165,17 @@ def serve_dashboard(url: str, *, host: str, port: int) -> None:
     from optuna_dashboard import run_server  # its web server: loaded by `dashboard` alone
 
     run_server(url, host=host, port=port)
+
+
+@contextlib.contextmanager
+def readable(name: str, url: str, what: str) -> Iterator[None]:
+    """Decoding what a study holds: StudyError, naming the study and `what` of it cannot
+    be read, where another version (or damage) left it in a shape this one cannot read."""
+    try:
+        yield
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        why = f"no {exc}" if isinstance(exc, KeyError) else first_line(exc)
+        raise StudyError(
+            f"study {name!r} in {mask(url)}: {what} cannot be read ({why}); another autotune "
+            "version wrote it, or it is damaged: search it under another --study"
+        ) from None

@@ -13,7 +13,7 @@ import time
 from autotune.core.enums import Objective, Outcome
 from autotune.core.errors import AutotuneError, StudyError
 from autotune.core.trial import Candidate, TrialConfig, TrialRecord, TrialResult
-from autotune.store.store import Asked, TrialLost
+from autotune.store.queue import Asked, TrialLost
 from autotune.tuning._context import RunContext
 from autotune.tuning._memory_verdict import far_over_budget
 from autotune.tuning._propose import Proposal, next_config
@@ -43,14 +43,14 @@ def explore(
     finalists are chosen from every result), and go on if one of them died. `end`:
     the whole time budget's, which no probe may be expected to end past."""
     while True:
-        run.store.recover_stale(run.judge)  # a dead worker's trial goes back in the queue
+        run.store.queue.recover_stale(run.judge)  # a dead worker's trial goes back in the queue
         recs = run.store.records()
         failed = job_failure(recs) if run.rehearses else None
         if failed is not None:  # no config would pass its rehearsal: stop now
             return f"trial {failed.number}'s rehearsal failed in a way no config changes"
         if rehearse_first(run, recs, end or deadline):  # checks first: where the run
             continue  # evaluates, the first config that fits is rehearsed at once
-        busy = run.store.in_flight()
+        busy = run.store.queue.in_flight()
         over = far_over_budget(run.spec, recs)
         proposal = _proposal(run, recs, busy, over)
         plan_parity(run, deadline, recs)
@@ -62,11 +62,11 @@ def explore(
             busy,
             over,
             left,
-            run.store.parity() if run.limits.parity_steps else None,
+            run.store.settings.parity() if run.limits.parity_steps else None,
             rehearses=run.rehearses,
         ) or (proposal.why_stop if proposal and not busy else "")
         if stop and busy and wait_for_others:
-            while run.store.in_flight():
+            while run.store.queue.in_flight():
                 _pause(run)
             continue
         if stop:
@@ -74,11 +74,11 @@ def explore(
         if not open_candidates(run.spec.space, recs, over, busy):
             _pause(run)  # what is left is being probed elsewhere
             continue
-        if proposal and not run.store.waiting():
+        if proposal and not run.store.queue.waiting():
             if proposal.candidate is None:  # the model would stop: see what the
                 _pause(run)  # running probes (other workers') report first
                 continue
-            run.store.enqueue(proposal.candidate)
+            run.store.queue.enqueue(proposal.candidate)
         step(run, recs, busy, over)
 
 
@@ -91,7 +91,7 @@ def plan_parity(
     limits = run.limits
     if not limits.parity_auto:
         return
-    plan = run.store.parity_plan()
+    plan = run.store.settings.parity_plan()
     if plan is not None:
         kind = f"{plan.steps}-step runs" if plan.steps else "the probes' own losses, unverified"
         said = f"parity: {kind}, as this study planned"
@@ -108,7 +108,7 @@ def plan_parity(
         )
         if plan is None:
             return
-        plan = run.store.save_parity_plan(plan)
+        plan = run.store.settings.save_parity_plan(plan)
         said = plan.why
     run.limits = dataclasses.replace(
         limits, parity_steps=plan.steps, parity_quick=plan.quick, parity_auto=False
@@ -146,14 +146,14 @@ def _proposal(
 def _pause(run: RunContext) -> None:
     """Wait while other workers' trials run; take over those whose worker died."""
     time.sleep(run.limits.poll_s)
-    run.store.recover_stale(run.judge)
+    run.store.queue.recover_stale(run.judge)
 
 
 def step(
     run: RunContext, recs: list[TrialRecord], busy: dict[Candidate, int], over: Verdictor
 ) -> None:
     """Ask for one proposal; skip it or probe it."""
-    asked = run.store.ask()
+    asked = run.store.queue.ask()
     candidate, guess = asked.candidate, asked.first_guess
     skip = skip_reason(candidate, recs, run.spec.space, over, busy, first_guess=guess)
     if skip is not None:
@@ -161,7 +161,7 @@ def step(
         run.store.tell(asked, result, verdict(result, run.spec, implied=skip.implies_oom))
         if skip.implies_oom or guess:  # the user sees why a queued guess did not run
             run.observer.on_trial_end(asked.number, candidate, result)
-        elif not run.store.was_queued(asked):  # the sampler's repeat: steer the next ask
+        elif not run.store.queue.was_queued(asked):  # the sampler's repeat: steer the next ask
             _steer(run, asked.number, recs, over, busy)  # to a config still open
         return
     config = run.trial_config(
@@ -172,7 +172,7 @@ def step(
         incumbent_s=_incumbent(run, recs),
     )
     try:
-        rival = run.store.claim(asked, run.limits.max_trials, config.trial_dir)
+        rival = run.store.queue.claim(asked, run.limits.max_trials, config.trial_dir)
     except TrialLost:  # another worker failed it and re-queued its config: ask again
         return
     if rival is not None:  # another worker got there first: let it run, pick again
@@ -192,25 +192,25 @@ def _steer(
 ) -> None:
     remaining = open_candidates(run.spec.space, recs, over, busy)
     if remaining:
-        run.store.enqueue(random.Random(run.spec.seed * 7919 + number).choice(remaining))
+        run.store.queue.enqueue(random.Random(run.spec.seed * 7919 + number).choice(remaining))
 
 
 def _probe(run: RunContext, asked: Asked, config: TrialConfig) -> None:
     candidate = asked.candidate
     run.observer.on_trial_start(asked.number, candidate)
     try:
-        with run.store.heartbeat(asked):
+        with run.store.queue.heartbeat(asked):
             result = run.launcher.run(config, timeout_s=run.limits.trial_timeout_s)
     except BaseException as exc:  # Ctrl-C, SIGTERM, a full disk: fail the trial, keep the study
         why = str(exc) if isinstance(exc, AutotuneError) else f"interrupted ({type(exc).__name__})"
-        run.store.fail_and_requeue(asked, why)
+        run.store.queue.fail_and_requeue(asked, why)
         raise
     run.probes += 1
     try:
         told = run.store.tell(asked, result, run.judge(result))
     except StudyError as exc:  # the storage stayed away: keep the result for the rerun
         try:
-            kept = run.store.keep_unrecorded(config.trial_dir, result)
+            kept = run.store.queue.keep_unrecorded(config.trial_dir, result)
         except OSError:  # the same full disk: the rerun probes the config again
             raise exc from None
         raise StudyError(f"{exc}; trial {asked.number}'s result is kept in {kept}") from None

@@ -140,7 +140,7 @@ class ParityCheck:
             learning_rate(self.spec),
             self.spec.seed,
         )
-        stored = self.store.parity()
+        stored = self.store.settings.parity()
         state = stored.retrying() if stored and stored.same_setup(wanted) else wanted
         if state is wanted and self.run.reuse is not None:  # another study's, made alike
             taken = self.run.reuse.parity_runs(wanted)
@@ -149,7 +149,7 @@ class ParityCheck:
                 runs = sorted(state.curves, key=lambda k: (k != "reference", k))
                 self.run.observer.on_parity_reused(taken[0], [k.replace("|", " ") for k in runs])
         state = dataclasses.replace(state, quick=self.quick)  # this search's policy
-        self.store.save_parity(state)  # also when no run is needed: the check was on
+        self.store.settings.save_parity(state)  # also when no run is needed: the check was on
         arithmetics = len(self.spec.space.precisions) * len(self.spec.space.optimizers)
         for _ in range(arithmetics + 1):
             todo = self._unjudged(state, self.store.records())
@@ -164,7 +164,7 @@ class ParityCheck:
                 )
                 break
             state = self._judge(state, todo)
-            self.store.save_parity(state)
+            self.store.settings.save_parity(state)
         return state
 
     def _from_probes(self, records: Sequence[TrialRecord]) -> ParityState:
@@ -172,7 +172,7 @@ class ParityCheck:
         probe: no run, so recomputed as the probes grow; each finalist's verdict said
         once."""
         state = dataclasses.replace(probe_state(self.spec, records), quick=self.quick)
-        self.store.save_parity(state)
+        self.store.settings.save_parity(state)
         for candidate in unjudged(
             self.spec, ParityState(state.reference, 0, 0.0), records, self.top, self.objective
         ):

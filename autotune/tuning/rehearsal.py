@@ -127,7 +127,7 @@ def rehearse_selected(run: RunContext, deadline: Deadline) -> None:
             return
         if bound := checkpoint_room(chosen, run.spec):
             unneeded = Rehearsal((), unneeded=bound)
-            run.store.save_rehearsal(chosen.number, unneeded)
+            run.store.settings.save_rehearsal(chosen.number, unneeded)
             run.observer.on_plan(f"trial {chosen.number}: {unneeded.describe()}")
             return
         found = _rehearse_and_say(run, chosen, events, deadline, records)
@@ -176,7 +176,7 @@ def _rehearse_and_say(
             "(no config is exported unrehearsed)"
         )
     found = rehearse(run, record, events, records)
-    run.store.save_rehearsal(record.number, found)
+    run.store.settings.save_rehearsal(record.number, found)
     over = deadline.over()
     past = f" ({format_duration(over)} past the time budget)" if over >= 1.0 else ""
     run.observer.on_plan(f"trial {record.number}: {found.describe()}{past}")

@@ -107,13 +107,13 @@ def prepare_store(*, spec: SearchSpec, study_name: str, storage: str, sampler: s
     store = StudyStore.open(
         url=storage, name=study_name, spec=spec, sampler=make_sampler(sampler, spec.seed)
     )
-    store.recover_stale(functools.partial(verdict, spec=spec, implied=False))
-    if store.is_empty():  # a worker starting at this moment may do it too
+    store.queue.recover_stale(functools.partial(verdict, spec=spec, implied=False))
+    if store.queue.is_empty():  # a worker starting at this moment may do it too
         # the recipe first: what the user would run is the baseline every change is
         # weighed against (a 1-minute QLoRA search on an H100 probed only the plain
         # default, and exported its change of their precision and optimizer)
         for seed in first_guesses(spec):
-            store.enqueue(seed, first_guess=True)
+            store.queue.enqueue(seed, first_guess=True)
     return store
 
 

@@ -36,8 +36,8 @@ def study(url: str, name: str, spec: SearchSpec, results: dict[int, TrialResult]
     """A study that measured these batch sizes (fp32, no checkpointing)."""
     store = StudyStore.open(url=url, name=name, spec=spec, sampler=make_sampler("tpe", 0))
     for batch, result in results.items():
-        store.enqueue(cand(batch))
-        trial = store.ask()
+        store.queue.enqueue(cand(batch))
+        trial = store.queue.ask()
         store.tell(trial, result, verdict(result, spec, implied=False))
     return store
 
@@ -140,8 +140,8 @@ def test_a_measurement_stands_only_for_its_own_settings(tmp_path: Path) -> None:
     variants = {dataclasses.replace(plain, **{n: v[1]}) for n, v in DIMENSIONS.items()}
     first = StudyStore.open(url=url, name="first", spec=spec, sampler=make_sampler("tpe", 0))
     for variant in variants:
-        first.enqueue(variant)
-        trial = first.ask()
+        first.queue.enqueue(variant)
+        trial = first.queue.ask()
         first.tell(trial, measured(1.0), verdict(measured(1.0), spec, implied=False))
     new = StudyStore.open(url=url, name="new", spec=spec, sampler=make_sampler("tpe", 0))
     assert set(Reuse.gather(new).found) == variants
@@ -177,7 +177,7 @@ def test_a_new_study_takes_over_every_reusable_config_before_its_sampler_propose
     assert records[16].result.reused_from == "" and records[16].result.peak_memory_bytes == int(
         2.5 * GIB
     )
-    assert new.waiting() == 0 and new.in_flight() == {}  # recorded, not queued
+    assert new.queue.waiting() == 0 and new.queue.in_flight() == {}  # recorded, not queued
     assert all(t.state.is_finished() for t in new.study.get_trials())
     assert new.take_over(reuse.found, judge) == []  # a second worker adds nothing again
     # another study's config outside this space (another global batch: 8x4, not 8x8)
@@ -192,11 +192,11 @@ def test_a_config_has_one_record_when_workers_raced_to_take_it_over(tmp_path: Pa
     a = dataclasses.replace(measured(1.0), reused_from="study a trial 0")
     b = dataclasses.replace(measured(1.5), reused_from="study a trial 0")
     store = study(url, "new", SPEC, {8: a, 16: b})
-    store.enqueue(cand(8))  # a second worker took 8 over too (no lock on a server)
-    trial = store.ask()
+    store.queue.enqueue(cand(8))  # a second worker took 8 over too (no lock on a server)
+    trial = store.queue.ask()
     store.tell(trial, a, verdict(a, SPEC, implied=False))
-    store.enqueue(cand(16))  # and another probed 16 meanwhile: its own figure wins
-    trial = store.ask()
+    store.queue.enqueue(cand(16))  # and another probed 16 meanwhile: its own figure wins
+    trial = store.queue.ask()
     store.tell(trial, measured(2.0), verdict(measured(2.0), SPEC, implied=False))
     records = store.records()
     assert sorted(r.candidate.per_device_train_batch_size for r in records) == [8, 16]
@@ -208,20 +208,20 @@ def test_a_queued_trial_is_told_from_a_sampled_one(tmp_path: Path) -> None:
     """A first guess already taken over is dropped without steering the next ask to a
     random config: the sampler, which learned from what was taken over, proposes next."""
     store = study(f"sqlite:///{tmp_path / 'studies.db'}", "new", SPEC, {})
-    store.enqueue(cand(8))
-    queued = store.ask()
-    sampled = store.ask()
-    assert store.was_queued(queued) and not store.was_queued(sampled)
+    store.queue.enqueue(cand(8))
+    queued = store.queue.ask()
+    sampled = store.queue.ask()
+    assert store.queue.was_queued(queued) and not store.queue.was_queued(sampled)
 
 
 def test_a_reused_trial_is_not_a_probe_for_the_trial_cap(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     reused = dataclasses.replace(measured(1.0), reused_from="study a trial 0")
     store = study(url, "new", SPEC, {8: reused})
-    store.enqueue(cand(16))
-    trial = store.ask()
+    store.queue.enqueue(cand(16))
+    trial = store.queue.ask()
     # --max-trials 1: the reused trial leaves room for this first probe
-    assert store.claim(trial, 1, str(tmp_path / "t")) is None
+    assert store.queue.claim(trial, 1, str(tmp_path / "t")) is None
 
 
 def test_a_reused_finalist_keeps_its_confirmation_and_is_not_confirmed_again(
@@ -254,8 +254,8 @@ def test_parity_runs_are_reused_only_when_made_alike_with_the_same_versions(
         curves={"reference": curve, "bf16|adamw_torch": curve},
         verdicts={"bf16|adamw_torch": Parity(Status.OK)},
     )
-    study(url, "first", SPEC, {8: measured(1.0)}).save_parity(ran)
-    study(url, "old", SPEC, {8: measured(1.0, torch="1.13.0")}).save_parity(ran)
+    study(url, "first", SPEC, {8: measured(1.0)}).settings.save_parity(ran)
+    study(url, "old", SPEC, {8: measured(1.0, torch="1.13.0")}).settings.save_parity(ran)
     reuse = Reuse.gather(study(url, "new", SPEC, {}))
     wanted = ParityState(cand(16), steps=10, learning_rate=1e-4, seed=0)  # split aside
     found = reuse.parity_runs(wanted)
@@ -265,6 +265,6 @@ def test_parity_runs_are_reused_only_when_made_alike_with_the_same_versions(
         assert reuse.parity_runs(dataclasses.replace(wanted, **other)) is None
     unfinished = dataclasses.replace(ran, curves={"reference": Curve((), error="OOM")})
     alone = f"sqlite:///{tmp_path / 'failed.db'}"
-    study(alone, "failed", SPEC, {16: measured(1.0)}).save_parity(unfinished)
+    study(alone, "failed", SPEC, {16: measured(1.0)}).settings.save_parity(unfinished)
     reuse = Reuse.gather(study(alone, "newer", SPEC, {}))
     assert reuse.found.get(cand(16)) is not None and reuse.parity_runs(wanted) is None

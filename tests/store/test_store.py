@@ -23,8 +23,9 @@ from autotune.store import _coordination
 from autotune.store._identity import same_search
 from autotune.store._params import candidate_params
 from autotune.store.keys import Attr
+from autotune.store.queue import TrialLost
 from autotune.store.samplers import make_sampler
-from autotune.store.store import StudyStore, TrialLost
+from autotune.store.store import StudyStore
 
 TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
@@ -56,21 +57,21 @@ def test_two_workers_claiming_one_config_never_both_run_it(storage: str) -> None
     name = f"claims-{uuid.uuid4().hex[:8]}"
     a, b = worker(storage, name), worker(storage, name)
     config = cand(16)
-    a.enqueue(config)
-    a.enqueue(config)
-    ta, tb = a.ask(), b.ask()
+    a.queue.enqueue(config)
+    a.queue.enqueue(config)
+    ta, tb = a.queue.ask(), b.queue.ask()
     ca, cb = ta.candidate, tb.candidate
     assert ca == cb == config
     # Both claim before either looks: both yield; neither runs it.
-    assert a.claim(ta, 10, "trials/x") is None  # a looked before b claimed
-    assert b.claim(tb, 10, "trials/x") == f"trial {ta.number} is probing the same config"
+    assert a.queue.claim(ta, 10, "trials/x") is None  # a looked before b claimed
+    assert b.queue.claim(tb, 10, "trials/x") == f"trial {ta.number} is probing the same config"
     b.tell(tb, TrialResult(Outcome.SKIPPED, reason="yield"), Verdict(None, None, pruned=True))
-    b.enqueue(config)
-    late = b.ask()
-    assert b.claim(late, 10, "trials/x") == f"trial {ta.number} is probing the same config"
-    b.enqueue(cand(32))
-    other = b.ask()
-    assert b.claim(other, 2, "trials/x") == "other workers reached --max-trials 2"
+    b.queue.enqueue(config)
+    late = b.queue.ask()
+    assert b.queue.claim(late, 10, "trials/x") == f"trial {ta.number} is probing the same config"
+    b.queue.enqueue(cand(32))
+    other = b.queue.ask()
+    assert b.queue.claim(other, 2, "trials/x") == "other workers reached --max-trials 2"
 
 
 def test_claim_rule_when_two_workers_claim_before_either_reads() -> None:
@@ -107,16 +108,16 @@ def test_a_worker_that_stops_sending_heartbeats_loses_its_trial(
 ) -> None:
     monkeypatch.setenv("AUTOTUNE_HEARTBEAT_S", "1")  # stale after 3 s without a heartbeat
     store = worker(storage, f"beats-{uuid.uuid4().hex[:8]}")
-    store.enqueue(cand(8))
-    trial = store.ask()
-    assert store.claim(trial, 10, "trials/x") is None
+    store.queue.enqueue(cand(8))
+    trial = store.queue.ask()
+    assert store.queue.claim(trial, 10, "trials/x") is None
     trial.trial.set_user_attr(Attr.WORKER, "another-machine|ns|1|x")  # only its heartbeat counts
-    with store.heartbeat(trial):
+    with store.queue.heartbeat(trial):
         time.sleep(4.5)
-        assert store.recover_stale() == []
+        assert store.queue.recover_stale() == []
     time.sleep(4.5)
-    assert store.recover_stale() == [trial.number]
-    assert worker(storage, store.name).recover_stale() == []  # recovered once only
+    assert store.queue.recover_stale() == [trial.number]
+    assert worker(storage, store.name).queue.recover_stale() == []  # recovered once only
     failed = store.study.get_trials(deepcopy=False)[trial.number]
     assert failed.state == TrialState.FAIL
     assert "heartbeats" in failed.user_attrs[Attr.REASON]
@@ -126,12 +127,12 @@ def test_a_worker_that_stops_sending_heartbeats_loses_its_trial(
 
 def test_a_dead_search_on_this_host_loses_its_trial_at_once(storage: str) -> None:
     store = worker(storage, f"dead-{uuid.uuid4().hex[:8]}")
-    store.enqueue(cand(8))
-    trial = store.ask()
-    store.claim(trial, 10, "trials/x")
+    store.queue.enqueue(cand(8))
+    trial = store.queue.ask()
+    store.queue.claim(trial, 10, "trials/x")
     ns = _coordination.pid_namespace()
     trial.trial.set_user_attr(Attr.WORKER, f"{_coordination.HOST}|{ns}|999999999|gone")
-    assert store.recover_stale() == [trial.number]
+    assert store.queue.recover_stale() == [trial.number]
     reason = store.study.get_trials(deepcopy=False)[trial.number].user_attrs[Attr.REASON]
     assert "search process died" in reason
 
@@ -143,15 +144,15 @@ def test_a_dead_search_whose_pid_another_process_took_loses_its_trial_at_once(
     but a later start is not that worker, and does not hold its trial until heartbeats
     lapse. The worker itself, with its own start, keeps its trial."""
     store = worker(storage, f"reused-{uuid.uuid4().hex[:8]}")
-    store.enqueue(cand(8))
-    trial = store.ask()
-    store.claim(trial, 10, "trials/x")
+    store.queue.enqueue(cand(8))
+    trial = store.queue.ask()
+    store.queue.claim(trial, 10, "trials/x")
     identity = str(next(iter(_coordination.worker_identity().values())))
     assert identity.endswith(f"|{_coordination.started_at(os.getpid())}")
-    assert store.recover_stale() == []  # this live worker's own
+    assert store.queue.recover_stale() == []  # this live worker's own
     host, ns, pid, _, started = identity.split("|")
     trial.trial.set_user_attr(Attr.WORKER, f"{host}|{ns}|{pid}|gone|{int(started) - 1}")
-    assert store.recover_stale() == [trial.number]
+    assert store.queue.recover_stale() == [trial.number]
     reason = store.study.get_trials(deepcopy=False)[trial.number].user_attrs[Attr.REASON]
     assert "search process died" in reason
 
@@ -160,31 +161,31 @@ def test_a_live_worker_in_another_pid_namespace_keeps_its_trial(storage: str) ->
     """Containers can share a hostname without sharing pids: a pid that does not exist
     here says nothing about a worker in another pid namespace."""
     store = worker(storage, f"ns-{uuid.uuid4().hex[:8]}")
-    store.enqueue(cand(8))
-    trial = store.ask()
-    store.claim(trial, 10, "trials/x")
+    store.queue.enqueue(cand(8))
+    trial = store.queue.ask()
+    store.queue.claim(trial, 10, "trials/x")
     trial.trial.set_user_attr(Attr.WORKER, f"{_coordination.HOST}|pid:[1]|999999999|other")
-    assert store.recover_stale() == []
+    assert store.queue.recover_stale() == []
 
 
 def test_a_claim_seen_half_written_is_not_taken_for_a_dead_worker(storage: str) -> None:
     """Each attribute is its own commit: another worker can read the trial between them.
     A trial whose host is written but not yet its pid belongs to a live worker."""
     store = worker(storage, f"half-{uuid.uuid4().hex[:8]}")
-    store.enqueue(cand(8))
-    trial = store.ask()
+    store.queue.enqueue(cand(8))
+    trial = store.queue.ask()
     trial.trial.set_user_attr(Attr.HOST, _coordination.HOST)
-    assert worker(storage, store.name).recover_stale() == []
+    assert worker(storage, store.name).queue.recover_stale() == []
     assert next(iter(_coordination.worker_identity())) == Attr.WORKER  # the whole id goes first
 
 
 def test_a_worker_whose_trial_was_taken_over_drops_it(storage: str) -> None:
     store = worker(storage, f"lost-{uuid.uuid4().hex[:8]}")
-    store.enqueue(cand(8))
-    trial = store.ask()
+    store.queue.enqueue(cand(8))
+    trial = store.queue.ask()
     worker(storage, store.name).study.tell(trial.number, state=TrialState.FAIL)  # elsewhere
     with pytest.raises(TrialLost, match=f"trial {trial.number} was taken over"):
-        store.claim(trial, 10, "trials/x")
+        store.queue.claim(trial, 10, "trials/x")
 
 
 CONTEND = """
@@ -193,18 +194,19 @@ from helpers import SPEC, cand
 from autotune.core.enums import Outcome
 from autotune.core.trial import TrialResult, Verdict
 from autotune.store.samplers import make_sampler
-from autotune.store.store import StudyStore, TrialLost
+from autotune.store.queue import TrialLost
+from autotune.store.store import StudyStore
 url, name, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
 store = StudyStore.open(url=url, name=name, spec=SPEC, sampler=make_sampler("random", 0))
 while time.time() < start:
     time.sleep(0.005)
 for _ in range(60):
-    assert store.recover_stale() == [], "a live worker's trial was recovered"
-    trial = store.ask()
+    assert store.queue.recover_stale() == [], "a live worker's trial was recovered"
+    trial = store.queue.ask()
     config = trial.candidate
     print(trial.number, flush=True)
-    store.enqueue(cand(8))
-    store.claim(trial, 10_000, "trials/x")  # TrialLost fails the test
+    store.queue.enqueue(cand(8))
+    store.queue.claim(trial, 10_000, "trials/x")  # TrialLost fails the test
     store.tell(trial, TrialResult(Outcome.SKIPPED, reason="x"), Verdict(None, None, pruned=True))
 """
 
@@ -217,7 +219,7 @@ def test_two_processes_asking_one_sqlite_study_never_share_or_lose_a_trial(
     no worker takes another's live trial for a dead one (seen on CI: a half-written
     claim read as a dead worker's)."""
     url, name = f"sqlite:///{tmp_path / 'studies.db'}", "contend"
-    worker(url, name).enqueue(cand(8))  # the storage and study exist before both start
+    worker(url, name).queue.enqueue(cand(8))  # the storage and study exist before both start
     script = tmp_path / "contend.py"
     script.write_text(CONTEND)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
@@ -246,7 +248,7 @@ def proposals(tmp_path: Path, sampler: str, seed: int) -> list[str]:
     store = StudyStore.open(url=url, name="s", spec=SPEC, sampler=make_sampler(sampler, seed))
     seen = []
     for _ in range(8):  # four past TPE's random start-up
-        trial = store.ask()
+        trial = store.queue.ask()
         config = trial.candidate
         seen.append(config.describe())
         speed = 100.0 / config.per_device_train_batch_size + len(config.precision)
@@ -272,8 +274,8 @@ def test_confirmation_runs_keep_their_rounds_for_paired_comparison(tmp_path: Pat
 
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     store = StudyStore.open(url=url, name="rounds", spec=SPEC, sampler=make_sampler("tpe", 0))
-    store.enqueue(cand(8))
-    trial = store.ask()
+    store.queue.enqueue(cand(8))
+    trial = store.queue.ask()
 
     def run(step_s: float) -> TrialResult:
         return TrialResult(

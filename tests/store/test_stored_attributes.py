@@ -27,7 +27,7 @@ from autotune.store._params import candidate_params, distributions
 from autotune.store.keys import Attr, StudyAttr
 from autotune.store.samplers import make_sampler
 from autotune.store.storage import quiet_optuna
-from autotune.store.store import StudyStore
+from autotune.store.store import StudyStore, stored_spec
 from autotune.views.show import print_view
 
 GOOD = TrialResult(
@@ -92,7 +92,7 @@ def _read_all(name: str) -> None:
     print_view(view, "table")
     print_view(view, "json")
     store = StudyStore.load(url=URL, name=name)
-    store.parity_plan()
+    store.settings.parity_plan()
     store.next_round()
 
 
@@ -230,7 +230,7 @@ def test_a_spec_of_another_version_is_read_or_named(
     store.study.set_user_attr(StudyAttr.SPEC, content.decode("utf-8", "replace"))
     try:
         StudyStore.load(url=url, name="s")
-        StudyStore.stored_spec(url=url, name="s")
+        stored_spec(url=url, name="s")
     except StudyError as exc:
         said = str(exc)
         assert one_line(said) and "study 's'" in said and "its search spec" in said, said

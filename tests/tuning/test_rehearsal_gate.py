@@ -44,6 +44,7 @@ class Store:
 
     def __init__(self, records: list[TrialRecord]) -> None:
         self.recs = records
+        self.settings = self  # the study's attributes: its rehearsals
 
     def records(self) -> list[TrialRecord]:
         return list(self.recs)

@@ -141,15 +141,15 @@ def test_a_trial_taken_over_between_ask_and_claim_is_dropped_unprobed(tmp_path: 
 
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     store = StudyStore.open(url=url, name="lost", spec=SPEC, sampler=make_sampler("tpe", 0))
-    store.enqueue(cand(8))
-    asked = store.ask()
+    store.queue.enqueue(cand(8))
+    asked = store.queue.ask()
 
     def ask_then_lose() -> Any:
         store.study.tell(asked.number, state=TrialState.FAIL)  # as a rival's recovery does
-        store.enqueue(cand(8))
+        store.queue.enqueue(cand(8))
         return asked
 
-    store.ask = ask_then_lose  # type: ignore[method-assign]
+    store.queue.ask = ask_then_lose  # type: ignore[method-assign]
     launcher: Any = type("NoLaunch", (), {"run": lambda *a, **k: pytest.fail("probed")})()
     search = SearchRun(
         store=store,
@@ -352,7 +352,9 @@ def test_a_parity_run_expected_to_end_past_the_time_budget_does_not_start() -> N
     said: list[str] = []
     curve = ((0, 5.0), (2, 4.0), (4, 3.0))
     store = SimpleNamespace(
-        spec=SPEC, records=lambda: RECORDS, parity=lambda: None, save_parity=lambda s: None
+        spec=SPEC,
+        records=lambda: RECORDS,
+        settings=SimpleNamespace(parity=lambda: None, save_parity=lambda s: None),
     )
     launcher = SimpleNamespace(
         run=lambda config, timeout_s: (

@@ -162,15 +162,15 @@ def test_the_parity_plan_is_kept_by_the_study_for_workers_and_reruns(tmp_path: P
 
     first = search()
     exploring.plan_parity(first, Deadline.after(30.0), [])
-    assert first.limits.parity_auto and store.parity_plan() is None  # nothing measured yet
+    assert first.limits.parity_auto and store.settings.parity_plan() is None  # nothing measured yet
     exploring.plan_parity(first, Deadline.after(30.0), records)
     assert (first.limits.parity_steps, first.limits.parity_quick) == (0, True)
-    assert not first.limits.parity_auto and store.parity_plan() is not None
+    assert not first.limits.parity_auto and store.settings.parity_plan() is not None
     rerun = search()
     exploring.plan_parity(rerun, Deadline.after(10_000.0), records)  # would afford 20 steps itself
     assert (rerun.limits.parity_steps, rerun.limits.parity_quick) == (0, True)
     assert said[-1] == "parity: the probes' own losses, unverified, as this study planned"
-    assert store.save_parity_plan(ParityPlan(20, False, "")).steps == 0
+    assert store.settings.save_parity_plan(ParityPlan(20, False, "")).steps == 0
 
 
 @pytest.mark.parametrize(("budget", "steps"), [("5m", 3), ("9m59s", 3), ("10m", 5), (None, 5)])
