@@ -22,7 +22,7 @@ from autotune.tuning.selection import (
     select_for,
     verdict,
 )
-from autotune.tuning.stopping import confirm_s
+from autotune.tuning.stopping import confirm_s, kept_for_rounds
 
 
 def confirm(run: RunContext, deadline: Deadline) -> int:
@@ -33,8 +33,12 @@ def confirm(run: RunContext, deadline: Deadline) -> int:
     spec, limits = run.spec, run.limits
     runs = 0
     first_round = run.store.next_round()
+    # the paired rounds a change of the recipe's arithmetic needs are a check: these
+    # runs leave them their time (DESIGN invariant 14)
+    kept = kept_for_rounds(spec, limits, run.store.records(), deadline.left())
+    before_rounds = deadline.less(kept)
     for _ in range(2 * limits.confirm_top + 1 if limits.confirm_top else 0):
-        if deadline.passed():
+        if before_rounds.passed():
             break
         pool = [r for r in fitting(run.store.records(), spec.fit_limit_bytes) if exportable(r)]
         # The config selection would export first, then its rivals by the objective (a
@@ -42,7 +46,7 @@ def confirm(run: RunContext, deadline: Deadline) -> int:
         chosen = select_for(spec, pool, limits.objective)
         rivals = by_objective(pool, limits.objective, spec.train_steps)
         finalists = [r for r in pool if r == chosen] + [r for r in rivals if r != chosen]
-        left = deadline.left()  # a run expected to end past the budget does not start
+        left = before_rounds.left()  # a run expected to end past it does not start
         # and then what the headline ratio is taken against (their recipe, or the plain
         # default)
         default, _ = baseline(spec, pool, None)

@@ -10,6 +10,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from autotune.core.enums import Outcome
+from autotune.core.parity import Arithmetic
 from autotune.core.parity_state import ParityState
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
@@ -19,7 +20,7 @@ from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import SearchLimits
 from autotune.tuning.parity import parity_stop, run_s
 from autotune.tuning.rehearsal import reserved_s
-from autotune.tuning.selection import exportable, fitting
+from autotune.tuning.selection import decided, duel_pair, exportable, fitting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,8 +80,8 @@ def _out_of_time(
     rehearses: bool,
 ) -> str:
     """The time budget's reasons: the explore share spent (unless the time kept from it
-    would buy nothing), or a probe (and the rehearsal) that would end past the whole
-    budget."""
+    would buy nothing), or a probe that would end past the whole budget with the checks
+    the export needs kept (the rehearsal, the paired rounds of a change of arithmetic)."""
     if left.explore_spent and not reserve_idle(spec, limits, records, left.end_s):
         return "time budget spent" + (
             " (the rest is for confirmation)" if limits.confirm_top else ""
@@ -89,13 +90,46 @@ def _out_of_time(
         return ""
     expected = probe_wall_s(records)
     rehearsal = reserved_s(records, spec, expected) if rehearses else 0.0
-    if expected + rehearsal <= left.end_s:
+    rounds = kept_for_rounds(spec, limits, records, left.end_s)
+    if expected + rehearsal + rounds <= left.end_s:
         return ""
-    also = " and the rehearsal" if rehearsal else ""
+    named = (("the rehearsal", rehearsal), ("the paired rounds", rounds))
+    kept = [name for name, seconds in named if seconds]
+    what = ", ".join(["a probe", *kept[:-1]]) + (f" and {kept[-1]} take" if kept else " takes")
     return (
-        f"time budget spent: a probe{also} takes about "
-        f"{format_duration(expected + rehearsal)} and {format_duration(left.end_s)} is left"
+        f"time budget spent: {what} about {format_duration(expected + rehearsal + rounds)} "
+        f"and {format_duration(left.end_s)} is left"
     )
+
+
+def kept_for_rounds(
+    spec: SearchSpec, limits: SearchLimits, records: Sequence[TrialRecord], left_s: float | None
+) -> float:
+    """The time kept for the paired rounds (`rounds_s`) with `left_s` left: none where
+    they cannot run in it. The change is then not exported, so exploring and the plain
+    confirmations may use the time to find and confirm a better config that keeps it."""
+    rounds = rounds_s(spec, limits, records)
+    return 0.0 if left_s is not None and rounds > left_s else rounds
+
+
+def rounds_s(spec: SearchSpec, limits: SearchLimits, records: Sequence[TrialRecord]) -> float:
+    """What the paired rounds that would confirm a change of the recipe's arithmetic are
+    expected to take (DESIGN invariant 14: a check, kept from exploring like the
+    rehearsal): where the leader changes it unverified, the two rounds of it and the
+    best config that keeps it that the fewest can decide, less those they ran together;
+    0 where no such change leads, it is decided, or rounds are off."""
+    if not limits.confirm_top or limits.confirm_rounds < 2:
+        return 0.0
+    pool = [r for r in fitting(records, spec.fit_limit_bytes) if exportable(r)]
+    pair = duel_pair(spec, pool, limits.objective)
+    if pair is None:
+        return 0.0
+    a, b = pair
+    same = Arithmetic.of(a.candidate) == Arithmetic.of(b.candidate)
+    if same or decided(a, b, spec, limits.objective):
+        return 0.0
+    together = len(dict(a.rounds).keys() & dict(b.rounds).keys())
+    return max(0, 2 - together) * (confirm_s(spec, limits, a) + confirm_s(spec, limits, b))
 
 
 def reserve_idle(

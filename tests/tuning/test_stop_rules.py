@@ -26,7 +26,7 @@ from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import SearchLimits
 from autotune.tuning.parity import reserved_s
 from autotune.tuning.run import SearchRun
-from autotune.tuning.stopping import TimeLeft, confirm_s, stop_reason
+from autotune.tuning.stopping import TimeLeft, confirm_s, rounds_s, stop_reason
 
 
 class Clock:
@@ -273,13 +273,62 @@ def test_a_confirmation_expected_to_end_past_the_time_budget_does_not_start() ->
         run=lambda config, timeout_s: ran.append(config.candidate) or TrialResult(Outcome.OK)
     )
     observer = SimpleNamespace(on_confirm=lambda *a: None)
-    limits = SearchLimits(confirm_top=1, confirm_steps=4)
+    limits = SearchLimits(confirm_top=1, confirm_steps=4, confirm_rounds=0)
     search = faked(store, limits, observer, launcher)
     expected = 3.0 + (SPEC.warmup_steps + 4) * 2.0
     clock = Clock()
     assert search.confirm(Deadline(clock.now + expected - 1, clock)) == 0 and not ran
     assert search.confirm(Deadline(clock.now + expected + 1, clock)) >= 1
     assert ran[0] == cand(64)
+
+
+def test_the_paired_rounds_a_change_of_arithmetic_needs_are_kept_from_the_clock() -> None:
+    """bf16 leads the fp32 recipe unverified: the export hinges on paired rounds of the
+    two (DESIGN invariant 14). Exploring keeps their time, two rounds of both, as it
+    keeps the rehearsal's, and the finalists' plain confirmations leave it to them: the
+    rounds go first. Rounds that cannot run in what is left keep nothing (the change is
+    not exported then), nor where the leader keeps the recipe's arithmetic."""
+    from types import SimpleNamespace
+
+    from autotune.core.enums import Outcome
+    from autotune.core.trial import TrialResult
+
+    limits = SearchLimits(max_trials=50, confirm_top=1, confirm_steps=4)
+    bf16, recipe = RECORDS[1], RECORDS[0]
+    pair = confirm_s(SPEC, limits, bf16) + confirm_s(SPEC, limits, recipe)
+    assert rounds_s(SPEC, limits, RECORDS) == pytest.approx(2 * pair)
+    keeping = [r for r in RECORDS if r.candidate.precision == "fp32"]
+    assert rounds_s(SPEC, limits, keeping) == 0.0
+    assert rounds_s(SPEC, dataclasses.replace(limits, confirm_rounds=0), RECORDS) == 0.0
+    clock = Clock()
+    explore = Deadline.after(1000.0, clock)
+    assert stops(limits, RECORDS, {}, explore, end=Deadline.after(2 * pair + 1, clock)) == ""
+    probes = [
+        dataclasses.replace(r, result=r.result.replace(phases_s={**r.result.phases_s, "wall": 8.0}))
+        for r in RECORDS
+    ]
+    left = 2 * pair + 4  # the rounds fit, but not after another 8 s probe
+    why = stops(limits, probes, {}, explore, end=Deadline.after(left, clock))
+    assert why.startswith("time budget spent: a probe and the paired rounds take about")
+    # rounds that cannot run in what is left keep nothing: the change is not exported,
+    # and exploring may still find a better config that keeps the arithmetic
+    assert stops(limits, probes, {}, explore, end=Deadline.after(2 * pair - 1, clock)) == ""
+
+    ran: list[Candidate] = []
+    store = SimpleNamespace(
+        spec=SPEC, records=lambda: RECORDS, add_confirmation=lambda *a: None, next_round=lambda: 0
+    )
+    launcher = SimpleNamespace(
+        run=lambda config, timeout_s: ran.append(config.candidate) or TrialResult(Outcome.OK)
+    )
+    observer = SimpleNamespace(on_confirm=lambda *a: None, on_plan=lambda *a: None)
+    search = faked(store, limits, observer, launcher)
+    search.confirm(Deadline(clock.now + 2 * pair + 1, clock))
+    assert ran[:2] == [bf16.candidate, recipe.candidate]  # a paired round, not a lone run
+    ran.clear()  # with no time for the rounds, the recipe (the export then) is confirmed
+    one = confirm_s(SPEC, limits, recipe)
+    assert search.confirm(Deadline(clock.now + one + 1, clock)) >= 1
+    assert set(ran) == {recipe.candidate}  # (this fake store never counts the run)
 
 
 def test_the_plain_default_is_confirmed_after_the_finalists() -> None:
