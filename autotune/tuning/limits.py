@@ -20,7 +20,7 @@ class SearchLimits:
     trial_timeout_s: float = 600.0
     confirm_top: int = 3  # finalists measured again before selection (0: none)
     confirm_steps: int = 10  # measured steps of a confirmation run
-    # paired rounds at most between the two finalists the export hinges on (tuning/run.duel)
+    # paired rounds at most between the two finalists the export hinges on (tuning/confirming.duel)
     confirm_rounds: int = 4
     # With confirmation on, exploring stops at this share of the time budget.
     search_share: float = 0.8
