@@ -262,9 +262,6 @@ class StudyStore:
             )
         )
 
-    def _id(self, number: int) -> int:
-        return compat.trial_id(self.storage, self.study, number)
-
 
 def stored_spec(*, url: str, name: str) -> SearchSpec | None:
     """The spec a study of this name was made with; None when there is none yet (a
