@@ -73,7 +73,8 @@ def study_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """--study and --storage, shared by the commands that read a stored study."""
     command = click.option(
         "--storage",
-        help="Optuna storage URL [default: $AUTOTUNE_STORAGE, else sqlite:///studies/autotune.db].",
+        help="Optuna storage URL, or a journal file's path [default: $AUTOTUNE_STORAGE, else "
+        "sqlite:///studies/autotune.db].",
     )(command)
     command = click.option(
         "--study", "study_name", required=True, help="The study's name (see `autotune search`)."
@@ -382,7 +383,8 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option(
         "--storage",
         help="Optuna storage URL, e.g. postgresql://user@host/db to share the study between "
-        "machines [default: $AUTOTUNE_STORAGE (kept out of `ps`), else "
+        "machines, or a journal file's path on a filesystem they share (e.g. "
+        "/shared/studies/autotune.log) [default: $AUTOTUNE_STORAGE (kept out of `ps`), else "
         "sqlite:///studies/autotune.db]. A busy storage is retried for "
         "$AUTOTUNE_STORAGE_PATIENCE_S (60 s); a searching process records a heartbeat "
         "every $AUTOTUNE_HEARTBEAT_S (10 s), and a trial silent for three is a dead worker's.",

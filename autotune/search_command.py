@@ -24,7 +24,7 @@ from autotune.core.trial import TrialRecord
 from autotune.hf.factory import resolve_reference
 from autotune.hf.levers import parse_lever_options
 from autotune.launch.forkserver import EarlyServer
-from autotune.store.storage import heartbeat_s, patience_s
+from autotune.store.storage import heartbeat_s, is_journal, patience_s
 from autotune.store.store import StudyStore, stored_spec
 from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import SearchLimits
@@ -97,7 +97,7 @@ def _prepare_and_search(
     )
     notes += plan
     notes.append(rehearsal_line(spec, rehearse=o.rehearse))
-    _ensure_sqlite_folder(url)
+    _ensure_storage_folder(url)
     store = prepare_store(spec=spec, study_name=name, storage=url, sampler=o.sampler)
     store.settings.save_objective(o.objective)
     store.settings.save_rehearse(o.rehearse)  # export, show and load gate on it as this search does
@@ -241,8 +241,9 @@ def _outcome(
     )
 
 
-def _ensure_sqlite_folder(url: str) -> None:
-    if not url.startswith("sqlite:///"):
+def _ensure_storage_folder(url: str) -> None:
+    """The folder of a SQLite file or a journal file, made where it is not there."""
+    if not url.startswith("sqlite:///") and not is_journal(url):
         return
     folder = Path(url.removeprefix("sqlite:///")).parent
     try:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import optuna
-from optuna.storages import RDBStorage
+from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.core.checkpointing import as_recorded
@@ -143,7 +143,7 @@ def dead_here(trial: FrozenTrial) -> bool:
 
 
 @contextlib.contextmanager
-def heartbeat(storage: RDBStorage, trial_id: int) -> Iterator[None]:
+def heartbeat(storage: BaseStorage, trial_id: int) -> Iterator[None]:
     """Record the trial's heartbeat every interval while the block runs.
 
     Unlike Optuna's own heartbeat thread, a failed write (a database restarting) does not
@@ -172,7 +172,7 @@ def heartbeat(storage: RDBStorage, trial_id: int) -> Iterator[None]:
 
 def recover_stale(
     study: optuna.Study,
-    storage: RDBStorage,
+    storage: BaseStorage,
     kept: Callable[[FrozenTrial], Callable[[], object] | None] | None = None,
 ) -> list[int]:
     """Fail running trials whose worker is gone and put their configs back in the queue;

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import optuna
-from optuna.storages import RDBStorage
+from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
 from autotune.core.files import write_atomic
@@ -47,7 +47,12 @@ class StudyQueue:
     finished trial: a dead worker's kept result is recorded through it."""
 
     def __init__(
-        self, study: optuna.Study, storage: RDBStorage, url: str, spec: SearchSpec, record: Recorder
+        self,
+        study: optuna.Study,
+        storage: BaseStorage,
+        url: str,
+        spec: SearchSpec,
+        record: Recorder,
     ) -> None:
         self.study = study
         self.storage = storage
@@ -90,7 +95,9 @@ class StudyQueue:
         Optuna hands out a queued trial by reading its state and then setting it running;
         PostgreSQL and MySQL lock the row in between, SQLite does not, and two workers on
         one SQLite file were seen taking the same trial. On SQLite the workers take turns
-        through a lock file beside the database."""
+        through a lock file beside the database. A journal file needs no turn (nor the
+        fcntl() lock many NFS mounts lack): its replay gives a queued trial to the first
+        worker whose write set it running, and the others ask again."""
         with _coordination.sqlite_turn(self.url):
             trial = self.study.ask(distributions(self.spec.space))
         candidate = candidate_of(self.spec.space, trial.params)

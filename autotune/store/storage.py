@@ -1,4 +1,8 @@
-"""Opening an Optuna RDB storage: one place for the URL, its errors and its secrets."""
+"""Opening an Optuna storage: one place for the URL, its errors and its secrets.
+
+A URL opens an RDB storage (SQLite, PostgreSQL, MySQL); a plain file path opens a journal
+file (Optuna's `JournalFileBackend`), for clusters whose workers share a filesystem but
+no database server. optuna-dashboard reads both the same way."""
 
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ from typing import Any
 
 import optuna
 import sqlalchemy.exc
-from optuna.storages import RDBStorage
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend
 
 from autotune.core.errors import StudyError, UsageError
 
@@ -70,8 +75,24 @@ def mask(url: str) -> str:
         return _PASSWORD.sub(r"\1***@", url)
 
 
-def open_storage(url: str) -> RDBStorage:
-    """An RDB storage (SQLite, PostgreSQL, MySQL) with heartbeats for running trials."""
+def is_journal(url: str) -> bool:
+    """A plain path, not a URL: a journal file."""
+    return "://" not in url
+
+
+def storage_file(url: str) -> Path | None:
+    """The file a SQLite or journal storage keeps its studies in; None for a server."""
+    if is_journal(url):
+        return Path(url)
+    path = url.removeprefix("sqlite:///")
+    return Path(path) if path != url else None
+
+
+def open_storage(url: str) -> BaseStorage:
+    """An RDB storage (SQLite, PostgreSQL, MySQL) with heartbeats for running trials, or
+    a journal file (its heartbeats are trial attributes: see `compat`)."""
+    if is_journal(url):
+        return _open_journal(url)
     engine: dict[str, Any] = {}
     if url.startswith("sqlite"):
         # Several workers on one SQLite file wait for each other's writes.
@@ -110,6 +131,50 @@ def open_storage(url: str) -> RDBStorage:
         except Exception as exc:
             raise StudyError(f"cannot open storage {mask(given)!r}: {first_line(exc)}") from None
     raise AssertionError("unreachable")
+
+
+def _open_journal(path: str) -> JournalStorage:
+    """A journal file, created when it is not there. Its writes take turns through
+    Optuna's symlink lock (NFS keeps link() atomic), which another worker takes over when
+    a killed worker left it behind for 30 s; no fcntl() lock, which many NFS mounts lack."""
+    heartbeat_s()  # bad values are refused before anything is written, as for a database
+    patience_s()
+    _refuse_foreign_journal(path)
+    try:
+        return JournalStorage(JournalFileBackend(path))
+    except OSError as exc:
+        raise StudyError(
+            f"cannot open storage {path!r}: {exc.strerror or first_line(exc)}; pass --storage "
+            "with a file in a folder this user can write"
+        ) from None
+    except Exception as exc:  # a journal another program or version wrote
+        raise StudyError(
+            f"cannot open storage {path!r}: it is not an Optuna journal this version can "
+            f"read ({first_line(exc)}); move it away, or pass --storage with another file"
+        ) from None
+
+
+def _refuse_foreign_journal(path: str) -> None:
+    """A file that is not a journal is refused before Optuna appends to it: a SQLite
+    database (named with sqlite:/// instead), or another program's file."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(4096)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StudyError(f"cannot open storage {path!r}: {exc.strerror}") from None
+    if head.startswith(b"SQLite format 3\x00"):
+        raise StudyError(
+            f"cannot open storage {path!r}: it is a SQLite database, not a journal file; "
+            f"pass --storage sqlite:///{path}"
+        )
+    first = head.split(b"\n", 1)[0]
+    if head and not (first.startswith(b"{") and b'"op_code"' in first):
+        raise StudyError(
+            f"cannot open storage {path!r}: it is not an Optuna journal file; autotune leaves "
+            "it as it is: pass --storage with another file (a new one is created)"
+        )
 
 
 def _refuse_foreign_sqlite(url: str) -> None:
@@ -164,7 +229,7 @@ def serve_dashboard(url: str, *, host: str, port: int) -> None:
     authentication: the caller says so before serving off loopback)."""
     from optuna_dashboard import run_server  # its web server: loaded by `dashboard` alone
 
-    run_server(url, host=host, port=port)
+    run_server(open_storage(url) if is_journal(url) else url, host=host, port=port)
 
 
 @contextlib.contextmanager

@@ -10,12 +10,11 @@ optuna-dashboard shows the Pareto front.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import optuna
 import sqlalchemy.exc
-from optuna.storages import RDBStorage
+from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
 from autotune.core.enums import Outcome
@@ -30,7 +29,14 @@ from autotune.store._retry import transient_retry
 from autotune.store._settings import StudySettings
 from autotune.store.keys import CONSTRAINT_NAME, Attr, StudyAttr
 from autotune.store.queue import Asked, StudyQueue, already_finished
-from autotune.store.storage import first_line, mask, open_storage, quiet_optuna, readable
+from autotune.store.storage import (
+    first_line,
+    mask,
+    open_storage,
+    quiet_optuna,
+    readable,
+    storage_file,
+)
 
 GIB = float(2**30)
 
@@ -39,7 +45,7 @@ class StudyStore:
     """A study, its storage and its spec; built by `open` (search) or `load` (review)."""
 
     def __init__(
-        self, study: optuna.Study, storage: RDBStorage, url: str, spec: SearchSpec
+        self, study: optuna.Study, storage: BaseStorage, url: str, spec: SearchSpec
     ) -> None:
         self.study = study
         self.storage = storage
@@ -83,6 +89,12 @@ class StudyStore:
     def load(cls, *, url: str, name: str) -> StudyStore:
         """An existing study and the spec it was created with (for export and review)."""
         quiet_optuna()
+        path = storage_file(url)
+        if path is not None and not path.exists():  # a review creates no file
+            raise StudyError(
+                f"no study named {name!r}: {path} does not exist; run `autotune search` "
+                "first or check --storage"
+            )
         storage = open_storage(url)
         try:
             study = optuna.load_study(study_name=name, storage=storage)
@@ -266,8 +278,8 @@ class StudyStore:
 def stored_spec(*, url: str, name: str) -> SearchSpec | None:
     """The spec a study of this name was made with; None when there is none yet (a
     SQLite file that does not exist is not created)."""
-    path = url.removeprefix("sqlite:///")
-    if path != url and not Path(path).exists():
+    path = storage_file(url)
+    if path is not None and not path.exists():
         return None
     quiet_optuna()
     storage = open_storage(url)

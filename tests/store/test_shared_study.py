@@ -1,4 +1,5 @@
-"""Two workers on one study in a real PostgreSQL server, as on two machines."""
+"""Two workers on one study, as on two machines: in a real PostgreSQL server, or in a
+journal file on a filesystem they share."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from optuna.trial import TrialState
 
 from autotune.core.paths import study_folder
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+pytestmark = [pytest.mark.slow]
 
 MAX_TRIALS = 6
 
@@ -46,23 +47,27 @@ def search(
     )
 
 
+@pytest.mark.parametrize(
+    "backend", ["journal", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
 def test_two_workers_share_one_study_and_recover_a_killed_ones_trial(
-    tmp_path: Path, postgres_url: str
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
 ) -> None:
     write_model(tmp_path / "tiny", TINY_GPT2)
+    url = shared_storage(tmp_path, backend, request)
     name = f"shared-{uuid.uuid4().hex[:8]}"  # the server may be reused between runs
-    first = search(tmp_path, postgres_url, name)
+    first = search(tmp_path, url, name)
     deadline = time.monotonic() + 240
     second = None
     killed = None
     while killed is None and time.monotonic() < deadline:
         try:
-            study = optuna.load_study(study_name=name, storage=postgres_url)
+            study = load(name, url)
         except KeyError:
             time.sleep(0.2)  # not created yet
             continue
         if second is None:  # the second worker joins the study the first one created
-            second = search(tmp_path, postgres_url, name)
+            second = search(tmp_path, url, name)
         killed = running_trial_of(study, first.pid)
         time.sleep(0.2)
     if second is None:
@@ -78,7 +83,7 @@ def test_two_workers_share_one_study_and_recover_a_killed_ones_trial(
     out, _ = second.communicate(timeout=600)
     assert second.returncode == 0, out
 
-    study = optuna.load_study(study_name=name, storage=postgres_url)
+    study = load(name, url)
     trials = study.get_trials(deepcopy=False)
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     # The killed worker's trial: failed, and its config probed again by the survivor.
@@ -91,12 +96,29 @@ def test_two_workers_share_one_study_and_recover_a_killed_ones_trial(
     assert killed.user_attrs["claim"] in claims
     assert all(t.state == TrialState.COMPLETE for t in probes)
     # Another storage than the default: the study's files are keyed by it.
-    folder = study_folder(tmp_path / "studies", name, postgres_url)
+    folder = study_folder(tmp_path / "studies", name, url)
     assert folder.name != name and (folder / "trials").is_dir()
     assert (tmp_path / "studies" / f"{folder.name}.best.json").exists()
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def load(name: str, url: str) -> optuna.Study:
+    """The study as a reader opens it (Optuna takes a journal file's path as a URL)."""
+    from autotune.store.storage import open_storage
+
+    return optuna.load_study(study_name=name, storage=open_storage(url))
+
+
+def shared_storage(tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> str:
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
+    if backend == "journal":
+        return str(tmp_path / "autotune.log")  # on a filesystem both machines mount
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.mark.parametrize(
+    "backend", ["journal", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
 def test_a_trial_whose_worker_on_another_machine_went_silent_is_probed_again(
     tmp_path: Path, backend: str, request: pytest.FixtureRequest
 ) -> None:
@@ -109,10 +131,7 @@ def test_a_trial_whose_worker_on_another_machine_went_silent_is_probed_again(
     from autotune.store.storage import open_storage
 
     write_model(tmp_path / "tiny", TINY_GPT2)
-    if backend == "sqlite":
-        url = f"sqlite:///{tmp_path / 'studies.db'}"
-    else:
-        url = str(request.getfixturevalue("postgres_url"))
+    url = shared_storage(tmp_path, backend, request)
     name = f"silent-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "AUTOTUNE_HEARTBEAT_S": "1"}
     argv = [
@@ -169,7 +188,7 @@ def test_a_trial_whose_worker_on_another_machine_went_silent_is_probed_again(
         check=False,
     )
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+    trials = load(name, url).get_trials(deepcopy=False)
     recovered = trials[silent.number]
     assert recovered.state == TrialState.FAIL
     assert "stopped sending heartbeats" in recovered.user_attrs["reason"]
@@ -182,7 +201,7 @@ def recorded_ok(name: str, url: str) -> bool:
     attributes are written one commit at a time before the trial completes); False
     before the study exists."""
     try:
-        trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+        trials = load(name, url).get_trials(deepcopy=False)
     except Exception:  # not created yet (on SQLite, the file may not exist yet)
         return False
     return any(
@@ -191,7 +210,9 @@ def recorded_ok(name: str, url: str) -> bool:
     )
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
 def test_two_searches_started_at_once_both_finish_and_export_meanwhile_says_so(
     tmp_path: Path, backend: str, request: pytest.FixtureRequest
 ) -> None:
@@ -202,10 +223,7 @@ def test_two_searches_started_at_once_both_finish_and_export_meanwhile_says_so(
 
     write_model(tmp_path / "tiny", TINY_GPT2)
     name = f"twice-{uuid.uuid4().hex[:8]}"
-    if backend == "sqlite":
-        url = f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
-    else:
-        url = str(request.getfixturevalue("postgres_url"))
+    url = shared_storage(tmp_path, backend, request)
     quick = ["--confirm-top", "0"]  # two searches' exploring is the point
     first, second = search(tmp_path, url, name, quick), search(tmp_path, url, name, quick)
     deadline = time.monotonic() + 240
@@ -231,7 +249,7 @@ def test_two_searches_started_at_once_both_finish_and_export_meanwhile_says_so(
     for process in (first, second):
         output, _ = process.communicate(timeout=600)
         assert process.returncode == 0, output
-    trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+    trials = load(name, url).get_trials(deepcopy=False)
     configs = [tuple(sorted(t.params.items())) for t in probe_trials(trials)]
     assert len(configs) == len(set(configs)) == MAX_TRIALS
     assert not [t for t in trials if t.state == TrialState.RUNNING]

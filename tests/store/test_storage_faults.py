@@ -96,3 +96,39 @@ def test_a_plain_postgresql_url_opens_with_the_driver_the_postgres_extra_install
     storage = open_storage(plain)
     assert storage.engine.dialect.driver == "psycopg2"
     storage.get_all_studies()  # and it answers
+
+
+@pytest.mark.parametrize("kind", ["notes", "a SQLite database"])
+def test_a_journal_path_to_a_file_that_is_not_a_journal_is_refused_and_left_as_it_was(
+    tmp_path: Path, kind: str
+) -> None:
+    write_model(tmp_path / "tiny", TINY_GPT2)
+    (tmp_path / "shared").mkdir()
+    path = tmp_path / "shared" / "studies.log"
+    if kind == "notes":
+        path.write_bytes(b"notes of mine, not a journal\n" * 200)
+    else:
+        with sqlite3.connect(path) as db:
+            db.execute("CREATE TABLE version_info (version_info_id INTEGER PRIMARY KEY)")
+        db.close()
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    done = autotune(tmp_path, *SEARCH, "--storage", str(path))
+    line = one_error_line(done.stderr)
+    assert done.returncode == 1
+    if kind == "notes":
+        assert "not an Optuna journal file" in line and "--storage" in line
+    else:
+        assert f"pass --storage sqlite:///{path}" in line
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shared", "tiny"]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["studies.log"]
+
+
+@pytest.mark.parametrize("url", ["sqlite:///{}/studies.db", "{}/studies.log"])
+def test_a_review_of_a_storage_file_that_is_not_there_creates_none(
+    tmp_path: Path, url: str
+) -> None:
+    done = autotune(tmp_path, "show", "--study", "tiny", "--storage", url.format(tmp_path))
+    assert "does not exist; run `autotune search` first" in one_error_line(done.stderr)
+    assert done.returncode == 1
+    assert list(tmp_path.iterdir()) == []

@@ -41,10 +41,12 @@ def test_a_study_made_before_a_new_setting_existed_still_resumes() -> None:
     assert not same_search(old, json.dumps({"model": "m"}))
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(params=["sqlite", "journal", pytest.param("postgres", marks=pytest.mark.postgres)])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'studies.db'}"
+    if request.param == "journal":
+        return str(tmp_path / "studies.log")  # a journal file, as on a shared filesystem
     return str(request.getfixturevalue("postgres_url"))
 
 
