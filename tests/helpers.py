@@ -47,6 +47,7 @@ DIMENSIONS = {
     "packing": (False, True),
     "dataloader_num_workers": (0, 2),
     "zero_stage": (0, 2),
+    "fsdp_mode": ("", "full_shard"),
 }
 # A probe measures memory on worst-case batches: the order of the real batches and the
 # processes that load them leave its peak alone, so an out-of-memory holds across them.

@@ -41,6 +41,10 @@ def _unsharded(value: Any) -> int:
     return 0
 
 
+def _never(value: Any) -> bool:
+    return False
+
+
 @dataclasses.dataclass(frozen=True)
 class Lever:
     name: str  # the Candidate field; --lever NAME=...
@@ -66,6 +70,9 @@ class Lever:
     compiles: bool = False
     flattens_batches: bool = False
     shard_stage: Callable[[Any], int] = _unsharded
+    # The training's state lives in host memory between its uses (FSDP's CPU offload):
+    # the device holds the layers being computed, not the shards
+    offloads: Callable[[Any], bool] = _never
     # A value other than the plain one changes the samples a step trains on (packing
     # fills each row with several): its arithmetic is not the recipe's, its probes train
     # other batches (their losses pair with no other probe's), its step times are
@@ -74,6 +81,9 @@ class Lever:
     # Levers whose non-plain value this one's non-plain value does already (packed rows
     # are flattened): a candidate with both set is the same run as with this one alone
     implies: tuple[str, ...] = ()
+    # Levers whose non-plain value cannot run beside this one's (the Trainer refuses FSDP
+    # beside DeepSpeed): a candidate with both set is no run at all
+    excludes: tuple[str, ...] = ()
     # The engine that runs 16-bit arithmetic at a value other than the plain one ("": the
     # Trainer's autocast): a change between engines may change the sums, parity says so
     engine: str = ""
@@ -109,6 +119,49 @@ def deepspeed_config(stage: int) -> dict[str, Any]:
         "fp16": {"enabled": "auto"},
         "bf16": {"enabled": "auto"},
     }
+
+
+DEEPSPEED = "deepspeed"  # ZeRO's engine: its own 16-bit weights and optimizer step
+FSDP_MODES = {  # a value of the fsdp lever: (describe's label, FSDP2's settings)
+    "full_shard": ("fsdp", {"reshard_after_forward": True}),
+    "shard_grad_op": ("fsdp-grad-op", {"reshard_after_forward": False}),
+    "offload": ("fsdp-offload", {"reshard_after_forward": True, "cpu_offload": True}),
+}
+
+
+def fsdp_mode(text: str) -> str:
+    """An fsdp_mode value as a user writes it ("off": plain DDP)."""
+    if text.lower() in ("", "off", "false", "no", "none"):
+        return ""
+    if text not in FSDP_MODES:
+        raise ValueError(f"{text!r} is not one of off, {', '.join(FSDP_MODES)}")
+    return text
+
+
+def fsdp_config(mode: str) -> dict[str, Any]:
+    """The `fsdp_config` field of TrainingArguments for an FSDP2 mode.
+
+    Each decoder layer its own unit (the model's `_no_split_modules`, accelerate's
+    transformer wrap); full-shard frees a layer's gathered weights after its forward,
+    shard-grad-op keeps them to the backward (ZeRO-2's trade: more memory, one gather
+    less); offload keeps the shards in host memory. `save_model` gathers the full state
+    dict, so the user's saved model loads without FSDP; checkpoints resume under FSDP."""
+    if mode not in FSDP_MODES:
+        raise ValueError(f"FSDP mode {mode!r}: modes are {', '.join(FSDP_MODES)}")
+    return {
+        "version": 2,
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "state_dict_type": "FULL_STATE_DICT",
+        "cpu_offload": False,
+        **FSDP_MODES[mode][1],
+    }
+
+
+def _fsdp_stage(mode: str) -> int:
+    """The ZeRO stage an FSDP mode shards like at its peak: full shard splits weights,
+    gradients and state (3); shard-grad-op holds the gathered weights from the forward
+    to the backward, so its peak holds them whole (2)."""
+    return 2 if mode == "shard_grad_op" else 3
 
 
 def shards(stage: int, nproc_per_node: int) -> tuple[int, int, int]:
@@ -210,7 +263,28 @@ ZERO_STAGE = Lever(
     script_lines=_zero_lines,
     shard_stage=int,
     # ZeRO's sums are DDP's, but in 16 bits DeepSpeed does the mixed precision itself
-    engine="deepspeed",
+    engine=DEEPSPEED,
+)
+FSDP = Lever(
+    "fsdp_mode",
+    fsdp_mode,
+    "FSDP2 full_shard and shard_grad_op (offload when asked) against plain DDP, on CUDA "
+    "with --nproc-per-node 2+, never beside your own DeepSpeed config",
+    label=lambda mode: FSDP_MODES[mode][0],
+    plain="",
+    # not owned: a --base-args fsdp config is the user's, carried and run as given
+    fields=lambda mode: {"fsdp": True, "fsdp_config": fsdp_config(mode)},
+    script_lines=lambda mode: [
+        "FSDP runs through accelerate under torchrun: its settings are the fsdp and "
+        "fsdp_config fields of the arguments file (save_model writes the full weights)"
+    ],
+    shard_stage=_fsdp_stage,
+    offloads=lambda mode: mode == "offload",
+    excludes=("zero_stage",),
+    # FSDP's sums in 32 bits are DDP's (the same losses, step for step); in 16 bits its
+    # mixed-precision policy computes every op and reduces the gradients in 16 bits,
+    # where the Trainer's autocast keeps the reductions and the weights in 32
+    engine="fsdp",
 )
 DECLARED = (
     TORCH_COMPILE,
@@ -220,6 +294,7 @@ DECLARED = (
     PACKING,
     LOADER_WORKERS,
     ZERO_STAGE,
+    FSDP,
 )
 BY_NAME = {lever.name: lever for lever in DECLARED}
 

@@ -40,6 +40,7 @@ class Candidate:
     packing: bool = False
     dataloader_num_workers: int = 0
     zero_stage: int = 0
+    fsdp_mode: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", Precision(self.precision))
@@ -90,6 +91,17 @@ class Candidate:
         return any(lever.changes_samples for lever, _ in self.levers_set())
 
     @property
+    def clash(self) -> str:
+        """Why it cannot run at all ("" when it can): two levers set that exclude each
+        other (FSDP beside DeepSpeed's ZeRO)."""
+        names = {lever.name for lever, _ in self.levers_set()}
+        for lever, _ in self.levers_set():
+            beside = sorted(names.intersection(lever.excludes))
+            if beside:
+                return f"{lever.name} cannot run beside {', '.join(beside)}"
+        return ""
+
+    @property
     def redundant(self) -> str:
         """Why it is the same run as another candidate ("" when it is not): a lever set
         that another set does already (packed rows are flattened)."""
@@ -114,6 +126,11 @@ class Candidate:
     def shard_stage(self) -> int:
         """The ZeRO stage its training's state is sharded at over the processes (0: none)."""
         return max((lever.shard_stage(value) for lever, value in self.levers_set()), default=0)
+
+    @property
+    def offloads(self) -> bool:
+        """Its training's state lives in host memory between its uses."""
+        return any(lever.offloads(value) for lever, value in self.levers_set())
 
     @property
     def engine(self) -> str:

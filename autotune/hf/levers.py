@@ -21,6 +21,8 @@ from autotune.core.levers import (
     ATTENTION,
     BY_NAME,
     DECLARED,
+    FSDP,
+    FSDP_MODES,
     LIGER,
     LOADER_WORKERS,
     PACKING,
@@ -40,16 +42,9 @@ from autotune.hf.sharding import cpu_op_error
 MAX_LOADER_WORKERS = 4
 
 
-# Sharding beyond ZeRO stages is not a lever: FSDP through the Trainer needs an accelerator
-# (accelerate keeps its plugin only for multi-GPU runs: on the CPU it silently runs DDP)
-# and was never run on several GPUs; ZeRO offload was never run either (on the CPU the
-# states it moves to host memory are there already). Said by `show` with the others.
+# ZeRO offload is not a lever: it was never run on GPUs (on the CPU the states it moves to
+# host memory are there already). Said by `show` with the others.
 NOT_BUILT = (
-    (
-        "fsdp",
-        "FSDP through the Trainer runs only on several GPUs (on the CPU accelerate "
-        "drops it and runs DDP), which autotune has not run",
-    ),
     (
         "zero_offload",
         "ZeRO offload moves optimizer state to host memory to fit a GPU; autotune has "
@@ -92,13 +87,13 @@ def offer(
     asked: Mapping[str, tuple[Any, ...]],
     nproc_per_node: int = 1,
     own_deepspeed: bool = False,
+    own_fsdp: bool = False,
     job: JobFacts | None = None,
 ) -> tuple[list[tuple[str, tuple[Any, ...]]], list[tuple[str, str]]]:
     """(levers with the values to search, [(lever, why it is not searched)]).
-
-    `own_deepspeed`: the user's base arguments carry a DeepSpeed config of their own,
-    which every probe runs as given. `job`: what the user's factory built, when the
-    search tunes their job."""
+    `own_deepspeed`, `own_fsdp`: the user's base arguments carry a DeepSpeed or FSDP
+    config of their own, which every probe runs as given. `job`: what the user's factory
+    built, when the search tunes their job."""
     factory = bool(model.trainer)  # the user's factory builds the model and the batches
     # Each declared lever's rule (core/levers.py): the values offered here, or why none
     available: dict[Lever, tuple[tuple[Any, ...], str]] = {
@@ -112,7 +107,8 @@ def offer(
         PADDING_FREE: _padding_free(model, dataset, job, PADDING_FREE.name in asked),
         PACKING: _packing(model, job, PACKING.name in asked),
         LOADER_WORKERS: _loader_workers(dataset),
-        ZERO_STAGE: _zero(device_kind, nproc_per_node, own_deepspeed),
+        ZERO_STAGE: _zero(device_kind, nproc_per_node, own_deepspeed, own_fsdp),
+        FSDP: _fsdp(device_kind, nproc_per_node, (own_deepspeed, own_fsdp), FSDP.name in asked),
     }
     levers: list[tuple[str, tuple[Any, ...]]] = []
     reasons: list[tuple[str, str]] = list(NOT_BUILT)
@@ -342,10 +338,14 @@ def _loader_workers(dataset: bool) -> tuple[tuple[Any, ...], str]:
     return (0, workers), ""
 
 
-def _zero(kind: DeviceKind, nproc_per_node: int, own: bool) -> tuple[tuple[Any, ...], str]:
+def _zero(
+    kind: DeviceKind, nproc_per_node: int, own: bool, own_fsdp: bool
+) -> tuple[tuple[Any, ...], str]:
     """DeepSpeed ZeRO stages 1-3 against plain DDP, for multi-process probes."""
     if own:
         return (), "your --base-args set deepspeed: every probe runs your config as given"
+    if own_fsdp:
+        return (), "your --base-args set fsdp: the Trainer refuses DeepSpeed beside it"
     if nproc_per_node < 2:
         return (), "ZeRO shards across processes: it needs --nproc-per-node 2 or more"
     if importlib.util.find_spec("deepspeed") is None:
@@ -355,3 +355,23 @@ def _zero(kind: DeviceKind, nproc_per_node: int, own: bool) -> tuple[tuple[Any, 
         if error:
             return (), error
     return (0, 1, 2, 3), ""
+
+
+def _fsdp(
+    kind: DeviceKind, nproc_per_node: int, own: tuple[bool, bool], asked: bool
+) -> tuple[tuple[Any, ...], str]:
+    """FSDP2 through the Trainer against plain DDP, for multi-process probes on GPUs;
+    CPU offload only when asked (it trades speed for memory a GPU lacks). `own`: the
+    user's base arguments set deepspeed, fsdp."""
+    if own[0]:
+        return (), "your --base-args set deepspeed: the Trainer refuses FSDP beside it"
+    if own[1]:
+        return (), "your --base-args set fsdp: every probe runs your config as given"
+    if nproc_per_node < 2:
+        return (), "FSDP shards across processes: it needs --nproc-per-node 2 or more"
+    if kind != DeviceKind.CUDA:
+        # accelerate's state.py makes a run FSDP only on GPU backends: with use_cpu the
+        # Trainer drops the plugin and runs DDP, so a probe would time DDP under its name
+        return (), "FSDP through the Trainer runs on GPUs only (on the CPU accelerate runs DDP)"
+    modes = tuple(mode for mode in FSDP_MODES if asked or mode != "offload")
+    return ("", *modes), ""

@@ -292,10 +292,18 @@ def set_fields(args: Any) -> dict[str, Any]:
     }
 
 
+# Fields that are strings to HfArgumentParser and turn on when given bare: `--fsdp True`
+# reads as the deprecated option string "True", which the Trainer refuses
+SWITCHES = ("fsdp",)
+
+
 def cli_flags(tuned: dict[str, Any]) -> str:
     """The tuned fields as HfArgumentParser command-line flags."""
     parts = []
     for key, value in tuned.items():  # a dict (deepspeed) is one JSON word, quoted
+        if key in SWITCHES and value is True:
+            parts.append(f"--{key}")
+            continue
         text = shlex.quote(json.dumps(value)) if isinstance(value, (dict, list)) else str(value)
         parts.append(f"--{key} {text}")
     return " ".join(parts)

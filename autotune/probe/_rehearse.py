@@ -166,6 +166,8 @@ def rehearse(config: TrialConfig, model: Any, recipe: dict[str, Any], index: int
         gc.collect()
         if save and "deepspeed" in fields:  # one process cannot start a second engine
             events.mark("resume", "skipped", reason="not rehearsed under DeepSpeed")
+        elif save and fields.get("fsdp") and model is not None:  # sharded once already
+            events.mark("resume", "skipped", reason="not rehearsed under FSDP for a stand-in")
         elif save:
             _resume(config, events, fields, model, out / "checkpoint-1")
         return TrialResult(Outcome.OK, reason="rehearsed")

@@ -59,6 +59,7 @@ def worst_case(
         trainer, own = on_longest(config, fields, [timer], steps)
     else:
         trainer = worst_case_trainer(config, fields, model, [timer], steps)
+    refuse_dropped_fsdp(fields, trainer)
     timer.attach(trainer)
     losses = StepLosses(trainer, config.candidate.gradient_accumulation_steps)
     setup = hardware.setup_bytes(config.device_kind, index, baseline, trainer.model)
@@ -84,6 +85,17 @@ def worst_case(
         trainer.remove_callback(timer)
         result = own_batches(config, trainer, own, result)
     return result, model
+
+
+def refuse_dropped_fsdp(fields: dict[str, Any], trainer: Any) -> None:
+    """A run asked for FSDP that accelerate runs as plain DDP (it keeps the plugin only
+    on GPU backends: on the CPU `use_cpu` drops it without a word) would time DDP under
+    FSDP's name: an error of the probe, never a measurement."""
+    if fields.get("fsdp") and not getattr(trainer, "is_fsdp_enabled", False):
+        raise RuntimeError(
+            "the arguments ask for FSDP but accelerate runs plain DDP on this device "
+            "(FSDP runs on GPUs only): drop fsdp from --base-args here"
+        )
 
 
 class StepLosses:

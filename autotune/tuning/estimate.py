@@ -15,7 +15,7 @@ from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import DeviceKind, Task
 from autotune.core.errors import UsageError
 from autotune.core.job import ParameterCount
-from autotune.core.levers import shards
+from autotune.core.levers import DEEPSPEED, shards
 from autotune.core.optimizers import MEASURED, optimizer
 from autotune.core.precisions import precision_spec
 from autotune.core.space import SearchSpace
@@ -226,18 +226,23 @@ def breakdown(
     fused_head: bool = False,
     held_narrow: bool = False,
 ) -> Breakdown:
-    w, g, o = shards(candidate.shard_stage, nproc_per_node)  # per process under ZeRO
+    w, g, o = shards(candidate.shard_stage, nproc_per_node)  # per process, sharded
     t, e = trained(parameters, trainable, embedding)
     largest = min(largest, t)  # an adapter's tensors are small
-    # under ZeRO DeepSpeed's own optimizer steps the shards
-    step = 0 if candidate.shard_stage else step_bytes(t, largest, candidate.optim, device_kind)
+    zero = candidate.shard_stage and candidate.engine == DEEPSPEED
+    # under ZeRO DeepSpeed's own optimizer steps the shards; under FSDP the Trainer's
+    # steps each process's shards
+    step = 0 if zero else step_bytes(t, largest, candidate.optim, device_kind) // o
     # ZeRO accumulates in its own (sharded, maybe 16-bit) buffers; a frozen embedding
     # (an adapter's base) has no gradient
-    frozen = candidate.shard_stage or t < parameters
+    frozen = zero or t < parameters
+    # offloaded (FSDP's CPU offload): the gradients and the state wait in host memory,
+    # the device holds the weights of the layers at work (a share of them, at most)
+    kept = 0 if candidate.offloads else 1
     return Breakdown(
         weights=weight_bytes(parameters, candidate.precision, trainable, frozen_bytes) // w,
-        gradients=t * GRADIENT_BYTES // g,
-        optimizer_state=optimizer_state(t, candidate.optim, e) // o,
+        gradients=kept * t * GRADIENT_BYTES // g,
+        optimizer_state=kept * optimizer_state(t, candidate.optim, e) // o,
         activations=activation_bytes(
             config, task, candidate, seq_len, target_len, device_kind, fused_head, held_narrow
         ),
@@ -260,7 +265,8 @@ def floor_bytes(
     frozen weights as held (`frozen_bytes`), the trained ones in 32 bits (16 under
     DeepSpeed's 16-bit engine)."""
     w, g, o = shards(candidate.shard_stage, nproc_per_node)
-    tensor = 2 if candidate.shard_stage and precision_spec(candidate.precision).mixed else 4
+    sixteen = candidate.engine == DEEPSPEED and precision_spec(candidate.precision).mixed
+    tensor = 2 if candidate.shard_stage and sixteen else 4
     declared = optimizer(candidate.optim)
     t, e = trained(parameters, trainable, embedding)
     if declared.floor_bytes and declared.embedding_state_bytes is not None:
@@ -268,6 +274,8 @@ def floor_bytes(
     else:
         state = t * declared.floor_bytes
     held = t * tensor + frozen_bytes if frozen_bytes and t < parameters else parameters * tensor
+    if candidate.offloads:  # the shards wait in host memory: none certainly on the device
+        return 0
     return held // w + t * tensor // g + state // o
 
 

@@ -17,7 +17,7 @@ from autotune.core.device import supported_precisions
 from autotune.core.enums import DeviceKind, Precision, Task
 from autotune.core.errors import UsageError
 from autotune.core.job import BaseArguments, JobFacts, ParameterCount, SurveyServer
-from autotune.core.levers import ZERO_STAGE, shards
+from autotune.core.levers import BY_NAME, shards
 from autotune.core.recipe import Recipe
 from autotune.core.space import SAMPLINGS, SearchSpace, derive_space
 from autotune.core.spec import SearchSpec
@@ -144,13 +144,17 @@ def _graded(
 
 def _check_budget(counted: ParameterCount, space: SearchSpace, budget: int, nproc: int) -> None:
     """Refuse a budget the job as built cannot fit (each parameter as it is held)."""
-    zero = max(dict(space.levers).get(ZERO_STAGE.name, (0,)))
+    # the most any sharding searched splits the state (ZeRO's stages, FSDP's modes)
+    stage = max(
+        (BY_NAME[name].shard_stage(value) for name, values in space.levers for value in values),
+        default=0,
+    )
     check_budget(
         counted.total,
         space.precisions,
         space.optimizers,
         budget,
-        split=shards(zero, nproc),
+        split=shards(stage, nproc),
         embedding=counted.embedding,
         trainable=counted.trainable,
         frozen_bytes=counted.frozen_bytes,

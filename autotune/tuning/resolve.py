@@ -113,6 +113,7 @@ def resolve(
         asked=parse_lever_options(o.levers),
         nproc_per_node=nproc_per_node,
         own_deepspeed=bool(base.carried.get("deepspeed")),
+        own_fsdp=bool(base.carried.get("fsdp")),
         job=job,
     )
     return Facts(

@@ -10,7 +10,7 @@ from conftest import ROOT
 
 from autotune.cli import cli
 from autotune.core.enums import DeviceKind
-from autotune.core.levers import DECLARED, PACKING, ZERO_STAGE, lever_help
+from autotune.core.levers import DECLARED, FSDP, PACKING, ZERO_STAGE, lever_help
 from autotune.core.parity import changes
 from autotune.core.trial import LEVERS, OUTSIDE_FAMILY, Candidate
 from autotune.hf.training_args import TUNED, tuned_arguments
@@ -25,6 +25,7 @@ SET = {
     "packing": True,
     "dataloader_num_workers": 2,
     "zero_stage": 3,
+    "fsdp_mode": "full_shard",
 }
 
 
@@ -103,8 +104,20 @@ def test_only_a_lever_that_may_change_the_sums_is_a_change_of_arithmetic() -> No
         candidate = dataclasses.replace(PLAIN, **{lever.name: SET[lever.name]})
         (change,) = changes(candidate, PLAIN)
         # ZeRO in bf16: DeepSpeed does the mixed precision, not the Trainer's autocast;
-        # packed rows train several samples a step, not the recipe's
-        assert change.keeps_arithmetic == (lever not in (ZERO_STAGE, PACKING))
+        # FSDP in bf16: its policy computes and reduces in 16 bits; packed rows train
+        # several samples a step, not the recipe's
+        assert change.keeps_arithmetic == (lever not in (ZERO_STAGE, FSDP, PACKING))
+    # in 32 bits FSDP's sums are DDP's
+    full = dataclasses.replace(PLAIN, precision="fp32")
+    (change,) = changes(dataclasses.replace(full, fsdp_mode="full_shard"), full)
+    assert change.keeps_arithmetic
+
+
+def test_levers_that_cannot_run_together_make_no_run() -> None:
+    both = dataclasses.replace(PLAIN, zero_stage=2, fsdp_mode="full_shard")
+    assert both.clash == "fsdp_mode cannot run beside zero_stage"
+    assert not dataclasses.replace(PLAIN, fsdp_mode="full_shard").clash
+    assert not PLAIN.clash
 
 
 def test_the_lever_option_lists_each_declared_lever_and_when_it_is_offered() -> None:

@@ -77,7 +77,7 @@ def test_configs_that_differ_only_in_a_lever_are_claimed_apart() -> None:
 
 def test_an_unknown_lever_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown lever"):
-        dataclasses.replace(SPACE, levers=(("fsdp", (False, True)),))
+        dataclasses.replace(SPACE, levers=(("zero_offload", (False, True)),))
 
 
 def test_every_setting_of_a_candidate_is_in_its_claim_key() -> None:

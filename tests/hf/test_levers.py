@@ -71,7 +71,9 @@ def test_on_this_cpu_compile_and_the_attention_kernels_are_searched() -> None:
     assert reasons["use_liger_kernel"].startswith(
         ("liger-kernel is not installed", "liger kernels are Triton kernels")
     )
-    assert "several GPUs" in reasons["fsdp"]
+    assert (
+        reasons["fsdp_mode"] == "FSDP shards across processes: it needs --nproc-per-node 2 or more"
+    )
     assert (
         "--dataset" in reasons["padding_free"] and "--dataset" in reasons["dataloader_num_workers"]
     )
@@ -288,3 +290,50 @@ def test_zero_is_offered_only_to_several_processes_with_deepspeed_and_says_why_n
     absent = lambda name, *a: None if name == "deepspeed" else real(name, *a)  # noqa: E731
     monkeypatch.setattr(importlib.util, "find_spec", absent)
     assert zero(nproc_per_node=2) == (None, "DeepSpeed is not installed (pip install deepspeed)")
+
+
+def test_fsdp_is_offered_to_several_processes_on_gpus_beside_no_deepspeed_of_the_users() -> None:
+    """FSDP2 through the Trainer: on the CPU accelerate runs DDP under its name (a probe
+    would time DDP), the Trainer refuses it beside DeepSpeed, and CPU offload is searched
+    only when asked."""
+
+    def fsdp(kind: DeviceKind = DeviceKind.CUDA, **kw: Any) -> tuple[Any, str]:
+        asked = kw.pop("asked", {})
+        levers, reasons = offer(GPT2, kind, dataset=False, fixed={}, asked=asked, **kw)
+        return dict(levers).get("fsdp_mode"), dict(reasons).get("fsdp_mode", "")
+
+    assert fsdp(nproc_per_node=2) == (("", "full_shard", "shard_grad_op"), "")
+    assert fsdp(nproc_per_node=2, asked={"fsdp_mode": ("", "offload")}) == (("", "offload"), "")
+    assert fsdp(DeviceKind.CPU, nproc_per_node=2) == (
+        None,
+        "FSDP through the Trainer runs on GPUs only (on the CPU accelerate runs DDP)",
+    )
+    assert "2 or more" in fsdp()[1]
+    assert fsdp(nproc_per_node=2, own_deepspeed=True) == (
+        None,
+        "your --base-args set deepspeed: the Trainer refuses FSDP beside it",
+    )
+    assert fsdp(nproc_per_node=2, own_fsdp=True) == (
+        None,
+        "your --base-args set fsdp: every probe runs your config as given",
+    )
+    zero = offer(GPT2, DeviceKind.CUDA, dataset=False, fixed={}, asked={}, own_fsdp=True)[1]
+    assert (
+        dict(zero)["zero_stage"]
+        == "your --base-args set fsdp: the Trainer refuses DeepSpeed beside it"
+    )
+    with pytest.raises(
+        UsageError, match="fsdp_mode=full_shard: 'full_shard' is not available here"
+    ):
+        offer(
+            GPT2,
+            DeviceKind.CUDA,
+            dataset=False,
+            fixed={},
+            asked={"fsdp_mode": ("full_shard",)},
+            nproc_per_node=2,
+            own_deepspeed=True,
+        )
+    assert parse_lever_options(["fsdp_mode=off,full_shard"]) == {"fsdp_mode": ("", "full_shard")}
+    with pytest.raises(UsageError, match="'hybrid' is not one of off, full_shard"):
+        parse_lever_options(["fsdp_mode=hybrid"])

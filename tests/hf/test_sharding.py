@@ -1,5 +1,6 @@
-"""The ZeRO config a stage exports: what the user's script reads, on the command line or
-from the arguments file, and what it splits across processes."""
+"""The ZeRO config a stage exports and the FSDP config a mode exports: what the user's
+script reads, on the command line or from the arguments file, and what it splits across
+processes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from autotune.core.enums import DeviceKind, Precision
 from autotune.core.errors import UsageError
-from autotune.core.levers import deepspeed_config, shards
+from autotune.core.levers import FSDP_MODES, deepspeed_config, fsdp_config, shards
 from autotune.core.trial import Candidate
 from autotune.hf.sharding import deepspeed_stage
 from autotune.hf.training_args import TUNED, cli_flags, tuned_arguments, validate
@@ -69,3 +70,28 @@ def test_each_stage_splits_one_more_kind_of_state() -> None:
     assert shards(1, 4) == (1, 1, 4)  # optimizer state
     assert shards(2, 4) == (1, 4, 4)  # and gradients
     assert shards(3, 4) == (4, 4, 4)  # and weights
+
+
+@pytest.mark.parametrize("mode", list(FSDP_MODES))
+def test_an_fsdp_mode_exports_the_fields_the_trainer_reads_as_fsdp2(mode: str) -> None:
+    """The arguments file's fields and the command line's flags parse back, through
+    HfArgumentParser, to FSDP2 with the mode's resharding and offload, the layers
+    wrapped as the model declares them, and a save that writes the full weights."""
+    from transformers import HfArgumentParser, TrainingArguments
+
+    candidate = Candidate(8, 2, Precision.BF16, False, "adamw_torch", fsdp_mode=mode)
+    args = tuned_arguments(candidate, device_kind=DeviceKind.CUDA)
+    assert "deepspeed" not in args and "fsdp" not in TUNED  # a user's own fsdp is carried
+    assert args["fsdp_config"] == fsdp_config(mode)
+    parser = HfArgumentParser(TrainingArguments)  # type: ignore[arg-type]
+    words = shlex.split(cli_flags({k: args[k] for k in ("fsdp", "fsdp_config")}))
+    (from_flags,) = parser.parse_args_into_dataclasses([*words, "--output_dir", "x"])
+    (from_file,) = parser.parse_dict({**args, "output_dir": "x", "use_cpu": True, "bf16": False})
+    for parsed in (from_flags, from_file):
+        assert parsed.fsdp_config["version"] == 2
+        assert parsed.fsdp_config["reshard_after_forward"] == (mode != "shard_grad_op")
+        assert parsed.fsdp_config["cpu_offload"] == (mode == "offload")
+        assert parsed.fsdp_config["state_dict_type"] == "FULL_STATE_DICT"
+        assert parsed.fsdp_config["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    with pytest.raises(ValueError, match="modes are full_shard, shard_grad_op, offload"):
+        fsdp_config("hybrid_shard")

@@ -98,3 +98,22 @@ def test_padding_free_and_loader_workers_run_on_real_batches(tmp_path: Path, lin
     # the collator runs in the worker process: the tokens are still counted, and the
     # same batches (same sampling) waste what the main process's collator wasted
     assert workers.tokens_per_s and workers.padding_fraction == padded.padding_fraction
+
+
+def test_a_run_asked_for_fsdp_that_accelerate_runs_as_ddp_is_an_error(tmp_path: Path) -> None:
+    """On the CPU, accelerate keeps no FSDP plugin (under torchrun `use_cpu` runs DDP,
+    silently): a probe would time DDP under FSDP's name. The Trainer's own flag says
+    which ran."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM, GPT2Config, Trainer, TrainingArguments
+
+    from autotune.probe._train import refuse_dropped_fsdp
+
+    with pytest.raises(RuntimeError, match="accelerate runs plain DDP on this device"):
+        refuse_dropped_fsdp({"fsdp": True}, SimpleNamespace(is_fsdp_enabled=False))
+    refuse_dropped_fsdp({"fsdp": True}, SimpleNamespace(is_fsdp_enabled=True))
+    model = AutoModelForCausalLM.from_config(GPT2Config(**TINY_GPT2))
+    ddp = Trainer(model=model, args=TrainingArguments(str(tmp_path), use_cpu=True, report_to=[]))
+    assert ddp.is_fsdp_enabled is False  # the flag the check reads is the Trainer's own
+    refuse_dropped_fsdp({}, ddp)

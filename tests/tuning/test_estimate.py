@@ -15,6 +15,7 @@ from autotune.tuning.estimate import (
     activation_bytes,
     breakdown,
     check_budget,
+    floor_bytes,
     static_bytes,
 )
 
@@ -218,6 +219,32 @@ def test_zero_splits_the_static_bytes_per_process_and_the_budget_check_knows_it(
     with pytest.raises(UsageError):
         check_budget(params, ("fp32",), ("adamw_torch",), GIB)
     check_budget(params, ("fp32",), ("adamw_torch",), GIB, split=(2, 2, 2))
+
+
+def test_fsdp_shares_the_state_per_process_as_its_mode_holds_it() -> None:
+    """Full shard: each process holds its share of the weights, gradients and optimizer
+    state (32-bit shards whatever the precision, unlike ZeRO's 16-bit engine);
+    shard-grad-op holds the gathered weights from the forward to the backward; offload
+    keeps the gradients and the state in host memory."""
+
+    def of(precision: str = "fp32", **levers: object) -> Any:
+        candidate = dataclasses.replace(cand(8, precision), **levers)
+        return breakdown(10**8, GPT2, "causal-lm", candidate, 512, 0, nproc_per_node=2)
+
+    ddp, full = of(), of(fsdp_mode="full_shard")
+    assert (full.weights * 2, full.gradients * 2) == (ddp.weights, ddp.gradients)
+    assert full.optimizer_state * 2 == ddp.optimizer_state
+    assert full.activations == ddp.activations
+    grad_op = of(fsdp_mode="shard_grad_op")
+    assert (grad_op.weights, grad_op.gradients * 2) == (ddp.weights, ddp.gradients)
+    offload = of(fsdp_mode="offload")
+    assert (offload.gradients, offload.optimizer_state) == (0, 0)
+    assert offload.weights == full.weights
+    fsdp16 = dataclasses.replace(cand(8, "bf16"), fsdp_mode="full_shard")
+    zero16 = dataclasses.replace(cand(8, "bf16"), zero_stage=3)
+    # weights and gradients 2 bytes a parameter wider than ZeRO's, split in two
+    assert floor_bytes(10**8, fsdp16, 2) - floor_bytes(10**8, zero16, 2) == 2 * 10**8
+    assert floor_bytes(10**8, dataclasses.replace(fsdp16, fsdp_mode="offload"), 2) == 0
 
 
 def test_8bit_optimizers_keep_32bit_state_for_embeddings_as_the_trainer_does() -> None:
