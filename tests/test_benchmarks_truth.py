@@ -97,3 +97,40 @@ def test_another_days_rounds_are_pooled_with_the_recorded_ones() -> None:
     assert 0.95 < truth.score("b") <= 1.0
     assert truth.half_widths["b"] > 3 * alone.half_widths["b"]
     assert len(truth.runs["a"]) <= ROUNDS + MAX_ROUNDS
+
+
+def _grid(rounds: dict[tuple[int, str, bool, str], list[float]], extra: dict) -> dict:
+    runs = {k: dict(enumerate(v)) for k, v in rounds.items()}
+    scores = {k: sum(v) / len(v) for k, v in rounds.items()} | extra
+    return {"scores": scores, "truth": paired(runs)}
+
+
+def test_the_rules_best_is_the_best_keeping_config_unless_a_change_is_significant() -> None:
+    """Families are scored against the best config the export rule may pick: a change of
+    precision or optimizer only where the grid's paired rounds make its gain over the
+    best arithmetic-keeping config significant (decision 1 of #68)."""
+    from families import rule_best, rule_ratio
+
+    keep, bf16, slow = (
+        (8, "fp32", False, "adamw_torch"),
+        (8, "bf16", False, "adafactor"),
+        (
+            16,
+            "fp32",
+            False,
+            "adamw_torch_fused",
+        ),
+    )
+    # bf16 Adafactor 3-9% faster round by round: significant, so the rule may pick it
+    clear = _grid({keep: [100, 98, 101, 99], bf16: [106, 107, 105, 108]}, {slow: 50.0})
+    assert rule_best(clear) == bf16
+    assert rule_ratio(bf16, clear) == 1.0 and rule_ratio(keep, clear) < 0.95
+    # a gain within the noise: the rule keeps the arithmetic, and finding keep is a 1
+    noisy = _grid({keep: [100, 90, 101, 95], bf16: [97, 99, 104, 96]}, {slow: 50.0})
+    assert noisy["truth"].best == bf16 and rule_best(noisy) == keep
+    assert rule_ratio(keep, noisy) == 1.0
+    assert rule_ratio(bf16, noisy) == 1.0  # tied with the rule's best in the rounds
+    assert 0.45 < rule_ratio(slow, noisy) < 0.55  # outside the contenders: first pass
+    assert rule_ratio(None, noisy) == 0.0
+    # no config keeps the arithmetic that fits: the grid's best
+    assert rule_best(_grid({bf16: [100, 101]}, {keep: 0.0})) == bf16
