@@ -54,7 +54,7 @@ import autotune.search_command as search_command  # calls run_search, which make
 import autotune.tuning.run as search_run
 from autotune.cli import main as autotune_main
 from autotune.core.trial import Candidate, Outcome, TrialConfig, TrialResult
-from autotune.probe import schedule_of
+from autotune.probe import Measurement, schedule_of
 from autotune.tuning import spec_breakdown
 from autotune.tuning.estimate import PROCESS_BYTES
 
@@ -131,7 +131,15 @@ class GridLauncher:
         """The probe's measured steps, until its own stopping rule closes the window, and
         why it closed."""
         spell = math.exp(self.rng.gauss(0.0, SPELL))
-        schedule = schedule_of(config)
+        plan = Measurement(
+            warmup_steps=config.warmup_steps,
+            measure_steps=config.measure_steps,
+            min_window_s=config.min_measure_s,
+            adaptive=config.adaptive,
+            incumbent_s=config.incumbent_s,
+            train_steps=config.train_steps,
+        )
+        schedule = schedule_of(plan, config.nproc_per_node)  # as the probe's run_probe
         most = schedule.longest if schedule else config.measure_steps
         steps: list[float] = []
         while len(steps) < max(1, most):

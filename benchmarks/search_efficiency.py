@@ -241,7 +241,7 @@ def overhead(model_dir: Path, work: Path, repeats: int = 3) -> dict[str, dict[st
         "fresh process (before)": None,
         "fork server (after)": ForkServer(work / "oh.log", data_limit=2**31),
         "fork server, model inherited": ForkServer(
-            work / "oh-shared.log", data_limit=2**31, shared=SharedModel.of(config(0, 0))
+            work / "oh-shared.log", data_limit=2**31, shared=SharedModel.of(model, 0, candidate)
         ),
     }
     runs: dict[str, list[TrialResult]] = {mode: [] for mode in servers}

@@ -1,10 +1,12 @@
 """The layout's promises, checked statically: no import cycle, small modules, a pure core,
 private modules kept private, public names that resolve, an Optuna adapter that fails
-loudly when Optuna moves, and review commands without torch."""
+loudly when Optuna moves, review commands without torch, and probe functions that take
+what they use."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import subprocess
 import sys
@@ -14,6 +16,8 @@ from pathlib import Path
 import optuna
 import pytest
 from conftest import ROOT
+
+from autotune.core.trial import TrialConfig
 
 PACKAGE = ROOT / "autotune"
 SUBPACKAGES = sorted(path.parent.name for path in PACKAGE.glob("*/__init__.py"))
@@ -234,6 +238,90 @@ def test_no_module_outside_a_package_imports_its_private_modules() -> None:
         importer = ".".join(path.relative_to(ROOT).with_suffix("").parts)
         found += private_imports(importer.removesuffix(".__init__"), ast.parse(path.read_text()))
     assert found == []
+
+
+TRIAL_FIELDS = frozenset(field.name for field in dataclasses.fields(TrialConfig))
+
+
+FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def functions(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, FunctionNode]]:
+    """Every function in `tree` with its qualified name (methods and nested ones too)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield f"{prefix}{node.name}", node
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            yield from functions(node, f"{prefix}{node.name}.")
+        else:
+            yield from functions(node, prefix)
+
+
+def narrow_misses(tree: ast.AST) -> list[str]:
+    """Each function with a parameter annotated `TrialConfig` that reads fewer than half
+    of its fields (distinct `param.field` reads anywhere in the function's body)."""
+    found = []
+    for name, function in functions(tree):
+        arguments = function.args
+        for param in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
+            names = set() if param.annotation is None else set(ast.walk(param.annotation))
+            if not any(getattr(n, "id", getattr(n, "attr", "")) == "TrialConfig" for n in names):
+                continue
+            read = {
+                node.attr
+                for node in ast.walk(function)
+                if isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == param.arg
+                and node.attr in TRIAL_FIELDS
+            }
+            if 2 * len(read) < len(TRIAL_FIELDS):
+                found.append(
+                    f"{name}({param.arg}: TrialConfig) reads {len(read)} of its "
+                    f"{len(TRIAL_FIELDS)} fields: {sorted(read)}"
+                )
+    return found
+
+
+def reading(count: int) -> str:
+    """A function that takes a TrialConfig and reads `count` of its fields."""
+    read = [f"config.{name}" for name in sorted(TRIAL_FIELDS)[:count]]
+    return "def f(config: TrialConfig):\n    return " + " + ".join(read)
+
+
+HALF = (len(TRIAL_FIELDS) + 1) // 2  # the fewest fields a function may read of it
+
+
+@pytest.mark.parametrize(
+    ("source", "passes"),
+    [
+        (reading(1), False),
+        ("def f(c: trial.TrialConfig | None):\n    return c.seed", False),
+        ("class C:\n    def f(self, *, c: TrialConfig):\n        return c.seed", False),
+        ("def f(config: TrialConfig):\n    return config.device_kind", False),  # no field
+        (reading(HALF - 1), False),
+        (reading(HALF), True),
+        (reading(len(TRIAL_FIELDS)), True),
+        ("def f(config):\n    return config.seed", True),  # takes no TrialConfig
+        ("def f(seed: int):\n    return seed", True),
+    ],
+)
+def test_the_narrow_input_check_refuses_a_function_that_reads_little(
+    source: str, passes: bool
+) -> None:
+    """The check below, on functions it must refuse and ones it must let pass."""
+    assert (narrow_misses(ast.parse(source)) == []) is passes
+
+
+def test_a_probe_function_takes_what_it_uses_not_the_whole_trial_config() -> None:
+    """A reader sees what a probe function depends on from its parameters: one that
+    takes the whole `TrialConfig` reads at least half of its fields (an entry point
+    that unpacks it), else it takes the values it uses."""
+    found = []
+    for path in sorted((PACKAGE / "probe").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        found += [f"{module}.{miss}" for miss in narrow_misses(ast.parse(path.read_text()))]
+    assert found == [], "\n".join(found)
 
 
 def exported(package: str) -> dict[str, str]:

@@ -247,10 +247,6 @@ class TrialConfig:
         c = self.candidate
         return c.per_device_train_batch_size * c.gradient_accumulation_steps * self.nproc_per_node
 
-    @property
-    def tokens_per_sample(self) -> int:
-        return self.seq_len + (self.target_len if self.model.task == Task.SEQ2SEQ else 0)
-
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from autotune._exports import lazy_exports
 
 if TYPE_CHECKING:
+    from autotune.probe._inputs import Measurement
     from autotune.probe._train import schedule_of
     from autotune.probe.data import WorstCaseDataset
     from autotune.probe.flops import measure_peak_flops
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RESULT_NAME",
+    "Measurement",
     "SharedModel",
     "WorstCaseDataset",
     "measure_peak_flops",
@@ -33,6 +35,7 @@ __all__ = [
 
 # each public name, and the module that holds it
 _OWNERS = {
+    "Measurement": "autotune.probe._inputs",
     "schedule_of": "autotune.probe._train",
     "WorstCaseDataset": "autotune.probe.data",
     "measure_peak_flops": "autotune.probe.flops",

@@ -22,7 +22,8 @@ from transformers import TrainerCallback
 
 from autotune.core.enums import Outcome, Task
 from autotune.core.parity import EVAL_SAMPLES, POINTS
-from autotune.core.trial import TrialConfig, TrialResult
+from autotune.core.trial import TrialResult
+from autotune.probe._inputs import Site, TheirData, Workload
 from autotune.probe._train import plain_trainer, probe_only_arguments
 from autotune.probe.data import RealBatches, WorstCaseDataset
 from autotune.probe.job import factory_trainer
@@ -104,20 +105,21 @@ def _full_fp32(device: torch.device) -> Iterator[None]:
             matmul.fp32_precision = before
 
 
-def parity_run(config: TrialConfig, model: Any, recipe: dict[str, Any]) -> TrialResult:
-    steps = config.parity_steps
-    timer = StepTimer(device_kind=config.device_kind, warmup_steps=0)  # loss-scale skips
-    fields = {**recipe, **_arguments(config, steps)}
-    needed = steps * config.global_batch_size
-    if config.model.trainer:  # the user's job: their data in one fixed order
-        trainer = factory_trainer(config, fields, [timer])
+def parity_run(work: Workload, steps: int, data: TheirData, site: Site, model: Any) -> TrialResult:
+    """`steps` optimizer steps on learnable data (`data`'s, where given), the held-out
+    loss recorded along the way."""
+    timer = StepTimer(device_kind=site.kind, warmup_steps=0)  # loss-scale skips
+    fields = {**work.recipe, **_arguments(work, site.trial_dir, steps)}
+    needed = steps * work.global_batch_size
+    if work.model.trainer:  # the user's job: their data in one fixed order
+        trainer = factory_trainer(work.model, work.seed, fields, [timer])
         trainer.train_dataset, held = split_held_out(trainer.train_dataset, needed)
         model = trainer.model
         # batched by their collator, with the columns their Trainer keeps
         eval_batches = [_forward_inputs(b, model) for b in trainer.get_eval_dataloader(held)]
     else:
-        train, held, collator = _data(config, needed)
-        size = min(8, config.candidate.per_device_train_batch_size)  # never above training's
+        train, held, collator = _data(work, data, needed)
+        size = min(8, work.candidate.per_device_train_batch_size)  # never above training's
         eval_batches = [
             collator([held[i] for i in range(start, min(start + size, len(held)))])
             for start in range(0, len(held), size)
@@ -127,7 +129,7 @@ def parity_run(config: TrialConfig, model: Any, recipe: dict[str, Any]) -> Trial
         eval_batches,
         every=max(1, steps // POINTS),
         last=steps,
-        shifted=config.model.task == Task.CAUSAL_LM,
+        shifted=work.model.task == Task.CAUSAL_LM,
     )
     trainer.add_callback(curve)
     timer.attach(trainer)
@@ -171,30 +173,31 @@ def _forward_inputs(batch: dict[str, Any], model: Any) -> dict[str, torch.Tensor
     return {k: v.cpu() for k, v in batch.items() if k in names and isinstance(v, torch.Tensor)}
 
 
-def _data(config: TrialConfig, needed: int) -> tuple[Any, Any, Any]:
-    """The training samples (steps x global batch, one fixed order) and the held-out ones."""
+def _data(work: Workload, data: TheirData, needed: int) -> tuple[Any, Any, Any]:
+    """The training samples (steps x global batch, one fixed order) and the held-out ones:
+    the user's tokenized data where given, else worst-case samples."""
 
-    if config.data_path:
+    if data.path:
         from datasets import load_from_disk
 
-        train, held = split_held_out(load_from_disk(config.data_path), needed)
-        collator = RealBatches(task=config.model.task, pad_token_id=config.pad_token_id)
+        train, held = split_held_out(load_from_disk(data.path), needed)
+        collator = RealBatches(task=work.model.task, pad_token_id=data.pad_token_id)
         return train, held, collator
 
-    held = WorstCaseDataset.of(config, EVAL_SAMPLES, offset=10_000_000)
-    return WorstCaseDataset.of(config, needed), held, _stack
+    held = WorstCaseDataset.of(work, EVAL_SAMPLES, offset=10_000_000)
+    return WorstCaseDataset.of(work, needed), held, _stack
 
 
 def _stack(features: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {key: torch.stack([f[key] for f in features]) for key in features[0]}
 
 
-def _arguments(config: TrialConfig, steps: int) -> dict[str, Any]:
+def _arguments(work: Workload, trial_dir: str, steps: int) -> dict[str, Any]:
     """A probe's bookkeeping fields, no logging, and one batch order for every config."""
 
     return {
-        **probe_only_arguments(config, steps),
+        **probe_only_arguments(work.recipe, work.seed, trial_dir, steps),
         "logging_strategy": "no",
-        "data_seed": config.seed,
+        "data_seed": work.seed,
         "train_sampling_strategy": "random",
     }

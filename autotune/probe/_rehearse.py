@@ -21,8 +21,9 @@ from transformers import TrainerCallback
 from autotune.core.enums import Outcome
 from autotune.core.files import append_line
 from autotune.core.rehearsal import EVENTS_NAME
-from autotune.core.trial import TrialConfig, TrialResult
+from autotune.core.trial import TrialResult
 from autotune.probe import device as hardware
+from autotune.probe._inputs import Site, Workload
 from autotune.probe._train import probe_only_arguments, worst_case_trainer
 
 # Deferred imports: torch loads in the probe, once its device is chosen; the search imports the
@@ -37,9 +38,9 @@ class Events(TrainerCallback):
     no evaluation dataset is still built), and writes each event's start and end, with
     the peak so far, as the Trainer reaches them."""
 
-    def __init__(self, config: TrialConfig, index: int, *, evaluate: bool, save: bool) -> None:
-        self.path = Path(config.trial_dir) / EVENTS_NAME
-        self.kind, self.index = config.device_kind, index
+    def __init__(self, site: Site, *, evaluate: bool, save: bool) -> None:
+        self.path = Path(site.trial_dir) / EVENTS_NAME
+        self.kind, self.index = site.kind, site.index
         self.evaluate, self.save = evaluate, save
         self.predicted = 0  # evaluation batches done
         self.kept_per_sample = 0  # the most bytes of logits kept for one sample so far
@@ -128,24 +129,24 @@ def _samples(dataset: Any) -> int:
     return len(dataset) if hasattr(dataset, "__len__") else 0
 
 
-def rehearse(config: TrialConfig, model: Any, recipe: dict[str, Any], index: int) -> TrialResult:
-    plan = config.rehearsal
-    out = Path(config.trial_dir) / "rehearsal"
+def rehearse(work: Workload, plan: dict[str, Any], site: Site, model: Any) -> TrialResult:
+    """Rehearse the events `plan` asks for (TrialConfig.rehearsal) under the probe's limit."""
+    out = Path(site.trial_dir) / "rehearsal"
     evaluate, save = bool(plan.get("evaluate")), bool(plan.get("save"))
     fields = {
-        **recipe,
-        **probe_only_arguments(config, 1),
+        **work.recipe,
+        **probe_only_arguments(work.recipe, work.seed, site.trial_dir, 1),
         **plan.get("fields", {}),
         "output_dir": str(out),
         "eval_strategy": "no",
         "save_strategy": "no",
         "load_best_model_at_end": False,
     }
-    events = Events(config, index, evaluate=evaluate, save=save)
+    events = Events(site, evaluate=evaluate, save=save)
     try:
-        trainer = worst_case_trainer(config, fields, model, [events], 2)
-        if evaluate and not config.model.trainer:
-            trainer.eval_dataset = _synthetic_eval(config, int(plan.get("eval_samples", 0)))
+        trainer = worst_case_trainer(work, fields, model, [events], 2)
+        if evaluate and not work.model.trainer:
+            trainer.eval_dataset = _synthetic_eval(work, int(plan.get("eval_samples", 0)))
         if evaluate and trainer.eval_dataset is None:
             events.mark("evaluation", "skipped", reason="your job has no evaluation dataset")
             events.evaluate = False
@@ -155,13 +156,13 @@ def rehearse(config: TrialConfig, model: Any, recipe: dict[str, Any], index: int
         )
         if os.environ.get("RANK", "0") == "0":
             append_line(events.path, json.dumps({"logits_kept": keeps}))
-        on_device = config.device_kind != "cuda" or args.eval_accumulation_steps is None
+        on_device = site.kind != "cuda" or args.eval_accumulation_steps is None
         events.count_kept(trainer, keeps and evaluate and on_device)
         events.mark("train", "start")
         trainer.train()
         # the stand-in's model trains on; the user's factory builds theirs again, and the
         # first must be gone by then, as in a restarted run
-        model = None if config.model.trainer else trainer.model
+        model = None if work.model.trainer else trainer.model
         del trainer
         gc.collect()
         if save and "deepspeed" in fields:  # one process cannot start a second engine
@@ -169,25 +170,25 @@ def rehearse(config: TrialConfig, model: Any, recipe: dict[str, Any], index: int
         elif save and fields.get("fsdp") and model is not None:  # sharded once already
             events.mark("resume", "skipped", reason="not rehearsed under FSDP for a stand-in")
         elif save:
-            _resume(config, events, fields, model, out / "checkpoint-1")
+            _resume(work, events, fields, model, out / "checkpoint-1")
         return TrialResult(Outcome.OK, reason="rehearsed")
     finally:  # a checkpoint holds the weights and the optimizer state: not the study's
         shutil.rmtree(out, ignore_errors=True)
 
 
 def _resume(
-    config: TrialConfig, events: Events, fields: dict[str, Any], model: Any, checkpoint: Path
+    work: Workload, events: Events, fields: dict[str, Any], model: Any, checkpoint: Path
 ) -> None:
     """A new Trainer (the user's factory builds their model again) reads the checkpoint
     back, optimizer state included, and trains one more step."""
     events.mark("resume", "start")
-    trainer = worst_case_trainer(config, {**fields, "max_steps": 2}, model, [], 2)
+    trainer = worst_case_trainer(work, {**fields, "max_steps": 2}, model, [], 2)
     trainer.train(resume_from_checkpoint=str(checkpoint))
     del trainer
     events.mark("resume", "end")
 
 
-def _synthetic_eval(config: TrialConfig, samples: int) -> Any:
+def _synthetic_eval(work: Workload, samples: int) -> Any:
     from autotune.probe.data import WorstCaseDataset
 
-    return WorstCaseDataset.of(config, max(1, samples), offset=EVAL_OFFSET)
+    return WorstCaseDataset.of(work, max(1, samples), offset=EVAL_OFFSET)

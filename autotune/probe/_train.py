@@ -16,9 +16,10 @@ from autotune.core.outcomes import loss_outcome
 from autotune.core.parity import PARITY_LR
 from autotune.core.schedule import Schedule
 from autotune.core.stats import StepStats
-from autotune.core.trial import TrialConfig, TrialResult
+from autotune.core.trial import Candidate, TrialResult
 from autotune.hf.job import longest_samples
 from autotune.probe import device as hardware
+from autotune.probe._inputs import Measurement, Site, TheirData, Workload
 from autotune.probe.job import factory_trainer
 
 # Deferred imports: torch, transformers and datasets load in the probe, once `prepare_environment`
@@ -30,39 +31,39 @@ CPU_WINDOW_STEPS = 20  # ... or this many of them (core/schedule.py)
 
 
 def worst_case(
-    config: TrialConfig,
+    work: Workload,
+    plan: Measurement,
+    data: TheirData,
+    site: Site,
     model: Any,
-    recipe: dict[str, Any],
     phases: dict[str, float],
     baseline: dict[str, Any],
-    index: int,
 ) -> tuple[TrialResult, Any]:
     """Warm-up + measured optimizer steps on worst-case batches: the peak and the speed.
     Returns the result and the model trained (the factory's, for a user's job); what the
-    job holds before its first step goes into `baseline` (kept by an out-of-memory);
-    `index`: the probe's device."""
+    job holds before its first step goes into `baseline` (kept by an out-of-memory)."""
     from autotune.probe.timing import StepTimer
 
-    by_time = config.min_measure_s > 0
-    schedule = schedule_of(config)
-    measured = schedule.longest if schedule else config.measure_steps
-    steps = config.warmup_steps + (MAX_STEPS_BY_TIME if by_time else measured)
+    by_time = plan.min_window_s > 0
+    schedule = schedule_of(plan, work.processes)
+    measured = schedule.longest if schedule else plan.measure_steps
+    steps = plan.warmup_steps + (MAX_STEPS_BY_TIME if by_time else measured)
     timer = StepTimer(
-        device_kind=config.device_kind,
-        warmup_steps=config.warmup_steps,
-        measure_steps=config.measure_steps,
-        min_window_s=config.min_measure_s,
+        device_kind=site.kind,
+        warmup_steps=plan.warmup_steps,
+        measure_steps=plan.measure_steps,
+        min_window_s=plan.min_window_s,
         schedule=schedule,
     )
-    fields = {**recipe, **probe_only_arguments(config, steps)}
-    if config.own_batches:  # a user's job: their batches are timed after the worst case
-        trainer, own = on_longest(config, fields, [timer], steps)
+    fields = {**work.recipe, **probe_only_arguments(work.recipe, work.seed, site.trial_dir, steps)}
+    if data.own_batches:  # a user's job: their batches are timed after the worst case
+        trainer, own = on_longest(work, fields, [timer], steps)
     else:
-        trainer = worst_case_trainer(config, fields, model, [timer], steps)
+        trainer = worst_case_trainer(work, fields, model, [timer], steps)
     refuse_dropped_fsdp(fields, trainer)
     timer.attach(trainer)
-    losses = StepLosses(trainer, config.candidate.gradient_accumulation_steps)
-    setup = hardware.setup_bytes(config.device_kind, index, baseline, trainer.model)
+    losses = StepLosses(trainer, work.candidate.gradient_accumulation_steps)
+    setup = hardware.setup_bytes(site.kind, site.index, baseline, trainer.model)
     if setup is not None:
         baseline["setup_bytes"] = setup
     tick = time.perf_counter()
@@ -71,7 +72,7 @@ def worst_case(
     ended = time.perf_counter()
     phases["train"] = ended - tick
     model = trainer.model
-    result = _measured(config, timer, float(output.training_loss))
+    result = _measured(work, timer, float(output.training_loss))
     result = result.replace(step_losses=losses.per_step())
     if result.step_time_median_s is None:
         return result, model
@@ -81,9 +82,10 @@ def worst_case(
         warmup_steps=timer.warmup_steps,
         measure_stop=timer.stop_reason,
     )
-    if config.own_batches and result.outcome == Outcome.OK:
+    if data.own_batches and result.outcome == Outcome.OK:
         trainer.remove_callback(timer)
-        result = own_batches(config, trainer, own, result)
+        measure_steps, sample_tokens = plan.measure_steps, data.sample_tokens
+        result = own_batches(work, measure_steps, sample_tokens, site, trainer, own, result)
     return result, model
 
 
@@ -129,35 +131,43 @@ class StepLosses:
 
 
 def worst_case_trainer(
-    config: TrialConfig, fields: dict[str, Any], model: Any, callbacks: list[Any], steps: int
+    work: Workload, fields: dict[str, Any], model: Any, callbacks: list[Any], steps: int
 ) -> Any:
     """A Trainer with `fields` whose every batch is a worst case for `steps` steps: the
     user's job (their factory's) on their longest samples, or the stand-in `model` on
     synthetic sequences at the longest length."""
     from autotune.probe.data import WorstCaseDataset
 
-    if config.model.trainer:
-        return on_longest(config, fields, callbacks, steps)[0]
-    dataset = WorstCaseDataset.of(config, steps * config.global_batch_size)
-    return plain_trainer(fields, model, dataset, _packed(config), callbacks)
+    if work.model.trainer:
+        return on_longest(work, fields, callbacks, steps)[0]
+    dataset = WorstCaseDataset.of(work, steps * work.global_batch_size)
+    return plain_trainer(fields, model, dataset, _packed(work.candidate), callbacks)
 
 
 def on_longest(
-    config: TrialConfig, fields: dict[str, Any], callbacks: list[Any], steps: int
+    work: Workload, fields: dict[str, Any], callbacks: list[Any], steps: int
 ) -> tuple[Any, Any]:
     """The user's Trainer set to train `steps` steps on their longest samples (the
     survey's), and the train dataset their factory gave it. Packed, the rows are the
     Trainer's own (the survey's indices are of the samples): the fullest rows."""
-    trainer = factory_trainer(config, fields, callbacks)
+    trainer = factory_trainer(work.model, work.seed, fields, callbacks)
     theirs = trainer.train_dataset
-    known = () if config.candidate.changes_samples else config.longest_samples
+    known = () if work.candidate.changes_samples else work.longest_samples
     trainer.train_dataset = longest_samples(
-        theirs, steps * config.global_batch_size, config.global_batch_size, known
+        theirs, steps * work.global_batch_size, work.global_batch_size, known
     )
     return trainer, theirs
 
 
-def own_batches(config: TrialConfig, trainer: Any, dataset: Any, worst: TrialResult) -> TrialResult:
+def own_batches(
+    work: Workload,
+    measure_steps: int,
+    sample_tokens: float,
+    site: Site,
+    trainer: Any,
+    dataset: Any,
+    worst: TrialResult,
+) -> TrialResult:
     """Time the user's own batches, in their order, on the Trainer the worst case trained
     (the same model and optimizer: no second copy raises the peak). For a user's job
     whose padding is searched: the longest samples have little padding to drop, their
@@ -166,19 +176,19 @@ def own_batches(config: TrialConfig, trainer: Any, dataset: Any, worst: TrialRes
     from autotune.probe.data import TokenCount
     from autotune.probe.timing import StepTimer
 
-    steps = 1 + config.measure_steps
-    timer = StepTimer(device_kind=config.device_kind, warmup_steps=1)
+    steps = 1 + measure_steps
+    timer = StepTimer(device_kind=site.kind, warmup_steps=1)
     trainer.add_callback(timer)
     trainer.train_dataset = dataset
     trainer.args.max_steps = steps
-    trainer.args.output_dir = str(Path(config.trial_dir) / "trainer-own")
-    count = TokenCount(config.model.task)
+    trainer.args.output_dir = str(Path(site.trial_dir) / "trainer-own")
+    count = TokenCount(work.model.task)
     hook = trainer.model.register_forward_pre_hook(count, with_kwargs=True)
     try:
         trainer.train()
     finally:
         hook.remove()
-    return timed_batches(config, timer, count, worst)
+    return timed_batches(work, measure_steps, sample_tokens, timer, count, worst)
 
 
 def plain_trainer(
@@ -196,34 +206,39 @@ def plain_trainer(
     )
 
 
-def schedule_of(config: TrialConfig) -> Schedule | None:
+def schedule_of(plan: Measurement, processes: int) -> Schedule | None:
     """Adaptive warm-up and measurement, where asked and step ends are host times. Not
-    for DDP: each rank would decide on its own step times, and a rank stopping before
-    the others would leave them waiting in a collective."""
-    if not config.adaptive or config.min_measure_s > 0 or config.nproc_per_node > 1:
+    for DDP (`processes` > 1): each rank would decide on its own step times, and a rank
+    stopping before the others would leave them waiting in a collective."""
+    if not plan.adaptive or plan.min_window_s > 0 or processes > 1:
         return None
     return Schedule(
-        max_warmup=config.warmup_steps,
-        max_measure=config.measure_steps,
-        min_measure=min(3, config.measure_steps),
-        incumbent_s=config.incumbent_s,
-        train_steps=config.train_steps,
+        max_warmup=plan.warmup_steps,
+        max_measure=plan.measure_steps,
+        min_measure=min(3, plan.measure_steps),
+        incumbent_s=plan.incumbent_s,
+        train_steps=plan.train_steps,
         min_window_s=CPU_WINDOW_S,
         most=CPU_WINDOW_STEPS,
     )
 
 
-def _packed(config: TrialConfig) -> Any:
+def _packed(candidate: Candidate) -> Any:
     """The padding-free collator when the candidate asks for it, else None (Trainer's)."""
-    if not config.candidate.flattens_batches:
+    if not candidate.flattens_batches:
         return None
     from autotune.probe.data import PackedBatches
 
-    return PackedBatches(flash_attention=config.candidate.flash_attention)
+    return PackedBatches(flash_attention=candidate.flash_attention)
 
 
 def real_batches(
-    config: TrialConfig, model: Any, recipe: dict[str, Any], worst: TrialResult
+    work: Workload,
+    measure_steps: int,
+    data: TheirData,
+    site: Site,
+    model: Any,
+    worst: TrialResult,
 ) -> TrialResult:
     """Time real batches of the user's data, in the candidate's sampling order.
 
@@ -235,50 +250,58 @@ def real_batches(
     from autotune.probe.data import RealBatches, TokenCount
     from autotune.probe.timing import StepTimer
 
-    steps = 1 + config.measure_steps
-    probe_args = probe_only_arguments(config, steps)
-    probe_args["output_dir"] = str(Path(config.trial_dir) / "trainer-real")
-    collator = _packed(config) or RealBatches(
-        task=config.model.task, pad_token_id=config.pad_token_id
+    steps = 1 + measure_steps
+    probe_args = probe_only_arguments(work.recipe, work.seed, site.trial_dir, steps)
+    probe_args["output_dir"] = str(Path(site.trial_dir) / "trainer-real")
+    collator = _packed(work.candidate) or RealBatches(
+        task=work.model.task, pad_token_id=data.pad_token_id
     )
-    timer = StepTimer(device_kind=config.device_kind, warmup_steps=1)
+    timer = StepTimer(device_kind=site.kind, warmup_steps=1)
     trainer = plain_trainer(
-        {**recipe, **probe_args}, model, load_from_disk(config.data_path), collator, [timer]
+        {**work.recipe, **probe_args}, model, load_from_disk(data.path), collator, [timer]
     )
-    count = TokenCount(config.model.task)
+    count = TokenCount(work.model.task)
     hook = model.register_forward_pre_hook(count, with_kwargs=True)
     try:
         trainer.train()
     finally:
         hook.remove()
     del trainer
-    return timed_batches(config, timer, count, worst)
+    return timed_batches(work, measure_steps, data.sample_tokens, timer, count, worst)
 
 
-def timed_batches(config: TrialConfig, timer: Any, count: Any, worst: TrialResult) -> TrialResult:
+def timed_batches(
+    work: Workload,
+    measure_steps: int,
+    sample_tokens: float,
+    timer: Any,
+    count: Any,
+    worst: TrialResult,
+) -> TrialResult:
     """The worst case's result with the speed of the real batches `timer` timed and
-    `count` counted (their step times, real tokens and padding)."""
+    `count` counted (their step times, real tokens and padding) over `measure_steps`
+    steps; packed rows count in samples of the data's mean length, `sample_tokens`."""
     times = timer.measured_step_times()
     if not times:
         return worst.replace(outcome=Outcome.ERROR, reason="no real batch step completed")
-    accumulation = config.candidate.gradient_accumulation_steps
-    window = count.fed()[accumulation : accumulation * (1 + config.measure_steps)]
+    accumulation = work.candidate.gradient_accumulation_steps
+    window = count.fed()[accumulation : accumulation * (1 + measure_steps)]
     real, fed = sum(r for r, _ in window), sum(f for _, f in window)
     trained, worst_speed = None, worst.samples_per_s
-    if config.candidate.changes_samples and config.sample_tokens > 0:
+    if work.candidate.changes_samples and sample_tokens > 0:
         steps = [
-            sum(r for r, _ in window[i : i + accumulation]) * config.nproc_per_node
+            sum(r for r, _ in window[i : i + accumulation]) * work.processes
             for i in range(0, len(times) * accumulation, accumulation)
         ]
-        times = per_global_batch(times, steps, config.global_batch_size * config.sample_tokens)
+        times = per_global_batch(times, steps, work.global_batch_size * sample_tokens)
         counted = [n for n in steps if n] or [0]
-        trained = round(sum(counted) / len(counted) / config.sample_tokens, 2)
+        trained = round(sum(counted) / len(counted) / sample_tokens, 2)
         if worst_speed:  # full rows a second, counted in samples like the steps
-            worst_speed *= config.tokens_per_sample / config.sample_tokens
+            worst_speed *= work.tokens_per_sample / sample_tokens
     stats = StepStats.of(times)
     return worst.replace(
-        samples_per_s=config.global_batch_size / stats.median_s,
-        tokens_per_s=real * config.nproc_per_node / sum(timer.measured_step_times()),
+        samples_per_s=work.global_batch_size / stats.median_s,
+        tokens_per_s=real * work.processes / sum(timer.measured_step_times()),
         step_time_median_s=stats.median_s,
         step_time_spread=stats.spread,
         step_time_quiet_s=stats.median_s,  # a step's time depends on its batch: the median ranks
@@ -297,17 +320,19 @@ def per_global_batch(times: list[float], tokens: list[int], batch_tokens: float)
     return [t * batch_tokens / n if n else t for t, n in zip(times, tokens, strict=False)]
 
 
-def probe_only_arguments(config: TrialConfig, total_steps: int) -> dict[str, Any]:
+def probe_only_arguments(
+    recipe: dict[str, Any], seed: int, trial_dir: str, total_steps: int
+) -> dict[str, Any]:
     """Fields that set run length and bookkeeping only; they do not change the recipe's
-    speed or memory. The learning rate (yours, else PARITY_LR) is held constant: a
-    schedule meant for thousands of steps would stall a probe's steps, whose losses are
+    speed or memory. The learning rate (the recipe's, else PARITY_LR) is held constant:
+    a schedule meant for thousands of steps would stall a probe's steps, whose losses are
     its parity evidence, and a parity run's."""
-    rate = config.training_arguments.get("learning_rate")
+    rate = recipe.get("learning_rate")
     return {
         "learning_rate": rate if isinstance(rate, (int, float)) and rate > 0 else PARITY_LR,
         "lr_scheduler_type": "constant",
         "warmup_steps": 0,
-        "output_dir": str(Path(config.trial_dir) / "trainer"),
+        "output_dir": str(Path(trial_dir) / "trainer"),
         "max_steps": total_steps,
         "save_strategy": "no",
         "report_to": "none",
@@ -315,22 +340,22 @@ def probe_only_arguments(config: TrialConfig, total_steps: int) -> dict[str, Any
         "logging_steps": total_steps,  # one log at the end: no extra sync inside the window
         "logging_nan_inf_filter": False,  # a NaN loss must reach training_loss, not be hidden
         "disable_tqdm": True,
-        "seed": config.seed,
+        "seed": seed,
     }
 
 
-def _measured(config: TrialConfig, timer: Any, final_loss: float) -> TrialResult:
+def _measured(work: Workload, timer: Any, final_loss: float) -> TrialResult:
     times = timer.measured_step_times()
     if not times:
         return TrialResult(Outcome.ERROR, reason="no measured step completed")
     stats = StepStats.of(times)
-    samples_per_s = config.global_batch_size / stats.median_s
+    samples_per_s = work.global_batch_size / stats.median_s
     outcome, reason = loss_outcome(final_loss, timer.skipped_in_window)
     return TrialResult(
         outcome=outcome,
         reason=reason,
         samples_per_s=samples_per_s,
-        tokens_per_s=samples_per_s * config.tokens_per_sample,
+        tokens_per_s=samples_per_s * work.tokens_per_sample,
         step_time_median_s=stats.median_s,
         step_time_spread=stats.spread,
         step_time_quiet_s=stats.quiet_s,

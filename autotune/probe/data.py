@@ -16,7 +16,7 @@ import torch
 from transformers import DataCollatorWithFlattening
 
 from autotune.core.enums import Task
-from autotune.core.trial import TrialConfig
+from autotune.probe._inputs import Workload
 
 
 class RealBatches:
@@ -95,16 +95,16 @@ class WorstCaseDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     FOLLOW = 0.75
 
     @classmethod
-    def of(cls, config: TrialConfig, length: int, offset: int = 0) -> WorstCaseDataset:
+    def of(cls, work: Workload, length: int, offset: int = 0) -> WorstCaseDataset:
         """`length` samples of the probe's model, lengths and seed, from `offset` on."""
         return cls(
-            task=config.model.task,
+            task=work.model.task,
             length=length,
-            seq_len=config.seq_len,
-            target_len=config.target_len,
-            vocab_size=config.model.vocab_size,
-            num_labels=int(config.model.config.get("num_labels", 2)),
-            seed=config.seed,
+            seq_len=work.seq_len,
+            target_len=work.target_len,
+            vocab_size=work.model.vocab_size,
+            num_labels=int(work.model.config.get("num_labels", 2)),
+            seed=work.seed,
             offset=offset,
         )
 

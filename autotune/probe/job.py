@@ -22,7 +22,7 @@ from typing import Any
 from autotune.core.files import write_atomic
 from autotune.core.job import FACTS_NAME
 from autotune.core.precisions import FLAGS as PRECISION_FLAGS
-from autotune.core.trial import TrialConfig
+from autotune.core.trial import ModelSpec
 from autotune.hf.factory import (
     FactoryError,
     args_class_of,
@@ -37,15 +37,17 @@ from autotune.hf.training_args import checkpointing_field
 # module, as the user's script imports it
 
 
-def factory_trainer(config: TrialConfig, fields: dict[str, Any], callbacks: list[Any]) -> Any:
-    """The user's Trainer, built by their factory around `fields` in their arguments
-    class, from the probe's seed (their model's initialisation, LoRA's included, is the
-    same in every probe), with the probe's callbacks added."""
+def factory_trainer(
+    model: ModelSpec, seed: int, fields: dict[str, Any], callbacks: list[Any]
+) -> Any:
+    """The user's Trainer, built by their factory (`model.trainer`) around `fields` in
+    their arguments class, from the probe's `seed` (their model's initialisation, LoRA's
+    included, is the same in every probe), with the probe's callbacks added."""
     from transformers import set_seed
 
-    factory = load_factory(config.model.trainer)
-    args = import_class(config.model.args_class)(**fields)
-    set_seed(config.seed)
+    factory = load_factory(model.trainer)
+    args = import_class(model.args_class)(**fields)
+    set_seed(seed)
     trainer = build_trainer(factory, args)
     for callback in callbacks:
         trainer.add_callback(callback)

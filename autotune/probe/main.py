@@ -25,7 +25,7 @@ from typing import Any
 from autotune.core.enums import DeviceKind, Outcome, Precision
 from autotune.core.files import write_atomic
 from autotune.core.outcomes import is_out_of_memory
-from autotune.core.trial import TrialConfig, TrialResult
+from autotune.core.trial import Candidate, TrialConfig, TrialResult
 from autotune.hf.factory import load_factory
 from autotune.hf.levers import attention_kernel
 from autotune.hf.models import build_model
@@ -33,6 +33,7 @@ from autotune.hf.sharding import deepspeed_stage
 from autotune.hf.training_args import checkpointing_field, tuned_arguments
 from autotune.probe import device as hardware
 from autotune.probe import shared_model
+from autotune.probe._inputs import Measurement, Site, TheirData, Workload
 from autotune.probe._train import probe_only_arguments, real_batches, worst_case
 from autotune.probe.flops import flops_per_sample, measure_peak_flops
 from autotune.probe.ranks import RESULT_NAME, rank_result_name
@@ -43,141 +44,207 @@ from autotune.system.process import die_with_parent
 
 
 def run_probe(config: TrialConfig) -> TrialResult:
-    """Run the trial and return what it measured; an OOM or crash becomes a typed result."""
+    """Run the trial and return what it measured; an OOM or crash becomes a typed result.
+    The config is read here alone: each part of the run takes what it uses of it."""
     started = time.perf_counter()
     index = int(os.environ.get("LOCAL_RANK", config.device_index))  # a DDP rank: its GPU
+    site = Site(config.device_kind, index, config.trial_dir)
     phases: dict[str, float] = {}
     # what the process held before training; kept by an out-of-memory too, whose context
     # tells the memory predictor what the next probe's process will take
     baseline: dict[str, Any] = {}
+    data = TheirData(
+        config.data_path, config.pad_token_id, config.own_batches, config.sample_tokens
+    )
     try:
-        result = _train(config, index, phases, baseline)
+        _set_up(config.model.trainer, config.memory_limit_bytes, site, phases, baseline)
+        work = Workload(
+            model=config.model,
+            candidate=config.candidate,
+            recipe=_recipe(config.training_arguments, config.candidate, site.kind),
+            seed=config.seed,
+            seq_len=config.seq_len,
+            target_len=config.target_len,
+            processes=config.nproc_per_node,
+            longest_samples=config.longest_samples,
+        )
+        model = _model(work, site, phases, baseline)
+        if config.rehearsal:
+            result = _rehearsal(work, config.rehearsal, site, model, phases)
+        elif config.parity_steps:
+            result = _parity_run(work, config.parity_steps, data, site, model, phases)
+        else:
+            plan = Measurement(
+                warmup_steps=config.warmup_steps,
+                measure_steps=config.measure_steps,
+                min_window_s=config.min_measure_s,
+                adaptive=config.adaptive,
+                incumbent_s=config.incumbent_s,
+                train_steps=config.train_steps,
+            )
+            result = _timed(work, plan, data, site, model, phases, baseline)
     except BaseException as exc:  # classify every failure; KeyboardInterrupt re-raised
         if isinstance(exc, KeyboardInterrupt):
             raise
-        result = _failure(exc, config).replace(baseline=dict(baseline))
+        result = _failure(exc, site.kind, config.memory_limit_bytes)
+    result = result.replace(baseline=dict(baseline))
+    return _finished(result, site, phases, started, config.concurrent)
+
+
+def _finished(
+    result: TrialResult, site: Site, phases: dict[str, float], started: float, concurrent: int
+) -> TrialResult:
+    """The result with what every probe records, whatever its outcome: the environment,
+    the peak, the limit in force and the phases' times (`started`: the probe's start)."""
     gc.collect()
     try:
-        versions = hardware.describe_environment(config.device_kind, index)
+        versions = hardware.describe_environment(site.kind, site.index)
     except Exception as exc:  # e.g. a CUDA error after a crash: keep the result anyway
         versions = {"error": f"{type(exc).__name__}: {exc}"[:200]}
     versions["world_size"] = os.environ.get("WORLD_SIZE", "1")
     phases["total"] = time.perf_counter() - started
     try:
-        peak: int | None = hardware.peak_memory_bytes(config.device_kind, index)
+        peak: int | None = hardware.peak_memory_bytes(site.kind, site.index)
     except Exception:  # a CUDA error after a crash: the typed result still counts
         peak = None
     return result.replace(
-        memory_limit_bytes=hardware.limit_in_force(config.device_kind),
+        memory_limit_bytes=hardware.limit_in_force(site.kind),
         peak_memory_bytes=peak if peak is not None else result.peak_memory_bytes,
         phases_s={k: round(v, 3) for k, v in phases.items()} | _warmup_split(result, phases),
         versions=versions,
-        concurrent=config.concurrent,
+        concurrent=concurrent,
     )
 
 
-def _train(
-    config: TrialConfig, index: int, phases: dict[str, float], baseline: dict[str, Any]
-) -> TrialResult:
+def _set_up(
+    trainer: str,
+    memory_limit_bytes: int | None,
+    site: Site,
+    phases: dict[str, float],
+    baseline: dict[str, Any],
+) -> None:
+    """The imports (the user's module too, `trainer`), then the memory limit."""
     tick = time.perf_counter()
     import transformers.trainer  # noqa: F401 - the heaviest import, before the baseline
 
-    if config.model.trainer:  # the user's module and its imports (peft, trl) likewise
-        load_factory(config.model.trainer)
+    if trainer:  # the user's module and its imports (peft, trl) likewise
+        load_factory(trainer)
     phases["import"] = time.perf_counter() - tick
-    if config.device_kind == DeviceKind.CPU:  # before the limit: kept by an OOM at it
-        baseline.update(hardware.baseline(config.device_kind, index))
-    if config.memory_limit_bytes is not None:  # after the imports (limit_data_segment)
-        hardware.enforce_memory_limit(config.device_kind, index, config.memory_limit_bytes)
-    recipe = _recipe(config)
-    zero_init = _zero_init(config, recipe)  # alive while the model is built
-    model = _model(config, index, phases, baseline)
-    del zero_init
-    if config.rehearsal:
-        from autotune.probe._rehearse import rehearse
+    if site.kind == DeviceKind.CPU:  # before the limit: kept by an OOM at it
+        baseline.update(hardware.baseline(site.kind, site.index))
+    if memory_limit_bytes is not None:  # after the imports (limit_data_segment)
+        hardware.enforce_memory_limit(site.kind, site.index, memory_limit_bytes)
 
-        tick = time.perf_counter()
-        result = rehearse(config, model, recipe, index)
-        phases["train"] = time.perf_counter() - tick
-        return result.replace(baseline=dict(baseline))
-    if config.parity_steps:
-        from autotune.probe._parity import parity_run
 
-        tick = time.perf_counter()
-        result = parity_run(config, model, recipe)
-        phases["train"] = time.perf_counter() - tick
-        return result.replace(baseline=dict(baseline))
-    result, model = worst_case(config, model, recipe, phases, baseline, index)
+def _rehearsal(
+    work: Workload, plan: dict[str, Any], site: Site, model: Any, phases: dict[str, float]
+) -> TrialResult:
+    from autotune.probe._rehearse import rehearse
+
+    tick = time.perf_counter()
+    result = rehearse(work, plan, site, model)
+    phases["train"] = time.perf_counter() - tick
+    return result
+
+
+def _parity_run(
+    work: Workload, steps: int, data: TheirData, site: Site, model: Any, phases: dict[str, float]
+) -> TrialResult:
+    from autotune.probe._parity import parity_run
+
+    tick = time.perf_counter()
+    result = parity_run(work, steps, data, site, model)
+    phases["train"] = time.perf_counter() - tick
+    return result
+
+
+def _timed(
+    work: Workload,
+    plan: Measurement,
+    data: TheirData,
+    site: Site,
+    model: Any,
+    phases: dict[str, float],
+    baseline: dict[str, Any],
+) -> TrialResult:
+    """The worst case (the peak, the speed), the real batches after it (--dataset), and
+    the model FLOPs against the device's peak."""
+    result, model = worst_case(work, plan, data, site, model, phases, baseline)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT
-    result = result.replace(baseline=dict(baseline), attention=attention_kernel(base))
-    per_sample = flops_per_sample(base, config.model.task, config.seq_len, config.target_len)
-    if config.data_path and result.outcome == Outcome.OK:
+    result = result.replace(attention=attention_kernel(base))
+    per_sample = flops_per_sample(base, work.model.task, work.seq_len, work.target_len)
+    if data.path and result.outcome == Outcome.OK:
         gc.collect()
         tick = time.perf_counter()
-        result = real_batches(config, model, recipe, result)
+        result = real_batches(work, plan.measure_steps, data, site, model, result)
         phases["real_batches"] = time.perf_counter() - tick
     del model
     if result.samples_per_s is None:
         return result
     tick = time.perf_counter()
-    peak = peak_flops(config)
+    peak = peak_flops(work.candidate.precision, site.kind)
     phases["peak_flops"] = time.perf_counter() - tick
     achieved = per_sample * result.samples_per_s
     if result.worst_case_samples_per_s is not None:  # real batches: FLOPs of real tokens
-        achieved = per_sample / config.tokens_per_sample * (result.tokens_per_s or 0.0)
+        achieved = per_sample / work.tokens_per_sample * (result.tokens_per_s or 0.0)
     return result.replace(model_flops_per_s=achieved, peak_flops_per_s=peak)
 
 
-def peak_flops(config: TrialConfig) -> float | None:
-    """The peak a probe's MFU is taken against: a matrix multiply in the precision the
+def peak_flops(precision: Precision, device_kind: DeviceKind) -> float | None:
+    """The peak a probe's MFU is taken against: a matrix multiply in the `precision` the
     candidate trains in, on its device. None for as-loaded, which computes in the dtype
     the job holds its weights in (unknown here): no peak rather than one of another
     precision, an MFU that is not true."""
 
-    if config.candidate.precision == Precision.AS_LOADED:
+    if precision == Precision.AS_LOADED:
         return None
-    return measure_peak_flops(config.device_kind, config.candidate.precision)
+    return measure_peak_flops(device_kind, precision)
 
 
-def _model(
-    config: TrialConfig, index: int, phases: dict[str, float], baseline: dict[str, Any]
-) -> Any:
+def _model(work: Workload, site: Site, phases: dict[str, float], baseline: dict[str, Any]) -> Any:
     """The stand-in model: inherited from the fork server, or built here; None for the
-    user's job, whose factory builds its own inside the probe's run."""
+    user's job, whose factory builds its own inside the probe's run. Under ZeRO-3 it is
+    built as each process's shard (`_zero_init`)."""
     from transformers import set_seed
 
-    inherited = shared_model.take(config)  # built once by the fork server (#15)
-    if config.model.trainer:
-        if config.device_kind != DeviceKind.CPU:
-            baseline.update(hardware.baseline(config.device_kind, index))
+    zero_init = _zero_init(work.recipe, work.seed, site.trial_dir)  # alive while it is built
+    wanted = shared_model.SharedModel.of(work.model, work.seed, work.candidate)
+    inherited = shared_model.take(wanted)  # built once by the fork server (#15)
+    if work.model.trainer:
+        if site.kind != DeviceKind.CPU:
+            baseline.update(hardware.baseline(site.kind, site.index))
         return None
     if inherited is not None:
         model, measured = inherited
-        if config.device_kind != "cpu":  # the context: this process's own
-            measured = hardware.baseline(config.device_kind, index)
+        if site.kind != "cpu":  # the context: this process's own
+            measured = hardware.baseline(site.kind, site.index)
         baseline.update(measured, model="inherited from the fork server")
         phases["build"] = 0.0
         return model
-    if config.device_kind != DeviceKind.CPU:  # the context, created by the cap
-        baseline.update(hardware.baseline(config.device_kind, index))
+    if site.kind != DeviceKind.CPU:  # the context, created by the cap
+        baseline.update(hardware.baseline(site.kind, site.index))
     tick = time.perf_counter()
-    set_seed(config.seed)
-    model = build_model(config.model, **config.candidate.model_arguments())
+    set_seed(work.seed)
+    model = build_model(work.model, **work.candidate.model_arguments())
     phases["build"] = time.perf_counter() - tick
+    del zero_init
     return model
 
 
-def _recipe(config: TrialConfig) -> dict[str, Any]:
-    """The TrainingArguments fields the trial runs with (what export writes)."""
-    if config.training_arguments:
-        return dict(config.training_arguments)
+def _recipe(
+    training_arguments: dict[str, Any], candidate: Candidate, device_kind: DeviceKind
+) -> dict[str, Any]:
+    """The TrainingArguments fields the trial runs with (what export writes): the
+    config's, or where it has none the candidate's own."""
+    if training_arguments:
+        return dict(training_arguments)
 
     return tuned_arguments(
-        config.candidate, device_kind=config.device_kind, checkpointing_field=checkpointing_field()
+        candidate, device_kind=device_kind, checkpointing_field=checkpointing_field()
     )
 
 
-def _zero_init(config: TrialConfig, recipe: dict[str, Any]) -> Any:
+def _zero_init(recipe: dict[str, Any], seed: int, trial_dir: str) -> Any:
     """Under ZeRO-3 the user's from_pretrained builds each process's shard of the weights,
     never the whole model (transformers does so while a TrainingArguments with the config
     is alive): the probe builds its model the same way, so its peak is the user's."""
@@ -187,7 +254,7 @@ def _zero_init(config: TrialConfig, recipe: dict[str, Any]) -> Any:
     import deepspeed
     from transformers import TrainingArguments
 
-    args = TrainingArguments(**{**recipe, **probe_only_arguments(config, 1)})
+    args = TrainingArguments(**{**recipe, **probe_only_arguments(recipe, seed, trial_dir, 1)})
     deepspeed.init_distributed()  # over the group args started: zero.Init counts its ranks
     return args
 
@@ -200,16 +267,18 @@ def _warmup_split(result: TrialResult, phases: dict[str, float]) -> dict[str, fl
     return {"measured_steps": round(measured, 3), "warmup": round(phases["train"] - measured, 3)}
 
 
-def _failure(exc: BaseException, config: TrialConfig) -> TrialResult:
+def _failure(
+    exc: BaseException, device_kind: DeviceKind, memory_limit_bytes: int | None
+) -> TrialResult:
     try:
-        in_use: int | None = hardware.memory_in_use(config.device_kind)
+        in_use: int | None = hardware.memory_in_use(device_kind)
     except Exception:  # the device itself failed: no figure, the exception still classifies
         in_use = None
     oom = is_out_of_memory(
         exc,
-        limit_bytes=config.memory_limit_bytes,
+        limit_bytes=memory_limit_bytes,
         in_use_bytes=in_use,
-        device_kind=config.device_kind,
+        device_kind=device_kind,
     )
     message = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
     if oom:
@@ -218,20 +287,24 @@ def _failure(exc: BaseException, config: TrialConfig) -> TrialResult:
     return TrialResult(Outcome.ERROR, reason=message[:120], error=message)
 
 
-def prepare_environment(config: TrialConfig) -> None:
+def prepare_environment(
+    *, compiles: bool, trial_dir: str, visible_devices: str, deepspeed: bool
+) -> None:
     """Before torch touches a device or an import reserves memory: the one GPU this probe
-    sees, and no import-time memory pool (pyarrow's mimalloc reserves ~1 GiB of address
-    space that RLIMIT_DATA would count against the budget)."""
+    sees (`visible_devices`, "": leave it), and no import-time memory pool (pyarrow's
+    mimalloc reserves ~1 GiB of address space that RLIMIT_DATA would count against the
+    budget). A candidate that `compiles` gets a cold inductor cache in the trial's folder;
+    a `deepspeed` run of one process, the process group DeepSpeed starts."""
     os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "system"
     for name in [n for n in os.environ if n.startswith("ACCELERATE_DYNAMO_")]:
         del os.environ[name]  # would compile behind the candidate's back
     for name in ("ACCELERATE_USE_CPU", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP"):
         os.environ.pop(name, None)  # the recipe says; ACCELERATE_USE_CPU drops DeepSpeed
-    if config.candidate.compiles:  # a cold compile, as the user's first run pays it
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(config.trial_dir) / "inductor-cache")
-    if config.visible_devices:
-        os.environ["CUDA_VISIBLE_DEVICES"] = config.visible_devices
-    if "deepspeed" in config.training_arguments and "WORLD_SIZE" not in os.environ:
+    if compiles:  # a cold compile, as the user's first run pays it
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(trial_dir) / "inductor-cache")
+    if visible_devices:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
+    if deepspeed and "WORLD_SIZE" not in os.environ:
         _single_process_group()  # DeepSpeed starts a process group even for one process
 
 
@@ -268,7 +341,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    prepare_environment(config)
+    prepare_environment(
+        compiles=config.candidate.compiles,
+        trial_dir=config.trial_dir,
+        visible_devices=config.visible_devices,
+        deepspeed="deepspeed" in config.training_arguments,
+    )
     ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if ddp:  # torchrun starts ranks in sessions of their own: die with the agent
         die_with_parent(agent)

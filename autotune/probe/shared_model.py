@@ -18,7 +18,7 @@ import json
 import time
 from typing import Any
 
-from autotune.core.trial import ModelSpec, TrialConfig
+from autotune.core.trial import Candidate, ModelSpec
 from autotune.hf.models import build_model
 from autotune.probe import device
 
@@ -44,8 +44,9 @@ class SharedModel:
         return cls(ModelSpec(**raw["model"]), int(raw["seed"]), dict(raw["model_arguments"]))
 
     @classmethod
-    def of(cls, config: TrialConfig) -> SharedModel:
-        return cls(config.model, config.seed, config.candidate.model_arguments())
+    def of(cls, model: ModelSpec, seed: int, candidate: Candidate) -> SharedModel:
+        """The model a probe of `candidate` builds from `model` and `seed`."""
+        return cls(model, seed, candidate.model_arguments())
 
 
 _BUILT: dict[str, Any] = {}  # in the server, and in each child until it takes the model
@@ -73,12 +74,12 @@ def build(shared: SharedModel) -> float:
     return time.perf_counter() - started
 
 
-def take(config: TrialConfig) -> tuple[Any, dict[str, Any]] | None:
+def take(wanted: SharedModel) -> tuple[Any, dict[str, Any]] | None:
     """In a forked probe: the inherited model and the server's baseline, when they are
-    what this config would build; else None, and the inherited copy is let go first (its
-    pages would count in this probe's peak beside the model it builds)."""
+    the model this probe would build (`wanted`); else None, and the inherited copy is let
+    go first (its pages would count in this probe's peak beside the model it builds)."""
     model = _BUILT.pop("model", None)
-    if model is None or _BUILT.get("shared") != SharedModel.of(config):
+    if model is None or _BUILT.get("shared") != wanted:
         del model
 
         gc.collect()

@@ -74,7 +74,8 @@ def test_a_probe_sees_exactly_one_gpu(tmp_path: Path) -> None:
             "from autotune.probe.main import prepare_environment\n"
             "import torch\n"
             f"c = TrialConfig.from_json(open({str(tmp_path / 'c.json')!r}).read())\n"
-            "prepare_environment(c)\n"
+            "prepare_environment(compiles=False, trial_dir=c.trial_dir,\n"
+            "    visible_devices=c.visible_devices, deepspeed=False)\n"
             "print(torch.cuda.device_count(), os.environ['CUDA_VISIBLE_DEVICES'])\n",
         )
         if (tmp_path / "c.json").write_text(probe(tmp_path, "x", visible_devices="0").to_json())

@@ -127,27 +127,17 @@ def test_a_probe_runs_what_its_recipe_says_whatever_accelerates_variables_say(
     and put a GPU probe on the CPU; a one-process DeepSpeed run gets a world of one."""
     import os
 
-    from autotune.core.trial import Candidate, ModelSpec, TrialConfig
     from autotune.probe.main import prepare_environment
 
-    config = TrialConfig(
-        number=0,
-        trial_dir=str(tmp_path),
-        model=ModelSpec("m", "local", "causal-lm", {}),
-        candidate=Candidate(8, 1, "bf16", False, "adamw_torch", zero_stage=2),
-        device="cpu",
-        seq_len=8,
-        target_len=0,
-        memory_limit_bytes=None,
-        training_arguments={"deepspeed": {"zero_optimization": {"stage": 2}}},
-    )
     saved = dict(os.environ)  # the probe's environment must not leak into later tests
     try:
         for name in ("WORLD_SIZE", "RANK", "MASTER_PORT"):
             os.environ.pop(name, None)
         for name in ("ACCELERATE_USE_CPU", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DYNAMO_MODE"):
             os.environ[name] = "1"
-        prepare_environment(config)
+        prepare_environment(
+            compiles=False, trial_dir=str(tmp_path), visible_devices="", deepspeed=True
+        )
         assert not any(n.startswith("ACCELERATE_") for n in os.environ)
         assert (os.environ["WORLD_SIZE"], os.environ["RANK"]) == ("1", "0")
         assert 0 < int(os.environ["MASTER_PORT"]) < 65536

@@ -215,23 +215,10 @@ def test_a_probes_mfu_is_taken_against_the_peak_of_the_precision_it_trained_in(
     """Each precision's peak differs (bf16's matmuls are several times fp32's on a GPU):
     a probe's MFU against another precision's peak would be off by that factor. as-loaded
     (no autocast, the job's own dtype) has no known peak: none rather than a wrong one."""
-    from autotune.core.trial import Candidate, TrialConfig
-    from autotune.hf.models import ModelSpec
+    from autotune.core.enums import DeviceKind, Precision
     from autotune.probe import main
     from autotune.probe.main import peak_flops
 
     peaks = {"fp32": 1e9, "tf32": 2e9, "bf16": 4e9, "fp16": 5e9}
     monkeypatch.setattr(main, "measure_peak_flops", lambda device, p, **kw: peaks[p])
-    config = TrialConfig(
-        number=0,
-        trial_dir="unused",
-        model=ModelSpec("tiny", "local", "causal-lm", {}),
-        candidate=Candidate(8, 1, precision, False, "adamw_torch"),
-        device="cpu",
-        seq_len=8,
-        target_len=0,
-        memory_limit_bytes=None,
-        warmup_steps=1,
-        measure_steps=1,
-    )
-    assert peak_flops(config) == peaks.get(precision)
+    assert peak_flops(Precision(precision), DeviceKind.CPU) == peaks.get(precision)

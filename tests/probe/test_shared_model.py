@@ -53,13 +53,18 @@ def probe_config(
     )
 
 
+def wanted(config: TrialConfig) -> SharedModel:
+    """The model a probe of `config` builds."""
+    return SharedModel.of(config.model, config.seed, config.candidate)
+
+
 @pytest.mark.slow
 def test_an_inherited_model_gives_the_peak_and_loss_of_a_fresh_process(
     tmp_path: Path,
 ) -> None:
     model_dir = write_model(tmp_path / "mid-gpt2", MID_GPT2)
     fresh = run_trial(probe_config(model_dir, tmp_path / "fresh"), timeout_s=300)
-    shared = SharedModel.of(probe_config(model_dir, tmp_path / "any"))
+    shared = wanted(probe_config(model_dir, tmp_path / "any"))
     server = ForkServer(tmp_path / "forkserver.log", data_limit=None, shared=shared)
     try:
         assert server.shared_model.startswith("built in")
@@ -93,18 +98,18 @@ def test_a_probe_takes_the_inherited_model_only_when_it_would_build_the_same(
     model_dir = write_model(tmp_path / "m", MID_GPT2)
     config = probe_config(model_dir, tmp_path / "t")
     model = object()
-    built = {"shared": SharedModel.of(config), "model": model, "baseline": {"rss_bytes": 1}}
+    built = {"shared": wanted(config), "model": model, "baseline": {"rss_bytes": 1}}
     others = (
         probe_config(model_dir, tmp_path / "t", seed=1),
         probe_config(model_dir, tmp_path / "t", "eager"),
     )
     for other in others:  # other weights, another kernel
         monkeypatch.setattr(shared_model, "_BUILT", dict(built))
-        assert shared_model.take(other) is None
+        assert shared_model.take(wanted(other)) is None
         assert "model" not in shared_model._BUILT  # and the copy is let go
     monkeypatch.setattr(shared_model, "_BUILT", dict(built))
-    assert shared_model.take(config) == (model, {"rss_bytes": 1})
-    assert shared_model.take(config) is None  # once
+    assert shared_model.take(wanted(config)) == (model, {"rss_bytes": 1})
+    assert shared_model.take(wanted(config)) is None  # once
 
 
 def test_the_server_shares_the_model_only_where_its_copy_fits_beside_a_probe() -> None:

@@ -122,27 +122,15 @@ def test_a_scheduled_window_counts_a_skip_in_the_step_that_ended_warm_up() -> No
 
 
 def test_only_single_process_cpu_probes_of_a_search_get_a_schedule() -> None:
-    from autotune.core.trial import Candidate, ModelSpec, TrialConfig
+    from autotune.probe._inputs import Measurement
     from autotune.probe._train import schedule_of
 
-    config = TrialConfig(
-        number=0,
-        trial_dir="t",
-        model=ModelSpec("m", "local", "causal-lm", {}),
-        candidate=Candidate(8, 1, "fp32", False, "adamw_torch"),
-        device="cpu",
-        seq_len=8,
-        target_len=8,
-        memory_limit_bytes=None,
-        warmup_steps=3,
-        measure_steps=5,
-        adaptive=True,
-        incumbent_s=2.0,
-    )
-    schedule = schedule_of(config)
+    plan = Measurement(warmup_steps=3, measure_steps=5, adaptive=True, incumbent_s=2.0)
+    schedule = schedule_of(plan, 1)
     assert schedule is not None and schedule.incumbent_s == 2.0
     assert (schedule.max_warmup, schedule.max_measure) == (3, 5)
     assert schedule.min_window_s > 0 and schedule.longest > 5  # fast steps: timed longer
     # a GPU's timed window, a DDP probe (ranks must stop together), a confirmation run
-    for other in ({"min_measure_s": 2.0}, {"nproc_per_node": 2}, {"adaptive": False}):
-        assert schedule_of(dataclasses.replace(config, **other)) is None
+    for other in ({"min_window_s": 2.0}, {"adaptive": False}):
+        assert schedule_of(dataclasses.replace(plan, **other), 1) is None
+    assert schedule_of(plan, 2) is None

@@ -9,7 +9,8 @@ import pytest
 from helpers import cand
 
 from autotune.core.enums import Outcome
-from autotune.core.trial import ModelSpec, TrialConfig, TrialResult
+from autotune.core.trial import ModelSpec, TrialResult
+from autotune.probe._inputs import Workload
 from autotune.probe._train import per_global_batch, timed_batches
 
 MODEL = ModelSpec("llama", "factory", "causal-lm", {"vocab_size": 64})
@@ -31,21 +32,15 @@ class Count:
         return list(self.counts)
 
 
-def config(packed: bool, **changed: object) -> TrialConfig:
+def work(packed: bool, processes: int = 1) -> Workload:
     candidate = dataclasses.replace(cand(8), gradient_accumulation_steps=1, packing=packed)
-    raw = dict(
-        number=0,
-        trial_dir="/tmp/t",
-        model=MODEL,
-        candidate=candidate,
-        device="cpu",
-        seq_len=200,
-        target_len=0,
-        memory_limit_bytes=None,
-        measure_steps=2,
-        sample_tokens=50.0 if packed else 0.0,
-    )
-    return TrialConfig(**{**raw, **changed})  # type: ignore[arg-type]
+    return Workload(MODEL, candidate, {}, seed=0, seq_len=200, target_len=0, processes=processes)
+
+
+def timed(work: Workload, fed: list[tuple[int, int]]) -> TrialResult:
+    """Two timed steps of 1 s over `fed`; packed, the data's samples are 50 tokens long."""
+    sample_tokens = 50.0 if work.candidate.packing else 0.0
+    return timed_batches(work, 2, sample_tokens, Timer([1.0, 1.0]), Count(fed), WORST)
 
 
 WORST = TrialResult(Outcome.OK, samples_per_s=4.0, step_time_median_s=2.0)
@@ -56,13 +51,13 @@ def test_a_packed_step_counts_as_the_global_batch_at_the_mean_length() -> None:
     global batches of 8, so it ranks as a step of 0.25 s (32 samples/s), the speed of
     the user's samples; their tokens/s stay as trained."""
     fed = [(1600, 1600)] * 3  # the warm-up step, then the two timed ones
-    result = timed_batches(config(True), Timer([1.0, 1.0]), Count(fed), WORST)
+    result = timed(work(True), fed)
     assert result.step_times_s == (0.25, 0.25) and result.samples_per_s == pytest.approx(32.0)
     assert result.samples_per_step == 32.0 and result.tokens_per_s == pytest.approx(1600.0)
     # the worst case's full rows count in samples too: 4 rows/s of 200 tokens, 16 samples
     assert result.padding_fraction == 0.0 and result.worst_case_samples_per_s == 16.0
     # unpacked, the step trains the global batch: its time stands as measured
-    plain = timed_batches(config(False), Timer([1.0, 1.0]), Count([(400, 800)] * 3), WORST)
+    plain = timed(work(False), [(400, 800)] * 3)
     assert plain.step_times_s == (1.0, 1.0) and plain.samples_per_s == pytest.approx(8.0)
     assert plain.samples_per_step is None and plain.padding_fraction == 0.5
     assert plain.worst_case_samples_per_s == 4.0
@@ -80,8 +75,8 @@ def test_a_packed_step_of_two_processes_counts_the_tokens_of_both() -> None:
     the samples a step trains (what the export divides by the global batch) are both
     processes', and so are the tokens a second."""
     fed = [(1600, 1600)] * 3  # one process's count: the warm-up step, then the timed ones
-    two = config(True, nproc_per_node=2)
+    two = work(True, processes=2)
     assert two.global_batch_size == 16
-    result = timed_batches(two, Timer([1.0, 1.0]), Count(fed), WORST)
+    result = timed(two, fed)
     assert result.step_times_s == (0.25, 0.25) and result.samples_per_s == pytest.approx(64.0)
     assert result.samples_per_step == 64.0 and result.tokens_per_s == pytest.approx(3200.0)
