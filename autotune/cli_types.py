@@ -303,7 +303,7 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option(
         "--confirm-rounds",
         type=click.IntRange(0),
-        default=4,
+        default=8,
         show_default=True,
         help="Paired rounds, at most, between the two finalists the export hinges on "
         "(timed back to back, the order alternating) while their runs cannot tell them "

@@ -21,7 +21,7 @@ class SearchLimits:
     confirm_top: int = 3  # finalists measured again before selection (0: none)
     confirm_steps: int = 10  # measured steps of a confirmation run
     # paired rounds at most between the two finalists the export hinges on (tuning/confirming.duel)
-    confirm_rounds: int = 4
+    confirm_rounds: int = 8
     # With confirmation on, exploring stops at this share of the time budget.
     search_share: float = 0.8
     fork_server: bool = True  # children forked from a pre-imported server

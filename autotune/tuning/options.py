@@ -75,7 +75,7 @@ class SearchOptions:
     confirm_steps: int | None = None  # measured steps of a confirmation; None: 2 x measure
     # paired rounds (the first confirmations' included) between the two finalists the
     # export hinges on, while they cannot be told apart; below 2: none
-    confirm_rounds: int = 4
+    confirm_rounds: int = 8
     # auto: 20-step runs where the time budget affords them, else quick; on: always 20
     # steps, never an unverified export; quick: the probes' own losses, whose passing
     # configs are exported marked unverified; off
