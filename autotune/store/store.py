@@ -31,8 +31,10 @@ from autotune.store.keys import CONSTRAINT_NAME, Attr, StudyAttr
 from autotune.store.queue import Asked, StudyQueue, already_finished
 from autotune.store.storage import (
     first_line,
+    heartbeat_s,
     mask,
     open_storage,
+    patience_s,
     quiet_optuna,
     readable,
     storage_file,
@@ -89,6 +91,8 @@ class StudyStore:
     def load(cls, *, url: str, name: str) -> StudyStore:
         """An existing study and the spec it was created with (for export and review)."""
         quiet_optuna()
+        heartbeat_s()  # the environment's settings are refused first, as by a search
+        patience_s()
         path = storage_file(url)
         if path is not None and not path.exists():  # a review creates no file
             raise StudyError(
