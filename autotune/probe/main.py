@@ -65,7 +65,7 @@ def run_probe(config: TrialConfig) -> TrialResult:
     The config is read here alone: each part of the run takes what it uses of it."""
     started = time.perf_counter()
     index = int(os.environ.get("LOCAL_RANK", config.device_index))  # a DDP rank: its GPU
-    site = Site(config.device_kind, index, config.trial_dir)
+    site = Site(config.device_kind, index, config.trial_dir, config.node_rank)
     phases: dict[str, float] = {}
     # what the process held before training; kept by an out-of-memory too, whose context
     # tells the memory predictor what the next probe's process will take
