@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterator
 
 import optuna
+import sqlalchemy.exc
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
@@ -36,7 +37,13 @@ class NodeChannel:
         """The study's channel, made where it is not there yet."""
         quiet_optuna()
         storage = open_storage(url)
-        study = optuna.create_study(storage=storage, study_name=name + SUFFIX, load_if_exists=True)
+        try:
+            study = optuna.create_study(
+                storage=storage, study_name=name + SUFFIX, load_if_exists=True
+            )
+        except (optuna.exceptions.DuplicatedStudyError, sqlalchemy.exc.IntegrityError):
+            # another node made it at the same moment: join it
+            study = optuna.load_study(study_name=name + SUFFIX, storage=storage)
         return cls(study, storage)
 
     # ---- presence ----------------------------------------------------------------
