@@ -7,7 +7,9 @@ storage). The same space, --max-trials and seed each way, in interleaved rounds 
 2 nodes, then the other order): the wall of the whole search, its probes, the wall per
 probe, and each config's samples/s both ways. What it prices is the search's overhead
 per probe across nodes (the announcement through the storage, the rendezvous, the
-results gathered back), not a network: both nodes share this machine's two cores.
+results gathered back), not a network: both nodes share this machine's two cores, one
+each (OMP_NUM_THREADS=1, as torchrun sets for each of one node's two processes). The
+classic five only: ZeRO stays off (`--lever zero_stage=0`), so both ways probe alike.
 
     python benchmarks/nodes.py              # about 5 minutes on 2 cores
     python benchmarks/nodes.py --rounds 1   # one search each way
@@ -63,8 +65,10 @@ def argv(study: str, storage: Path) -> list[str]:
         "torch_compile=false",
         "--lever",
         "attn_implementation=sdpa",
+        "--lever",
+        "zero_stage=0",
         "--global-batch-size",
-        "16",
+        "32",
         "--seq-len",
         "128",
         "--precisions",
@@ -95,7 +99,9 @@ def one_node(work: Path, study: str) -> float:
 def two_nodes(work: Path, study: str) -> float:
     base = [sys.executable, "-m", "autotune", *argv(study, work / "two.log")]
     base += ["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    # a node's one process takes one core, as torchrun gives each of one node's two
+    # (OMP_NUM_THREADS=1): on separate machines the nodes would not share cores
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     started = time.monotonic()
     follower = subprocess.Popen(
         [*base, "--node-rank", "1"],
@@ -169,8 +175,8 @@ def markdown(f: dict[str, Any]) -> str:
 ## One search as 1 node x 2 processes and as 2 nodes x 1 process ({f["date"]})
 
 Machine: {f["machine"]}; {f["versions"]}. Command: `python benchmarks/nodes.py`, alone.
-A GPT-2-style model (n_embd 128, 2 layers), 128 tokens, global batch 16, fp32, AdamW and
-Adafactor, no checkpointing, {TRIALS} probes of 2 warm-up and 3 timed steps, no
+A GPT-2-style model (n_embd 128, 2 layers), 128 tokens, global batch 32, fp32, AdamW and
+Adafactor, no checkpointing, no ZeRO, {TRIALS} probes of 2 warm-up and 3 timed steps, no
 confirmation, parity or rehearsal; {f["rounds"]} interleaved rounds. Two nodes are two
 `autotune search` processes on this machine (gloo on loopback, a journal file shared).
 
