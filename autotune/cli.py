@@ -50,7 +50,7 @@ def cli(debug: bool) -> None:
 @search_options
 def search(**options: Any) -> None:
     """Search configs for a model and export the fastest that fits."""
-    from autotune.search_command import search_command
+    from autotune.search_command import follow_command, is_follower, search_command
 
     # SIGTERM unwinds like Ctrl-C, so the running trial's process group is killed and
     # the trial is failed and re-queued (other commands keep the default: just exit).
@@ -59,6 +59,14 @@ def search(**options: Any) -> None:
     before = signal.signal(signal.SIGTERM, raise_terminated)
     fmt = options.pop("fmt")
     asked = SearchOptions(**{**options, "objective": Objective(options["objective"])})
+    if is_follower(asked):  # a node other than the head: it follows, the head exports
+        try:
+            click.echo(
+                f"node {asked.node_rank}: {follow_command(asked, studies_dir=DEFAULT_STUDIES)}"
+            )
+        finally:
+            signal.signal(signal.SIGTERM, before)
+        return
     try:
         outcome = search_command(asked, studies_dir=DEFAULT_STUDIES, log_to_stderr=fmt == "json")
     finally:

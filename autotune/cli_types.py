@@ -410,6 +410,26 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         "global batch = per-device batch x accumulation x N.",
     ),
     click.option(
+        "--nnodes",
+        default=1,
+        show_default=True,
+        type=click.IntRange(1),
+        help="Probe each config across this many nodes, --nproc-per-node processes on each "
+        "(torchrun's c10d rendezvous): run the same command on every node with its own "
+        "--node-rank, sharing --storage; global batch = ... x N x nodes.",
+    ),
+    click.option(
+        "--node-rank",
+        type=click.IntRange(0),
+        help="This node's rank with --nnodes: 0 on the head, which searches and exports; "
+        "the others follow it [default: $SLURM_NODEID under srun].",
+    ),
+    click.option(
+        "--rdzv-endpoint",
+        help="The head's address every node reaches (HOST, or HOST:PORT as torchrun's; each "
+        "probe takes a fresh port there) [default: Slurm's first node under srun].",
+    ),
+    click.option(
         "--output",
         type=click.Path(path_type=Path),
         help="Where to write the tuned arguments JSON [default: studies/<study>.best.json; "

@@ -11,6 +11,7 @@ from rich.console import Console
 from autotune.commands import resolve_storage
 from autotune.core.errors import StudyError, UsageError
 from autotune.core.levers import TORCH_COMPILE
+from autotune.core.nodes import nodes_of
 from autotune.core.parity_state import ParityState
 from autotune.core.paths import (
     check_study_name,
@@ -24,10 +25,13 @@ from autotune.core.trial import TrialRecord
 from autotune.hf.factory import resolve_reference
 from autotune.hf.levers import parse_lever_options
 from autotune.launch.forkserver import EarlyServer
+from autotune.launch.runner import Peers
+from autotune.store.nodes import NodeChannel
 from autotune.store.storage import heartbeat_s, is_journal, patience_s
 from autotune.store.store import StudyStore, stored_spec
 from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import SearchLimits
+from autotune.tuning.nodes import HeadPeers, follow
 from autotune.tuning.options import SearchOptions
 from autotune.tuning.outcome import SearchOutcome, SearchReport
 from autotune.tuning.parity import baseline
@@ -55,6 +59,12 @@ def search_command(
     (the CLI's --format json keeps stdout for the result)."""
 
     o = _what_to_tune(options)
+    nodes = nodes_of(o.nnodes, o.node_rank, o.rdzv_endpoint)
+    if not nodes.is_head:
+        raise UsageError(
+            f"--node-rank {nodes.rank} follows the head's search: run it with the CLI "
+            "(`autotune search`) on that node"
+        )
     heartbeat_s()  # settings from the environment, checked before anything is written
     patience_s()
     deadline = Deadline.after(o.budget_s)  # the whole command's, surveying and planning too
@@ -65,10 +75,20 @@ def search_command(
     previous_export(output, force=o.force)  # refuse now, not after the search
     claim_folder(folder, name, url, write=False)  # before the data is tokenized into it
     # its imports (seconds) overlap the model's resolution, the study's opening, the plan
-    alone = o.parallel == 1 and not o.devices and o.nproc_per_node == 1  # workers have theirs
+    # workers and DDP probes start afresh
+    alone = o.parallel == 1 and not o.devices and o.nproc_per_node * o.nnodes == 1
     early = EarlyServer() if o.fork_server and alone else None
     try:
-        return _prepare_and_search(o, deadline, name, url, folder, output, log_to_stderr, early)
+        if not nodes.many:
+            return _prepare_and_search(o, deadline, name, url, folder, output, log_to_stderr, early)
+        _ensure_storage_folder(url)
+        channel = NodeChannel.open(url, name)
+        peers = HeadPeers(channel, nodes)
+        with channel.present(nodes.rank):  # the followers follow while the head is present
+            peers.wait_for_followers()
+            return _prepare_and_search(
+                o, deadline, name, url, folder, output, log_to_stderr, early, peers
+            )
     finally:
         if early is not None:  # the search's launcher took it, or it is not needed
             early.discard()
@@ -83,8 +103,10 @@ def _prepare_and_search(
     output: Path,
     log_to_stderr: bool,
     early: EarlyServer | None,
+    peers: Peers | None = None,
 ) -> SearchOutcome:
-    """The spec and plan, the study, then the search (its workers', or its own)."""
+    """The spec and plan, the study, then the search (its workers', or its own; `peers`:
+    the other nodes of a search across nodes)."""
     spec, slots, notes = build_spec(o, dataset=_data(o, folder), layout=Layout.of(o), server=early)
     spec, plan = plan_for_budget(
         spec,
@@ -116,8 +138,27 @@ def _prepare_and_search(
                 deadline=deadline,
             )
         live = not o.quiet and not slots
-        search = _Search(store, folder, limits, deadline, not slots, live, early)
+        search = _Search(store, folder, limits, deadline, not slots, live, early, peers)
         return search.run(output, force=o.force, log_to_stderr=log_to_stderr, notes=notes)
+
+
+def follow_command(options: SearchOptions, *, studies_dir: Path) -> str:
+    """A node other than the head of a search across nodes: it joins each run the head
+    announces in the study's storage, until the head's search ends; what ended it."""
+    o = _what_to_tune(options)
+    nodes = nodes_of(o.nnodes, o.node_rank, o.rdzv_endpoint)
+    heartbeat_s()
+    patience_s()
+    name = check_study_name(o.study_name or default_study_name(_job_name(o)))
+    url = resolve_storage(o.storage, studies_dir)
+    folder = study_folder(studies_dir, name, url)
+    _ensure_storage_folder(url)
+    return follow(NodeChannel.open(url, name), nodes, folder)
+
+
+def is_follower(options: SearchOptions) -> bool:
+    """Whether this search follows another node's (--nnodes with a --node-rank not 0)."""
+    return not nodes_of(options.nnodes, options.node_rank, options.rdzv_endpoint).is_head
 
 
 def _what_to_tune(o: SearchOptions) -> SearchOptions:
@@ -168,6 +209,7 @@ class _Search:
     explore: bool
     live: bool
     early: EarlyServer | None  # a fork server started ahead, for the search's probes
+    peers: Peers | None  # the other nodes, for a search across nodes
 
     def run(
         self, output: Path, *, force: bool, log_to_stderr: bool, notes: list[str]
@@ -184,6 +226,7 @@ class _Search:
                 observer=progress,
                 explore=self.explore,
                 early=self.early,
+                peers=self.peers,
             )
             parity = self.store.settings.parity() if self.limits.parity_check else None
             records = list(report.records)

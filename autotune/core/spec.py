@@ -45,6 +45,7 @@ class SearchSpec:
     # held, the quantization, what trains, the data's lengths; {} for a stand-in
     job_profile: dict[str, Any] = dataclasses.field(default_factory=dict)
     nproc_per_node: int = 1  # DDP processes per probe (torchrun); the space is per process
+    nnodes: int = 1  # nodes a probe spans (core/nodes.py), nproc_per_node on each
     data: DataSpec | None = None  # the user's dataset (--dataset), tokenized once
     # The installed transformers' name for the switch (read once, where it is imported).
     checkpointing_field: str = "activation_checkpointing"
@@ -67,9 +68,14 @@ class SearchSpec:
     packed_len: int = 0
 
     @property
+    def processes(self) -> int:
+        """Every process of a probe, on every node."""
+        return self.nproc_per_node * self.nnodes
+
+    @property
     def global_batch_size(self) -> int:
         """The effective batch: per-device batch x accumulation x processes."""
-        return self.space.global_batch_size * self.nproc_per_node
+        return self.space.global_batch_size * self.processes
 
     @property
     def own_batches(self) -> bool:
@@ -133,6 +139,7 @@ class SearchSpec:
             "measure_steps": self.measure_steps,
             "base_arguments": self.base_arguments,
             "nproc_per_node": self.nproc_per_node if self.nproc_per_node > 1 else 0,
+            "nnodes": self.nnodes if self.nnodes > 1 else 0,
             "data": f"{self.data.source} {self.data.fingerprint}" if self.data else "",
         } | self._job_identity()
 
@@ -159,6 +166,7 @@ class SearchSpec:
             "target_len",
             "base_arguments",
             "nproc_per_node",
+            "nnodes",
             "data",
             "warmup_steps",
             "measure_steps",
@@ -208,9 +216,10 @@ class SearchSpec:
         return (
             f"{what} on {self.device.kind} {self.device.name}; "
             f"budget {self.memory_budget_bytes / 2**30:.1f} GiB"
-            + (" per process" if self.nproc_per_node > 1 else "")
+            + (" per process" if self.processes > 1 else "")
             + f"; global batch {self.global_batch_size}"
-            + (f" over {self.nproc_per_node} processes" if self.nproc_per_node > 1 else "")
+            + (f" over {self.processes} processes" if self.processes > 1 else "")
+            + (f" on {self.nnodes} nodes" if self.nnodes > 1 else "")
             + f"; {lengths} {kind}"
         )
 

@@ -214,6 +214,13 @@ class TrialConfig:
     sample_tokens: float = 0.0
     pad_token_id: int = 0
     nproc_per_node: int = 1  # >1: a DDP run of this many processes, launched by torchrun
+    # >1: the run spans this many nodes (core/nodes.py), each of nproc_per_node processes,
+    # meeting at `rendezvous` (the head's host:port, fresh each run) under the run's
+    # `rendezvous_id`; `node_rank`: this node's (the head's 0)
+    nnodes: int = 1
+    node_rank: int = 0
+    rendezvous: str = ""
+    rendezvous_id: str = ""
     # CUDA: what the probe sets CUDA_VISIBLE_DEVICES to before CUDA starts ("": leave it),
     # so a single-process probe sees exactly its one GPU.
     visible_devices: str = ""
@@ -245,7 +252,12 @@ class TrialConfig:
     @property
     def global_batch_size(self) -> int:
         c = self.candidate
-        return c.per_device_train_batch_size * c.gradient_accumulation_steps * self.nproc_per_node
+        return (
+            c.per_device_train_batch_size
+            * c.gradient_accumulation_steps
+            * self.nproc_per_node
+            * self.nnodes
+        )
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)

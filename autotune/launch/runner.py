@@ -7,16 +7,19 @@ a normal exit (so no stray grandchild survives the trial).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from autotune.core.enums import DeviceKind, Outcome
 from autotune.core.errors import LaunchError, TrialFilesError
 from autotune.core.files import write_atomic
+from autotune.core.nodes import JOIN_S, READ_S
 from autotune.core.outcomes import classify_exit, failure_line
 from autotune.core.trial import TrialConfig, TrialResult
 from autotune.launch.forkserver import (
@@ -26,7 +29,7 @@ from autotune.launch.forkserver import (
     ForkServer,
     ServerStartError,
 )
-from autotune.probe.ranks import RESULT_NAME, merge_ranks
+from autotune.probe.ranks import RESULT_NAME, merge_ranks, rank_result_name
 from autotune.probe.shared_model import SharedModel
 from autotune.system.devices import process_data_limit
 from autotune.system.process import child_env, dies_with, kill_group, stop
@@ -35,29 +38,58 @@ CONFIG_NAME = "config.json"
 DDP_GRACE_S = 15.0  # torchrun stops its ranks on SIGTERM; SIGKILL after this
 
 
-def probe_command(config_path: Path, nproc_per_node: int = 1) -> list[str]:
-    """The child: the probe, or torchrun starting one probe per rank (gloo on the CPU).
-    torchrun's log directory is the trial's: by default it makes one in the system's temp
-    directory for every launch and never removes it."""
-    if nproc_per_node > 1:
-        return [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={nproc_per_node}",
-            f"--log-dir={config_path.parent / 'torchrun'}",
-            "-m",
-            "autotune.probe",
-            str(config_path),
+def probe_command(config_path: Path, config: TrialConfig) -> list[str]:
+    """The child: the probe, or torchrun starting one probe per rank (gloo on the CPU),
+    across nodes through its c10d rendezvous at the run's own endpoint and id (so a
+    failed run never holds the next one's). torchrun's log directory is the trial's: by
+    default it makes one in the system's temp directory for every launch and never
+    removes it."""
+    if config.nproc_per_node * config.nnodes == 1:
+        return [sys.executable, "-m", "autotune.probe", str(config_path)]
+    where = ["--standalone"]
+    if config.nnodes > 1:
+        # the head hosts the rendezvous store; a node that never joins fails the run
+        # after JOIN_S, a head that never answers after READ_S; --max-restarts 0: a
+        # failed probe is a result, never run again
+        where = [
+            f"--nnodes={config.nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={config.rendezvous}",
+            f"--rdzv-id={config.rendezvous_id}",
+            f"--rdzv-conf=join_timeout={JOIN_S},read_timeout={READ_S},"
+            f"is_host={int(config.node_rank == 0)}",
+            "--max-restarts=0",
+            "--shutdown-timeout=10",
         ]
-    return [sys.executable, "-m", "autotune.probe", str(config_path)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *where,
+        f"--nproc-per-node={config.nproc_per_node}",
+        f"--log-dir={config_path.parent / 'torchrun'}",
+        "-m",
+        "autotune.probe",
+        str(config_path),
+    ]
+
+
+class Peers(Protocol):
+    """The other nodes of a run across nodes (tuning/nodes.HeadPeers)."""
+
+    def announce(self, config: TrialConfig, timeout_s: float) -> TrialConfig:
+        """The run with its rendezvous, told to the other nodes, which start their share."""
+        ...
+
+    def gather(self, config: TrialConfig) -> dict[int, str]:
+        """The results the other nodes' ranks wrote (rank -> TrialResult JSON)."""
+        ...
 
 
 class Launcher:
     """Runs probes: forked from a pre-imported server when `server_log` is given (started
     on first use, restarted if it dies or a probe needs another limit), else each in a
-    fresh interpreter."""
+    fresh interpreter; a run across nodes with `peers`, the other nodes."""
 
     def __init__(
         self,
@@ -65,6 +97,7 @@ class Launcher:
         server_log: Path | None,
         shared: SharedModel | None = None,
         early: EarlyServer | None = None,
+        peers: Peers | None = None,
     ) -> None:
         """`early`: a server the search started ahead (importing meanwhile), for the first."""
         self.device_kind = device_kind
@@ -76,8 +109,15 @@ class Launcher:
         self.early = early
         self.server: ForkServer | None = None
         self.no_server: set[int | None] = set()  # limits under which a server cannot start
+        self.peers = peers
 
     def run(self, config: TrialConfig, *, timeout_s: float) -> TrialResult:
+        if config.nnodes > 1:
+            peers = self.peers
+            if peers is None:
+                raise LaunchError("a run across nodes needs the other nodes' searches")
+            config = peers.announce(config, timeout_s)
+            return run_trial(config, timeout_s=timeout_s, gather=lambda: peers.gather(config))
         if config.nproc_per_node > 1:  # torchrun starts every rank afresh: no server
             return run_trial(config, timeout_s=timeout_s)
         limit = process_data_limit(self.device_kind, config.memory_limit_bytes)
@@ -134,21 +174,29 @@ def run_trial(
     timeout_s: float,
     command: Sequence[str] | None = None,
     server: ForkServer | None = None,
+    gather: Callable[[], dict[int, str]] | None = None,
 ) -> TrialResult:
     """Run one trial to completion and return its classified result.
 
-    `command` replaces the probe (tests use it to run a child that hangs or crashes)."""
+    `command` replaces the probe (tests use it to run a child that hangs or crashes);
+    `gather`: after this node's run, the results the other nodes' ranks wrote."""
     trial_dir = Path(config.trial_dir)
     _write_config(config, trial_dir)
     started = time.monotonic()
     if server is not None and command is None and config.nproc_per_node == 1:
         returncode, timed_out = _run_forked(server, trial_dir / CONFIG_NAME, trial_dir, timeout_s)
     else:
-        argv = list(command or probe_command(trial_dir / CONFIG_NAME, config.nproc_per_node))
-        grace = DDP_GRACE_S if config.nproc_per_node > 1 else 0.0
+        argv = list(command or probe_command(trial_dir / CONFIG_NAME, config))
+        processes = config.nproc_per_node * config.nnodes
+        grace = DDP_GRACE_S if processes > 1 else 0.0
         returncode, timed_out = _run_process(argv, trial_dir, timeout_s, grace)
-        if config.nproc_per_node > 1:
-            merge_ranks(trial_dir, config.nproc_per_node)
+        if gather is not None:  # the other nodes' ranks' results, beside this node's
+            for rank, text in gather().items():
+                path = trial_dir / rank_result_name(rank)
+                if not path.exists():
+                    path.write_text(text, encoding="utf-8")
+        if processes > 1:
+            merge_ranks(trial_dir, processes)
     wall = time.monotonic() - started
     result, problem = read_result(trial_dir / RESULT_NAME)
     classified = classify_exit(
@@ -163,6 +211,19 @@ def run_trial(
         if said := failure_line(_tail(trial_dir / "stderr.log")):
             classified = classified.replace(reason=f"{classified.reason}; {said}", error=said)
     return classified.replace(phases_s={**classified.phases_s, "wall": round(wall, 3)})
+
+
+def run_share(config: TrialConfig, *, timeout_s: float) -> dict[int, str]:
+    """This node's share of a run across nodes (a follower's): its ranks' results, as
+    written (rank -> TrialResult JSON); none where they wrote none."""
+    trial_dir = Path(config.trial_dir)
+    _write_config(config, trial_dir)
+    _run_process(probe_command(trial_dir / CONFIG_NAME, config), trial_dir, timeout_s, DDP_GRACE_S)
+    results = {}
+    for rank in range(config.nproc_per_node * config.nnodes):
+        with contextlib.suppress(OSError):
+            results[rank] = (trial_dir / rank_result_name(rank)).read_text(encoding="utf-8")
+    return results
 
 
 def _tail(path: Path, size: int = 64 * 1024) -> str:

@@ -5,6 +5,7 @@ it depends on."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from autotune.core.enums import DeviceKind, Task
@@ -66,9 +67,17 @@ class TheirData:
 
 @dataclasses.dataclass(frozen=True)
 class Site:
-    """Where a probe runs: its device (the kind, and the index among the GPUs it sees)
-    and the trial's folder, where its trainers write."""
+    """Where a probe runs: its device (the kind, and the index among the GPUs it sees),
+    the trial's folder, where its trainers write, and its node's rank (the head's 0)."""
 
     kind: DeviceKind
     index: int
     trial_dir: str
+    node_rank: int = 0
+
+    @property
+    def first(self) -> bool:
+        """The run's first process on the head's node: the one that writes what the run
+        writes once (a rehearsal's events). Across nodes torchrun's global rank 0 may be
+        on another node, where the head would not read it."""
+        return self.node_rank == 0 and os.environ.get("LOCAL_RANK", "0") == "0"

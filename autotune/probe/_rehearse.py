@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -41,12 +40,13 @@ class Events(TrainerCallback):
     def __init__(self, site: Site, *, evaluate: bool, save: bool) -> None:
         self.path = Path(site.trial_dir) / EVENTS_NAME
         self.kind, self.index = site.kind, site.index
+        self.first = site.first
         self.evaluate, self.save = evaluate, save
         self.predicted = 0  # evaluation batches done
         self.kept_per_sample = 0  # the most bytes of logits kept for one sample so far
 
     def mark(self, event: str, state: str, **extra: Any) -> None:
-        if os.environ.get("RANK", "0") != "0":  # a DDP run: rank 0 writes the events
+        if not self.first:  # a DDP run: the head's first process writes the events
             return
         peak = hardware.peak_memory_bytes(self.kind, self.index)
         line = {"event": event, "state": state, "peak_bytes": peak, **extra}
@@ -154,7 +154,7 @@ def rehearse(work: Workload, plan: dict[str, Any], site: Site, model: Any) -> Tr
         keeps = trainer.compute_metrics is not None and not (
             args.prediction_loss_only or getattr(args, "batch_eval_metrics", False)
         )
-        if os.environ.get("RANK", "0") == "0":
+        if site.first:
             append_line(events.path, json.dumps({"logits_kept": keeps}))
         on_device = site.kind != "cuda" or args.eval_accumulation_steps is None
         events.count_kept(trainer, keeps and evaluate and on_device)

@@ -12,6 +12,7 @@ the parent merges the ranks' results (merge_ranks).
 
 from __future__ import annotations
 
+import datetime
 import gc
 import os
 import shutil
@@ -24,6 +25,7 @@ from typing import Any
 
 from autotune.core.enums import DeviceKind, Outcome, Precision
 from autotune.core.files import write_atomic
+from autotune.core.nodes import PROCESS_GROUP_S
 from autotune.core.outcomes import is_out_of_memory
 from autotune.core.trial import Candidate, TrialConfig, TrialResult
 from autotune.hf.factory import load_factory
@@ -43,12 +45,27 @@ from autotune.system.process import die_with_parent
 # the probe's GPU and Arrow's memory pool; the search imports this module without them
 
 
+def join_process_group(kind: str) -> None:
+    """Across nodes, the ranks meet in a process group whose collectives give up after
+    PROCESS_GROUP_S: a peer frozen or gone before the first step fails the run instead
+    of holding it for torch's half hour (the Trainer's `ddp_timeout` never reaches the
+    CPU's group; accelerate then takes this group as it is)."""
+    import torch
+    import torch.distributed as dist
+
+    backend = "gloo"
+    if kind == DeviceKind.CUDA:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = "nccl"
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=PROCESS_GROUP_S))
+
+
 def run_probe(config: TrialConfig) -> TrialResult:
     """Run the trial and return what it measured; an OOM or crash becomes a typed result.
     The config is read here alone: each part of the run takes what it uses of it."""
     started = time.perf_counter()
     index = int(os.environ.get("LOCAL_RANK", config.device_index))  # a DDP rank: its GPU
-    site = Site(config.device_kind, index, config.trial_dir)
+    site = Site(config.device_kind, index, config.trial_dir, config.node_rank)
     phases: dict[str, float] = {}
     # what the process held before training; kept by an out-of-memory too, whose context
     # tells the memory predictor what the next probe's process will take
@@ -65,7 +82,7 @@ def run_probe(config: TrialConfig) -> TrialResult:
             seed=config.seed,
             seq_len=config.seq_len,
             target_len=config.target_len,
-            processes=config.nproc_per_node,
+            processes=config.nproc_per_node * config.nnodes,
             longest_samples=config.longest_samples,
         )
         model = _model(work, site, phases, baseline)
@@ -350,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if ddp:  # torchrun starts ranks in sessions of their own: die with the agent
         die_with_parent(agent)
+    if ddp and config.nnodes > 1:
+        join_process_group(config.device_kind)
     try:
         result = run_probe(config)
     finally:  # the compile cache is the probe's scratch, not the study's record

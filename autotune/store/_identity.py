@@ -51,7 +51,7 @@ def difference(stored: str, wanted: str) -> str:
 
 def note(spec: SearchSpec) -> str:
     """The study's description, as optuna-dashboard shows it."""
-    ddp = f" ({spec.nproc_per_node} DDP processes)" if spec.nproc_per_node > 1 else ""
+    ddp = f" ({spec.processes} DDP processes)" if spec.processes > 1 else ""
     target = f", target length {spec.target_len}" if spec.model.task == Task.SEQ2SEQ else ""
     return (
         f"# autotune: {spec.model.name}\n\n"

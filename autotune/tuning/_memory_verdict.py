@@ -44,7 +44,7 @@ class EstimateVerdicts:
         floor = floor_bytes(
             spec.parameters or 0,
             candidate,
-            spec.nproc_per_node,
+            spec.processes,
             spec.embedding_parameters,
             spec.trainable_parameters,
             spec.frozen_bytes,
@@ -121,7 +121,7 @@ def spec_breakdown(spec: SearchSpec, candidate: Candidate) -> Breakdown:
         candidate,
         spec.trained_len(candidate),
         spec.target_len,
-        spec.nproc_per_node,
+        spec.processes,
         spec.embedding_parameters,
         spec.largest_parameter,
         spec.device.kind,

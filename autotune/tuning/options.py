@@ -93,6 +93,11 @@ class SearchOptions:
     parallel: int = 1  # CPU: this many probes at a time, the cores split between them
     devices: tuple[str, ...] | None = None  # CUDA: one worker per listed GPU
     nproc_per_node: int = 1  # probe each config as a DDP run of this many processes
+    # a probe across nodes (core/nodes.py): how many, this node's rank (None: Slurm's, or
+    # 0 on one node), the head's address every node reaches (None: Slurm's first node)
+    nnodes: int = 1
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
     # -- output
     quiet: bool = False  # plain lines instead of the live table
     force: bool = False  # replace --output even if autotune did not write it

@@ -197,7 +197,7 @@ class ParityCheck:
             runs.append(twin)
         evaluations = evaluation_s(self.spec, self.steps, reference) if reference else 0.0
         return sum(
-            run_s(measured[c], self.steps, self.spec.nproc_per_node) + evaluations
+            run_s(measured[c], self.steps, self.spec.processes) + evaluations
             for c in runs
             if c in measured
         )
@@ -241,12 +241,13 @@ class ParityCheck:
             config,
             parity_steps=self.steps,
             nproc_per_node=1,
+            nnodes=1,
             device=torch_device,
             visible_devices=visible,
         )
         probe_steps = spec.warmup_steps + spec.measure_steps
         # One process does the work of nproc_per_node, for more steps than a probe.
-        scale = spec.nproc_per_node * max(1.0, self.steps / probe_steps)
+        scale = spec.processes * max(1.0, self.steps / probe_steps)
         run.observer.on_parity_start(label, candidate)
         result: TrialResult = run.launcher.run(config, timeout_s=run.limits.trial_timeout_s * scale)
         return Curve.of(result, self.steps)
@@ -361,7 +362,7 @@ def reserved_s(
         measured = [r.result for r in fits if r.candidate == twin]
         runs.append(measured[0] if measured else slowest)
     evaluations = evaluation_s(spec, steps, quickest.get(reference, slowest))
-    return sum(run_s(r, steps, spec.nproc_per_node) + evaluations for r in runs)
+    return sum(run_s(r, steps, spec.processes) + evaluations for r in runs)
 
 
 def evaluation_s(spec: SearchSpec, steps: int, reference: TrialResult) -> float:

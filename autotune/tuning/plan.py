@@ -48,10 +48,16 @@ class Layout:
     nproc_per_node: int = 1
     parallel: int = 1
     devices: tuple[str, ...] | None = None
+    nnodes: int = 1
 
     @classmethod
     def of(cls, options: SearchOptions) -> Layout:
-        return cls(options.nproc_per_node, options.parallel, options.devices)
+        return cls(options.nproc_per_node, options.parallel, options.devices, options.nnodes)
+
+    @property
+    def processes(self) -> int:
+        """A probe's processes on every node."""
+        return self.nproc_per_node * self.nnodes
 
 
 def build_spec(
@@ -69,7 +75,7 @@ def build_spec(
     sequence length not given is then the data's longest (--seq-len caps it)."""
     o = options
     facts = resolve(
-        o, nproc_per_node=layout.nproc_per_node, with_dataset=dataset is not None, server=server
+        o, nproc_per_node=layout.processes, with_dataset=dataset is not None, server=server
     )
     spec, slots = plan(o, facts, layout, with_dataset=dataset is not None)
     build_zero_op(spec.space, spec.device.kind)
@@ -85,15 +91,15 @@ def plan(
     """The spec the facts and the options make, every check passed: the global batch
     kept exactly, the lengths, the worker slots, the budget, the space."""
     device, base, job, counted = facts.device, facts.base, facts.job, facts.counted
-    batch = _global_batch(o, base, job, layout.nproc_per_node)
+    batch = _global_batch(o, base, job, layout.processes)
     seq_len, target_len = _lengths(o, base, facts.max_positions, job)
     slots = _check_layout(layout, batch, device.kind, facts.gpus)
     budget = _budget(o.memory_budget, device.total_memory_bytes, len(slots), device.kind)
     if layout.devices and device.kind == DeviceKind.CUDA:  # confirm in a worker's slot
         device = dataclasses.replace(device, index=int(layout.devices[0]))
-    space = _space(o, facts, batch // layout.nproc_per_node, with_dataset)
+    space = _space(o, facts, batch // layout.processes, with_dataset)
     space = _graded(space, o.checkpointing, counted.checkpoint_layers, device.kind, job)
-    _check_budget(counted, space, budget, layout.nproc_per_node)
+    _check_budget(counted, space, budget, layout.processes)
     spec = SearchSpec(
         model=facts.model,
         device=device,
@@ -117,6 +123,7 @@ def plan(
         frozen_bytes=counted.frozen_bytes,
         job_profile=job_profile(job),
         nproc_per_node=layout.nproc_per_node,
+        nnodes=layout.nnodes,
         checkpointing_field=facts.checkpointing_field,
         train_steps=_train_steps(o.train_steps, base),
         packed_len=(job.max_length or 0) if job and space.changes_samples else 0,
@@ -285,19 +292,23 @@ def _check_layout(
     layout: Layout, global_batch_size: int, kind: DeviceKind, gpus: int
 ) -> list[Slot]:
     """DDP needs a batch the processes share evenly, and the GPUs; workers need slots."""
-    n = layout.nproc_per_node
+    n = layout.processes
     if n > 1 and (layout.parallel > 1 or layout.devices):
         raise UsageError(
             "--nproc-per-node runs each probe on several devices already; "
             "drop --parallel/--devices, or run several searches on one --storage"
         )
     if n > 1 and global_batch_size % n:
+        by = f"--nproc-per-node {n}"
+        if layout.nnodes > 1:
+            by = f"the {n} processes of --nnodes {layout.nnodes}"
         raise UsageError(
-            f"--global-batch-size {global_batch_size} is not divisible by --nproc-per-node "
-            f"{n}; each process takes an equal share of the batch"
+            f"--global-batch-size {global_batch_size} is not divisible by {by}; each "
+            "process takes an equal share of the batch"
         )
-    if n > 1 and kind == DeviceKind.CUDA and gpus < n:
-        raise UsageError(f"--nproc-per-node {n} needs {n} GPUs; {gpus} visible")
+    local = layout.nproc_per_node
+    if local > 1 and kind == DeviceKind.CUDA and gpus < local:
+        raise UsageError(f"--nproc-per-node {local} needs {local} GPUs; {gpus} visible")
     if layout.parallel > 1 or layout.devices:
         return plan_slots(kind, layout.parallel, layout.devices, gpus)
     return []

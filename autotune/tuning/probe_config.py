@@ -41,6 +41,7 @@ def probe_config(
         training_arguments=recipe(spec, candidate),
         concurrent=concurrent,
         nproc_per_node=spec.nproc_per_node,
+        nnodes=spec.nnodes,
         data_path=spec.data.path if spec.data else "",
         own_batches=spec.own_batches,
         longest_samples=spec.longest_samples,

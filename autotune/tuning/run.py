@@ -18,7 +18,7 @@ from autotune.core.run_events import required
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialConfig, TrialResult, Verdict
 from autotune.launch.forkserver import EarlyServer, model_to_share
-from autotune.launch.runner import Launcher
+from autotune.launch.runner import Launcher, Peers
 from autotune.store.reuse import Reuse
 from autotune.store.samplers import make_sampler
 from autotune.store.store import StudyStore
@@ -127,6 +127,7 @@ def run_search(
     explore: bool = True,
     confirm: bool = True,
     early: EarlyServer | None = None,
+    peers: Peers | None = None,
 ) -> SearchReport:
     """Explore (until --max-trials, the time budget's search share less the parity runs'
     expected time, or an exhausted space), run the parity runs and confirm the finalists
@@ -139,6 +140,7 @@ def run_search(
         study_dir / "forkserver.log" if limits.fork_server else None,
         shared=model_to_share(store.spec, limits.concurrent),
         early=early,
+        peers=peers,
     )
     run = SearchRun(
         store=store,

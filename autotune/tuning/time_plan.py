@@ -142,7 +142,7 @@ def plan_parity(
     slowest, quickest = by_run[-1], by_run[0]
 
     def need(steps: int) -> float:  # the held-out evaluations run in fp32: the slowest's
-        processes = spec.nproc_per_node
+        processes = spec.processes
         evaluations = (2 + finalists) * evaluation_s(spec, steps, slowest)
         return (
             2 * run_s(slowest, steps, processes)

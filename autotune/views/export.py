@@ -286,8 +286,15 @@ def _figures(record: TrialRecord) -> dict[str, Any]:
     }
 
 
-def launch_line(nproc_per_node: int) -> str:
-    """How to run the user's script with the exported JSON, as it was probed."""
+def launch_line(nproc_per_node: int, nnodes: int = 1) -> str:
+    """How to run the user's script with the exported JSON, as it was probed: across
+    nodes, the same line on each (HEAD_ADDR: the first node's address every node reaches;
+    under Slurm, `srun` starts it on every node)."""
+    if nnodes > 1:
+        return (
+            f"torchrun --nnodes {nnodes} --nproc-per-node {nproc_per_node} --rdzv-backend c10d "
+            "--rdzv-endpoint HEAD_ADDR:29400 --rdzv-id autotune your_script.py ARGS.json"
+        )
     if nproc_per_node > 1:
         return f"torchrun --nproc-per-node {nproc_per_node} your_script.py ARGS.json"
     return "python your_script.py ARGS.json"
@@ -311,7 +318,8 @@ def _summary(
         "fit_limit_bytes": spec.fit_limit_bytes,
         "global_batch_size": spec.global_batch_size,
         "nproc_per_node": spec.nproc_per_node,
-        "launch": launch_line(spec.nproc_per_node),
+        "nnodes": spec.nnodes,
+        "launch": launch_line(spec.nproc_per_node, spec.nnodes),
         "seq_len": spec.seq_len,
         "target_len": spec.target_len if spec.model.task == Task.SEQ2SEQ else None,
         "probe_steps": {"warmup": spec.warmup_steps, "measured": spec.measure_steps},

@@ -11,7 +11,7 @@ import pytest
 
 from autotune.core.errors import TrialFilesError
 from autotune.core.trial import Candidate, ModelSpec, Outcome, TrialConfig
-from autotune.launch.runner import run_trial
+from autotune.launch.runner import probe_command, run_trial
 
 CANDIDATE = Candidate(8, 1, "fp32", False, "adamw_torch")
 MODEL = ModelSpec("fake", "local", "causal-lm", {"model_type": "gpt2"})
@@ -41,6 +41,39 @@ def alive(pid: int) -> bool:
 
 def child(code: str) -> list[str]:
     return [sys.executable, "-c", code]
+
+
+def test_a_probe_across_nodes_meets_at_its_own_rendezvous_with_bounded_waits(
+    tmp_path: Path,
+) -> None:
+    """Each run its own endpoint and id (a failed run never holds the next); the head
+    hosts the store; a node that never joins, or a head that never answers, fails the
+    run in bounded time; a failed run is never restarted."""
+    import dataclasses
+
+    path = tmp_path / "config.json"
+    one = config(tmp_path)
+    assert probe_command(path, one)[1:] == ["-m", "autotune.probe", str(path)]
+    ddp = probe_command(path, dataclasses.replace(one, nproc_per_node=2))
+    assert "--standalone" in ddp and "--nproc-per-node=2" in ddp
+    across = dataclasses.replace(
+        one, nnodes=2, node_rank=1, rendezvous="10.0.0.5:41234", rendezvous_id="abc123"
+    )
+    argv = probe_command(path, across)
+    assert "--standalone" not in argv
+    for word in (
+        "--nnodes=2",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=10.0.0.5:41234",
+        "--rdzv-id=abc123",
+        "--rdzv-conf=join_timeout=60,read_timeout=30,is_host=0",
+        "--max-restarts=0",
+        "--nproc-per-node=1",
+    ):
+        assert word in argv
+    head = probe_command(path, dataclasses.replace(across, node_rank=0))
+    assert "--rdzv-conf=join_timeout=60,read_timeout=30,is_host=1" in head
+    assert across.global_batch_size == 16  # 8 a device, 1 step, 2 nodes x 1 process
 
 
 def test_hanging_child_is_killed_with_its_whole_group(tmp_path: Path) -> None:
