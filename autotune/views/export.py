@@ -300,6 +300,17 @@ def launch_line(nproc_per_node: int, nnodes: int = 1) -> str:
     return "python your_script.py ARGS.json"
 
 
+def srun_line(nproc_per_node: int, nnodes: int) -> str:
+    """The line a Slurm job runs the user's script across its nodes with: torchrun on
+    every node, the job's first node hosting the rendezvous."""
+    head = "$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1)"
+    return (
+        f"srun --nodes {nnodes} --ntasks-per-node 1 bash -c 'torchrun --nnodes {nnodes} "
+        f"--nproc-per-node {nproc_per_node} --rdzv-backend c10d --rdzv-endpoint {head}:29400 "
+        "--rdzv-id $SLURM_JOB_ID your_script.py ARGS.json'"
+    )
+
+
 def _summary(
     record: TrialRecord,
     spec: SearchSpec,
@@ -320,6 +331,7 @@ def _summary(
         "nproc_per_node": spec.nproc_per_node,
         "nnodes": spec.nnodes,
         "launch": launch_line(spec.nproc_per_node, spec.nnodes),
+        "launch_srun": srun_line(spec.nproc_per_node, spec.nnodes) if spec.nnodes > 1 else None,
         "seq_len": spec.seq_len,
         "target_len": spec.target_len if spec.model.task == Task.SEQ2SEQ else None,
         "probe_steps": {"warmup": spec.warmup_steps, "measured": spec.measure_steps},

@@ -144,6 +144,7 @@ def test_two_nodes_search_one_study_and_a_node_killed_mid_probe_stops_the_head(
     assert best["per_device_train_batch_size"] * best["gradient_accumulation_steps"] == 8
     launch = summary["launch"]
     assert launch.startswith("torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d")
+    assert summary["launch_srun"].startswith("srun --nodes 2 --ntasks-per-node 1 bash -c")
 
     (tmp_path / "train.py").write_text(SCRIPT % json.dumps(TINY_GPT2))
     words = shlex.split(

@@ -12,7 +12,7 @@ from autotune.core.device import DeviceInfo
 from autotune.core.enums import DeviceKind, Objective, Precision, Task
 from autotune.core.errors import ExportError
 from autotune.hf.training_args import validate
-from autotune.views.export import export_best, sidecar_path
+from autotune.views.export import export_best, launch_line, sidecar_path, srun_line
 
 
 def test_export_round_trips_through_hf_argument_parser(tmp_path: Path) -> None:
@@ -219,3 +219,16 @@ def test_their_tf32_is_carried_from_their_file_through_the_plan_into_the_export(
     bf16 = exported(Precision.BF16)
     assert bf16["tf32"] is True and bf16["bf16"] is True and bf16["learning_rate"] == 1e-4
     assert exported(Precision.FP32)["tf32"] is False
+
+
+def test_the_launch_line_is_the_one_the_probes_ran_under() -> None:
+    """One process, DDP on one node, or every node's torchrun through the c10d rendezvous
+    (and the same under Slurm, the job's first node hosting it)."""
+    assert launch_line(1) == "python your_script.py ARGS.json"
+    assert launch_line(4) == "torchrun --nproc-per-node 4 your_script.py ARGS.json"
+    across = launch_line(8, 2)
+    assert across.startswith("torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d ")
+    assert "--rdzv-endpoint HEAD_ADDR:29400" in across
+    slurm = srun_line(8, 2)
+    assert slurm.startswith("srun --nodes 2 --ntasks-per-node 1 bash -c 'torchrun --nnodes 2")
+    assert "$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1):29400" in slurm
