@@ -80,11 +80,14 @@ class HeadPeers:
         return config
 
     def gather(self, config: TrialConfig) -> dict[int, str]:
-        """The other nodes' ranks' results, waited for REPORT_S at most; the run closed."""
+        """The other nodes' ranks' results, waited for REPORT_S at most (not at all once
+        a node is gone: it will report nothing); the run closed."""
         number = self._runs.pop(config.rendezvous_id)
         waited = time.monotonic() + REPORT_S
         reports = self.channel.reports(number)
         while len(reports) < self.nodes.count - 1 and time.monotonic() < waited:
+            if self._missing():
+                break
             time.sleep(POLL_S)
             reports = self.channel.reports(number)
         self.channel.close(number)
