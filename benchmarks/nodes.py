@@ -29,18 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from _common import autotune, machine, save
+from scaleout import MODEL  # the same small GPT-2 as the workers' scale-out
 
-MODEL = {
-    "model_type": "gpt2",
-    "architectures": ["GPT2LMHeadModel"],
-    "n_embd": 128,
-    "n_layer": 2,
-    "n_head": 4,
-    "n_positions": 256,
-    "vocab_size": 4096,
-    "bos_token_id": 0,
-    "eos_token_id": 0,
-}
 TRIALS = 4
 
 
