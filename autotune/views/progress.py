@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from rich.console import Console
@@ -90,6 +91,38 @@ def time_left(
     return predicted if deadline_left is None else min(predicted, deadline_left)
 
 
+@dataclasses.dataclass
+class Pace:
+    """How far a search is and how long it has left, from its probes' wall times."""
+
+    limits: SearchLimits = dataclasses.field(default_factory=SearchLimits)
+    deadline: Deadline | None = None
+    done: int = 0  # probes in the study (earlier runs included)
+    walls: list[float] = dataclasses.field(default_factory=list)
+
+    def probed(self, wall: float) -> str:
+        """Count a probe that ran; after the first, a note when the search will be long."""
+        self.done += 1
+        self.walls.append(wall)
+        left = self.left()
+        if len(self.walls) > 1 or left is None or left <= LONG_SEARCH_S:
+            return ""
+        return (
+            f"note: at {format_duration(wall)} a probe, this search will take "
+            f"about {format_duration(left)} more; --time-budget, a smaller --max-trials, "
+            "--confirm-top 0 or fewer --precisions/--optimizers shorten it"
+        )
+
+    def left(self) -> float | None:
+        deadline_left = self.deadline.left() if self.deadline else None
+        return time_left(self.walls, self.done, self.limits, deadline_left)
+
+    def count(self) -> str:
+        left = self.left()
+        eta = f", about {format_duration(left)} left" if left is not None else ""
+        return f"probe {self.done + 1} of {self.limits.max_trials}{eta}"
+
+
 class Progress:
     """Observer of a search. `live=False` (or no terminal) prints one line per trial."""
 
@@ -111,14 +144,12 @@ class Progress:
         self.live: Live | None = None
         self.budget = 0
         self.kind: str = DeviceKind.CPU
-        self.limits = SearchLimits()
-        self.done = 0  # probes in the study (earlier runs included)
-        self.walls: list[float] = []
+        self.pace = Pace(deadline=deadline)
 
     def on_search_start(
         self, spec: SearchSpec, study_name: str, limits: SearchLimits, done: int = 0
     ) -> None:
-        self.limits, self.done = limits, done
+        self.pace = Pace(limits, self.deadline, done)
         self.started = time.monotonic()
         self.budget = spec.fit_limit_bytes
         self.kind = spec.device.kind
@@ -134,7 +165,7 @@ class Progress:
         self._refresh()
         if not self.live:
             self._say(
-                f"trial {number:>3} running  {candidate.describe()}  ({self._count()})",
+                f"trial {number:>3} running  {candidate.describe()}  ({self.pace.count()})",
                 soft_wrap=True,
             )
 
@@ -142,30 +173,12 @@ class Progress:
         self.running = None
         self.rows.append((number, candidate, result))
         if result.outcome != Outcome.SKIPPED and not result.reused_from:
-            self.done += 1
-            self.walls.append(result.phases_s.get("wall", 0.0))
-            if len(self.walls) == 1:
-                self._warn_if_long()
+            note = self.pace.probed(result.phases_s.get("wall", 0.0))
+            if note:
+                self._say(note)
         self._refresh()
         if not self.live:
             self._say(trial_line(number, candidate, result, self.kind), soft_wrap=True)
-
-    def _count(self) -> str:
-        left = time_left(self.walls, self.done, self.limits, self._deadline_left())
-        eta = f", about {format_duration(left)} left" if left is not None else ""
-        return f"probe {self.done + 1} of {self.limits.max_trials}{eta}"
-
-    def _deadline_left(self) -> float | None:
-        return self.deadline.left() if self.deadline else None
-
-    def _warn_if_long(self) -> None:
-        left = time_left(self.walls, self.done, self.limits, self._deadline_left())
-        if left is not None and left > LONG_SEARCH_S:
-            self._say(
-                f"note: at {format_duration(self.walls[0])} a probe, this search will take "
-                f"about {format_duration(left)} more; --time-budget, a smaller --max-trials, "
-                "--confirm-top 0 or fewer --precisions/--optimizers shorten it"
-            )
 
     def on_confirm(self, number: int, candidate: Candidate, result: TrialResult) -> None:
         line = trial_line(number, candidate, result, self.kind).replace("trial", "confirm", 1)
@@ -222,7 +235,7 @@ class Progress:
             ),
             default=None,
         )
-        title = f"{self._count()}; elapsed {format_duration(elapsed)}{left}" + (
+        title = f"{self.pace.count()}; elapsed {format_duration(elapsed)}{left}" + (
             f"; best {best:.2f} samples/s" if best else ""
         )
         table = Table(title=title)
