@@ -28,7 +28,12 @@ pytestmark = pytest.mark.slow
 )
 def test_benchmark_runs_quick(script: str, expected: str) -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), "--quick", *([] if script == "scaleout.py" else ["--no-append"])],
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / script),
+            "--quick",
+            *([] if script == "scaleout.py" else ["--no-append"]),
+        ],
         capture_output=True,
         text=True,
         timeout=900,

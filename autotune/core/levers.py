@@ -16,7 +16,7 @@ rest of autotune asks a `Candidate` what its levers do, never for a lever by nam
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 
@@ -297,6 +297,77 @@ DECLARED = (
     FSDP,
 )
 BY_NAME = {lever.name: lever for lever in DECLARED}
+
+
+@dataclasses.dataclass(frozen=True)
+class SetLevers:
+    """The levers a config sets away from their plain values, with their values, and
+    what they do together, as their declarations say."""
+
+    pairs: tuple[tuple[Lever, Any], ...]
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> SetLevers:
+        return cls(
+            tuple(
+                (lever, values[lever.name])
+                for lever in DECLARED
+                if not lever.is_plain(values[lever.name])
+            )
+        )
+
+    def __iter__(self) -> Iterator[tuple[Lever, Any]]:
+        return iter(self.pairs)
+
+    @property
+    def compiles(self) -> bool:
+        """Its first steps pay a compile."""
+        return any(lever.compiles for lever, _ in self)
+
+    @property
+    def flattens_batches(self) -> bool:
+        """Its batches are rows packed without padding (a flattening collator)."""
+        return any(lever.flattens_batches for lever, _ in self)
+
+    @property
+    def changes_samples(self) -> bool:
+        """Its steps train other samples than the recipe's (packed rows hold several)."""
+        return any(lever.changes_samples for lever, _ in self)
+
+    @property
+    def clash(self) -> str:
+        """Why it cannot run at all ("" when it can): two levers set that exclude each
+        other (FSDP beside DeepSpeed's ZeRO)."""
+        return self._beside(lambda lever: lever.excludes, "cannot run beside")
+
+    @property
+    def redundant(self) -> str:
+        """Why it is the same run as another config ("" when it is not): a lever set
+        that another set does already (packed rows are flattened)."""
+        return self._beside(lambda lever: lever.implies, "does what", " does already")
+
+    def _beside(self, named: Callable[[Lever], Iterable[str]], says: str, end: str = "") -> str:
+        names = {lever.name for lever, _ in self}
+        for lever, _ in self:
+            beside = sorted(names.intersection(named(lever)))
+            if beside:
+                return f"{lever.name} {says} {', '.join(beside)}{end}"
+        return ""
+
+    @property
+    def shard_stage(self) -> int:
+        """The ZeRO stage its training's state is sharded at over the processes (0: none)."""
+        return max((lever.shard_stage(value) for lever, value in self), default=0)
+
+    @property
+    def offloads(self) -> bool:
+        """Its training's state lives in host memory between its uses."""
+        return any(lever.offloads(value) for lever, value in self)
+
+    @property
+    def engine(self) -> str:
+        """The engine that runs its 16-bit arithmetic ("": the Trainer's autocast)."""
+        return next((lever.engine for lever, _ in self if lever.engine), "")
 
 
 def model_arguments(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -64,8 +64,8 @@ class Arithmetic:
         return cls(
             candidate.precision,
             optimizer(candidate.optim).same_update_as or candidate.optim,
-            candidate.engine if sixteen else "",
-            candidate.changes_samples,
+            candidate.levers.engine if sixteen else "",
+            candidate.levers.changes_samples,
         )
 
     @property

@@ -32,7 +32,7 @@ class ParityState:
         """The candidate's verdict; None when its arithmetic was not checked."""
         if Arithmetic.of(candidate) == Arithmetic.of(self.reference):
             return Parity(Status.SAME)
-        if candidate.changes_samples and not self.reference.changes_samples:
+        if candidate.levers.changes_samples and not self.reference.levers.changes_samples:
             return UNPAIRED
         found = self.verdicts.get(Arithmetic.of(candidate).key)
         if found is not None and found.status == Status.UNVERIFIED:

@@ -93,7 +93,11 @@ class SearchSpec:
     def trained_len(self, candidate: Candidate) -> int:
         """The longest row a candidate's probe trains on: a full packed row where its
         rows are packed, else the longest sample."""
-        return self.packed_len if candidate.changes_samples and self.packed_len else self.seq_len
+        return (
+            self.packed_len
+            if candidate.levers.changes_samples and self.packed_len
+            else self.seq_len
+        )
 
     @property
     def sample_tokens(self) -> float:

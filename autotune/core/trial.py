@@ -14,7 +14,7 @@ from autotune.core._typed import check_fields
 from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import DeviceKind, Outcome, Precision, Task
 from autotune.core.files import parse_json
-from autotune.core.levers import DECLARED, Lever, model_arguments
+from autotune.core.levers import DECLARED, SetLevers, model_arguments
 from autotune.core.parity_verdict import Parity
 from autotune.core.rehearsal import Rehearsal
 
@@ -66,55 +66,15 @@ class Candidate:
         """What the model is built with besides its config (the attention kernel)."""
         return model_arguments(self.lever_values())
 
-    def levers_set(self) -> list[tuple[Lever, Any]]:
-        """The levers away from their plain values (core/levers.py), with their values."""
-        return [
-            (lever, value)
-            for lever, value in zip(DECLARED, self.lever_values().values(), strict=True)
-            if not lever.is_plain(value)
-        ]
-
-    # What the levers set do, as their records declare it (core/levers.py)
     @property
-    def compiles(self) -> bool:
-        """Its first steps pay a compile."""
-        return any(lever.compiles for lever, _ in self.levers_set())
-
-    @property
-    def flattens_batches(self) -> bool:
-        """Its batches are rows packed without padding (a flattening collator)."""
-        return any(lever.flattens_batches for lever, _ in self.levers_set())
-
-    @property
-    def changes_samples(self) -> bool:
-        """Its steps train other samples than the recipe's (packed rows hold several)."""
-        return any(lever.changes_samples for lever, _ in self.levers_set())
-
-    @property
-    def clash(self) -> str:
-        """Why it cannot run at all ("" when it can): two levers set that exclude each
-        other (FSDP beside DeepSpeed's ZeRO)."""
-        names = {lever.name for lever, _ in self.levers_set()}
-        for lever, _ in self.levers_set():
-            beside = sorted(names.intersection(lever.excludes))
-            if beside:
-                return f"{lever.name} cannot run beside {', '.join(beside)}"
-        return ""
-
-    @property
-    def redundant(self) -> str:
-        """Why it is the same run as another candidate ("" when it is not): a lever set
-        that another set does already (packed rows are flattened)."""
-        names = {lever.name for lever, _ in self.levers_set()}
-        for lever, _ in self.levers_set():
-            done = sorted(names.intersection(lever.implies))
-            if done:
-                return f"{lever.name} does what {', '.join(done)} does already"
-        return ""
+    def levers(self) -> SetLevers:
+        """The levers away from their plain values (core/levers.py), with their values,
+        and what they do: the rest of autotune asks this, never for a lever by name."""
+        return SetLevers.of(self.lever_values())
 
     def keeping_samples(self) -> Candidate:
         """The same config, its steps training the recipe's samples (no rows packed)."""
-        plain = {lever.name: lever.plain for lever, _ in self.levers_set() if lever.changes_samples}
+        plain = {lever.name: lever.plain for lever, _ in self.levers if lever.changes_samples}
         return dataclasses.replace(self, **plain)  # type: ignore[arg-type]
 
     @property
@@ -122,28 +82,13 @@ class Candidate:
         """Its attention kernel is a flash kernel (packed rows pass their boundaries)."""
         return self.attn_implementation.startswith("flash")
 
-    @property
-    def shard_stage(self) -> int:
-        """The ZeRO stage its training's state is sharded at over the processes (0: none)."""
-        return max((lever.shard_stage(value) for lever, value in self.levers_set()), default=0)
-
-    @property
-    def offloads(self) -> bool:
-        """Its training's state lives in host memory between its uses."""
-        return any(lever.offloads(value) for lever, value in self.levers_set())
-
-    @property
-    def engine(self) -> str:
-        """The engine that runs its 16-bit arithmetic ("": the Trainer's autocast)."""
-        return next((lever.engine for lever, _ in self.levers_set() if lever.engine), "")
-
     def describe(self) -> str:
         ckpt = self.activation_checkpointing.label
         return (
             f"batch {self.per_device_train_batch_size}x{self.gradient_accumulation_steps} "
             f"{self.precision} {ckpt} {self.optim}"
             + (" grouped" if self.train_sampling_strategy == "group_by_length" else "")
-            + "".join(f" {lever.label(value)}" for lever, value in self.levers_set())
+            + "".join(f" {lever.label(value)}" for lever, value in self.levers)
         )
 
 

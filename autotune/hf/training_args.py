@@ -74,7 +74,7 @@ def tuned_arguments(
         args["use_cpu"] = True
     # The levers (core/levers.py), written only away from their plain values: a config
     # without them reads as it always did
-    for lever, value in candidate.levers_set():
+    for lever, value in candidate.levers:
         args.update(lever.fields(value))
         if factory:
             args.update(lever.class_fields(value))

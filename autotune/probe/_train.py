@@ -152,7 +152,7 @@ def on_longest(
     Trainer's own (the survey's indices are of the samples): the fullest rows."""
     trainer = factory_trainer(work.model, work.seed, fields, callbacks)
     theirs = trainer.train_dataset
-    known = () if work.candidate.changes_samples else work.longest_samples
+    known = () if work.candidate.levers.changes_samples else work.longest_samples
     trainer.train_dataset = longest_samples(
         theirs, steps * work.global_batch_size, work.global_batch_size, known
     )
@@ -225,7 +225,7 @@ def schedule_of(plan: Measurement, processes: int) -> Schedule | None:
 
 def _packed(candidate: Candidate) -> Any:
     """The padding-free collator when the candidate asks for it, else None (Trainer's)."""
-    if not candidate.flattens_batches:
+    if not candidate.levers.flattens_batches:
         return None
     from autotune.probe.data import PackedBatches
 
@@ -288,7 +288,7 @@ def timed_batches(
     window = count.fed()[accumulation : accumulation * (1 + measure_steps)]
     real, fed = sum(r for r, _ in window), sum(f for _, f in window)
     trained, worst_speed = None, worst.samples_per_s
-    if work.candidate.changes_samples and sample_tokens > 0:
+    if work.candidate.levers.changes_samples and sample_tokens > 0:
         steps = [
             sum(r for r, _ in window[i : i + accumulation]) * work.processes
             for i in range(0, len(times) * accumulation, accumulation)

@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     prepare_environment(
-        compiles=config.candidate.compiles,
+        compiles=config.candidate.levers.compiles,
         trial_dir=config.trial_dir,
         visible_devices=config.visible_devices,
         deepspeed="deepspeed" in config.training_arguments,

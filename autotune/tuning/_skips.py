@@ -64,10 +64,10 @@ def skip_reason(
     for record in records:
         if record.candidate == candidate:
             return Skip(f"duplicate of trial {record.number}", implies_oom=False)
-    if candidate.clash:
-        return Skip(f"not a run: {candidate.clash}", implies_oom=False)
-    if candidate.redundant:
-        return Skip(f"redundant: {candidate.redundant}", implies_oom=False)
+    if candidate.levers.clash:
+        return Skip(f"not a run: {candidate.levers.clash}", implies_oom=False)
+    if candidate.levers.redundant:
+        return Skip(f"redundant: {candidate.levers.redundant}", implies_oom=False)
     if in_flight and candidate in in_flight:
         return Skip(f"trial {in_flight[candidate]} is probing it", implies_oom=False)
     implying = [

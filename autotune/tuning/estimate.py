@@ -226,10 +226,10 @@ def breakdown(
     fused_head: bool = False,
     held_narrow: bool = False,
 ) -> Breakdown:
-    w, g, o = shards(candidate.shard_stage, nproc_per_node)  # per process, sharded
+    w, g, o = shards(candidate.levers.shard_stage, nproc_per_node)  # per process, sharded
     t, e = trained(parameters, trainable, embedding)
     largest = min(largest, t)  # an adapter's tensors are small
-    zero = candidate.shard_stage and candidate.engine == DEEPSPEED
+    zero = candidate.levers.shard_stage and candidate.levers.engine == DEEPSPEED
     # under ZeRO DeepSpeed's own optimizer steps the shards; under FSDP the Trainer's
     # steps each process's shards
     step = 0 if zero else step_bytes(t, largest, candidate.optim, device_kind) // o
@@ -238,7 +238,7 @@ def breakdown(
     frozen = zero or t < parameters
     # offloaded (FSDP's CPU offload): the gradients and the state wait in host memory,
     # the device holds the weights of the layers at work (a share of them, at most)
-    kept = 0 if candidate.offloads else 1
+    kept = 0 if candidate.levers.offloads else 1
     return Breakdown(
         weights=weight_bytes(parameters, candidate.precision, trainable, frozen_bytes) // w,
         gradients=kept * t * GRADIENT_BYTES // g,
@@ -264,9 +264,9 @@ def floor_bytes(
     """Bytes the weights, gradients and optimizer state certainly take per process: the
     frozen weights as held (`frozen_bytes`), the trained ones in 32 bits (16 under
     DeepSpeed's 16-bit engine)."""
-    w, g, o = shards(candidate.shard_stage, nproc_per_node)
-    sixteen = candidate.engine == DEEPSPEED and precision_spec(candidate.precision).mixed
-    tensor = 2 if candidate.shard_stage and sixteen else 4
+    w, g, o = shards(candidate.levers.shard_stage, nproc_per_node)
+    sixteen = candidate.levers.engine == DEEPSPEED and precision_spec(candidate.precision).mixed
+    tensor = 2 if candidate.levers.shard_stage and sixteen else 4
     declared = optimizer(candidate.optim)
     t, e = trained(parameters, trainable, embedding)
     if declared.floor_bytes and declared.embedding_state_bytes is not None:
@@ -274,7 +274,7 @@ def floor_bytes(
     else:
         state = t * declared.floor_bytes
     held = t * tensor + frozen_bytes if frozen_bytes and t < parameters else parameters * tensor
-    if candidate.offloads:  # the shards wait in host memory: none certainly on the device
+    if candidate.levers.offloads:  # the shards wait in host memory: none certainly on the device
         return 0
     return held // w + t * tensor // g + state // o
 

@@ -45,7 +45,7 @@ def probe_config(
         data_path=spec.data.path if spec.data else "",
         own_batches=spec.own_batches,
         longest_samples=spec.longest_samples,
-        sample_tokens=spec.sample_tokens if candidate.changes_samples else 0.0,
+        sample_tokens=spec.sample_tokens if candidate.levers.changes_samples else 0.0,
         pad_token_id=spec.data.pad_token_id if spec.data else 0,
         adaptive=adaptive,
         incumbent_s=incumbent_s,

@@ -543,6 +543,6 @@ def plain_default(records: Sequence[TrialRecord], spec: SearchSpec) -> TrialReco
     for r in records:
         c = r.candidate
         plain = (c.precision, c.optim, c.activation_checkpointing, c.per_device_train_batch_size)
-        if plain == wanted and not c.changes_samples and r.result.outcome == Outcome.OK:
+        if plain == wanted and not c.levers.changes_samples and r.result.outcome == Outcome.OK:
             return r
     return None

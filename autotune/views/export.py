@@ -236,7 +236,7 @@ def script_changes(candidate: Candidate, *, factory: bool = False) -> list[str]:
     for a lever their factory's arguments class turns on itself (the file sets it)."""
     return [
         line
-        for lever, value in candidate.levers_set()
+        for lever, value in candidate.levers
         if not (factory and lever.class_fields(value))
         for line in lever.script_lines(value)
     ]
@@ -247,7 +247,7 @@ def run_changes(record: TrialRecord, spec: SearchSpec) -> list[str]:
     lines, and where its rows are packed, the run length that trains their samples."""
     lines = script_changes(record.candidate, factory=bool(spec.model.trainer))
     trained = record.result.samples_per_step
-    if record.candidate.changes_samples and trained:
+    if record.candidate.levers.changes_samples and trained:
         batch = spec.global_batch_size
         steps = int(spec.kept_arguments.get("max_steps") or 0)
         length = (

@@ -91,7 +91,7 @@ def finish_lines(record: TrialRecord, train_steps: int) -> list[str]:
             f"= {r.one_time_s or 0.0:.1f} s once (setup, compilation, first steps) + "
             f"{train_steps} x {r.step_time_median_s:.3f} s"
         )
-    elif r.one_time_s and record.candidate.compiles:
+    elif r.one_time_s and record.candidate.levers.compiles:
         lines.append(
             f"compiled: {r.one_time_s:.1f} s once (compilation, first steps) before "
             "the measured speed; pass --train-steps to weigh it"

@@ -33,7 +33,7 @@ def test_the_candidates_levers_are_the_declared_ones_at_their_plain_values() -> 
     fields = {f.name: f.default for f in dataclasses.fields(Candidate)}
     assert LEVERS == tuple(lever.name for lever in DECLARED) == tuple(SET)
     assert {lever.name: lever.plain for lever in DECLARED} == {n: fields[n] for n in LEVERS}
-    assert PLAIN.levers_set() == []
+    assert list(PLAIN.levers) == []
 
 
 def test_a_lever_set_is_named_by_its_label_and_runs_what_it_declares() -> None:
@@ -50,7 +50,12 @@ def test_a_lever_set_is_named_by_its_label_and_runs_what_it_declares() -> None:
 
 
 def test_what_a_candidate_does_is_what_its_levers_declare() -> None:
-    assert (PLAIN.compiles, PLAIN.flattens_batches, PLAIN.shard_stage, PLAIN.engine) == (
+    assert (
+        PLAIN.levers.compiles,
+        PLAIN.levers.flattens_batches,
+        PLAIN.levers.shard_stage,
+        PLAIN.levers.engine,
+    ) == (
         False,
         False,
         0,
@@ -59,10 +64,10 @@ def test_what_a_candidate_does_is_what_its_levers_declare() -> None:
     for lever in DECLARED:
         value = SET[lever.name]
         candidate = dataclasses.replace(PLAIN, **{lever.name: value})
-        assert candidate.compiles == lever.compiles
-        assert candidate.flattens_batches == lever.flattens_batches
-        assert candidate.shard_stage == lever.shard_stage(value)
-        assert candidate.engine == lever.engine
+        assert candidate.levers.compiles == lever.compiles
+        assert candidate.levers.flattens_batches == lever.flattens_batches
+        assert candidate.levers.shard_stage == lever.shard_stage(value)
+        assert candidate.levers.engine == lever.engine
     assert [lever.name for lever in DECLARED if lever.compiles] == ["torch_compile"]
     assert [lever.name for lever in DECLARED if lever.flattens_batches] == [
         "padding_free",
@@ -71,9 +76,9 @@ def test_what_a_candidate_does_is_what_its_levers_declare() -> None:
     assert [lever.name for lever in DECLARED if lever.changes_samples] == ["packing"]
     for lever in DECLARED:
         candidate = dataclasses.replace(PLAIN, **{lever.name: SET[lever.name]})
-        assert candidate.changes_samples == lever.changes_samples
+        assert candidate.levers.changes_samples == lever.changes_samples
         assert candidate.keeping_samples() == (PLAIN if lever.changes_samples else candidate)
-    assert dataclasses.replace(PLAIN, zero_stage=2).shard_stage == 2
+    assert dataclasses.replace(PLAIN, zero_stage=2).levers.shard_stage == 2
 
 
 def test_a_levers_name_is_written_only_where_it_is_declared_held_and_offered() -> None:
@@ -115,9 +120,9 @@ def test_only_a_lever_that_may_change_the_sums_is_a_change_of_arithmetic() -> No
 
 def test_levers_that_cannot_run_together_make_no_run() -> None:
     both = dataclasses.replace(PLAIN, zero_stage=2, fsdp_mode="full_shard")
-    assert both.clash == "fsdp_mode cannot run beside zero_stage"
-    assert not dataclasses.replace(PLAIN, fsdp_mode="full_shard").clash
-    assert not PLAIN.clash
+    assert both.levers.clash == "fsdp_mode cannot run beside zero_stage"
+    assert not dataclasses.replace(PLAIN, fsdp_mode="full_shard").levers.clash
+    assert not PLAIN.levers.clash
 
 
 def test_the_lever_option_lists_each_declared_lever_and_when_it_is_offered() -> None:
