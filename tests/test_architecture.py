@@ -179,6 +179,18 @@ def test_no_function_passes_60_lines() -> None:
                 assert length <= 60, f"{name}.{node.name}: {length} lines"
 
 
+def test_no_class_passes_250_lines_or_15_methods() -> None:
+    """A class that holds two concerns is split along the seam between them (Progress
+    and the search's Pace; a Candidate and what its set levers do)."""
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                methods = [n for n in node.body if isinstance(n, ast.FunctionDef)]
+                assert length <= 250, f"{name}.{node.name}: {length} lines"
+                assert len(methods) <= 15, f"{name}.{node.name}: {len(methods)} methods"
+
+
 def test_the_trainers_defaults_are_read_never_written_out_again() -> None:
     """The optimizer's name is declared once (core/optimizers.py, the plain default
     among the declarations); the recipe reads their class's default from the installed

@@ -24,6 +24,16 @@ DEFAULT_TIME_BUDGET_S = 30 * 60.0
 PARITY_STEPS = {"on": CALIBRATED_STEPS, "auto": CALIBRATED_STEPS, "quick": 0}
 
 
+@dataclasses.dataclass(frozen=True)
+class AskedWorkload:
+    """The workload's figures as asked (None: not asked): what the plan keeps over
+    the user's arguments file and the model's defaults."""
+
+    global_batch_size: int | None = None
+    seq_len: int | None = None
+    target_len: int | None = None
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SearchOptions:
     """A search's options, with the defaults `autotune search --help` states.
@@ -106,6 +116,10 @@ class SearchOptions:
     def budget_s(self) -> float:
         """The time budget in force: the one asked, else DEFAULT_TIME_BUDGET_S."""
         return DEFAULT_TIME_BUDGET_S if self.time_budget is None else self.time_budget
+
+    @property
+    def workload(self) -> AskedWorkload:
+        return AskedWorkload(self.global_batch_size, self.seq_len, self.target_len)
 
     def limits(self, measure_steps: int) -> SearchLimits:
         """The study loop's limits (`measure_steps`: the spec's, which sets the default

@@ -31,7 +31,7 @@ from autotune.tuning._user_job import (
     unmeasured,
 )
 from autotune.tuning.estimate import check_budget
-from autotune.tuning.options import SearchOptions
+from autotune.tuning.options import AskedWorkload, SearchOptions
 from autotune.tuning.resolve import DataOptions, Facts, build_zero_op, resolve, tokenize
 from autotune.tuning.time_plan import measure_steps_for
 from autotune.tuning.workers import Slot, plan_slots
@@ -82,7 +82,7 @@ def build_spec(
     if dataset is not None:  # the first write: every check has passed
         data, seq_len, target_len = tokenize(dataset, o, facts, spec.space, spec.target_len)
         spec = dataclasses.replace(spec, data=data, seq_len=seq_len, target_len=target_len)
-    return spec, slots, workload_defaults(o, spec, facts.base) + job_notes(spec)
+    return spec, slots, workload_defaults(o.workload, spec, facts.base) + job_notes(spec)
 
 
 def plan(
@@ -91,13 +91,13 @@ def plan(
     """The spec the facts and the options make, every check passed: the global batch
     kept exactly, the lengths, the worker slots, the budget, the space."""
     device, base, job, counted = facts.device, facts.base, facts.job, facts.counted
-    batch = _global_batch(o, base, job, layout.processes)
-    seq_len, target_len = _lengths(o, base, facts.max_positions, job)
+    batch = _global_batch(o.workload, base, job, layout.processes)
+    seq_len, target_len = _lengths(o.workload, base, facts, job)
     slots = _check_layout(layout, batch, device.kind, facts.gpus)
     budget = _budget(o.memory_budget, device.total_memory_bytes, len(slots), device.kind)
     if layout.devices and device.kind == DeviceKind.CUDA:  # confirm in a worker's slot
         device = dataclasses.replace(device, index=int(layout.devices[0]))
-    space = _space(o, facts, batch // layout.processes, with_dataset)
+    space = _space(o.precisions, o.optimizers, facts, batch // layout.processes, with_dataset)
     space = _graded(space, o.checkpointing, counted.checkpoint_layers, device.kind, job)
     _check_budget(counted, space, budget, layout.processes)
     spec = SearchSpec(
@@ -168,13 +168,15 @@ def _check_budget(counted: ParameterCount, space: SearchSpace, budget: int, npro
     )
 
 
-def _global_batch(o: SearchOptions, base: BaseArguments, job: JobFacts | None, nproc: int) -> int:
+def _global_batch(
+    asked: AskedWorkload, base: BaseArguments, job: JobFacts | None, nproc: int
+) -> int:
     """The global batch kept exactly: --global-batch-size, else their arguments'
     per-device batch x accumulation x the processes that run it."""
     per_process = base.process_batch_size or (
         job.per_device_train_batch_size * job.gradient_accumulation_steps if job else 0
     )
-    batch = o.global_batch_size or per_process * nproc or DEFAULT_GLOBAL_BATCH
+    batch = asked.global_batch_size or per_process * nproc or DEFAULT_GLOBAL_BATCH
     if batch > MAX_GLOBAL_BATCH:
         raise UsageError(
             f"--global-batch-size {batch} is over the limit of {MAX_GLOBAL_BATCH}; "
@@ -184,19 +186,23 @@ def _global_batch(o: SearchOptions, base: BaseArguments, job: JobFacts | None, n
 
 
 def _space(
-    o: SearchOptions, facts: Facts, per_process_batch: int, with_dataset: bool
+    precisions: tuple[str, ...] | None,
+    optimizers: tuple[str, ...] | None,
+    facts: Facts,
+    per_process_batch: int,
+    with_dataset: bool,
 ) -> SearchSpace:
     """The space this device, the model, the user's job and the installed packages allow,
     narrowed by the options: the classic dimensions and the levers offered (and why the
     others not)."""
     job, recipe, installed = facts.job, facts.recipe, facts.installed_optimizers
     offers_fp16 = Precision.FP16 in supported_precisions(facts.device)
-    optimizers = job_optimizers(o.optimizers, installed, recipe, job) if job else o.optimizers
+    optimizers = job_optimizers(optimizers, installed, recipe, job) if job else optimizers
     sampling = Recipe(recipe).sampling
     return derive_space(
         facts.device,
         global_batch_size=per_process_batch,
-        precisions=o.precisions,
+        precisions=precisions,
         optimizers=optimizers,
         samplings=SAMPLINGS if with_dataset else (sampling,),
         installed_optimizers=installed,
@@ -213,11 +219,11 @@ def job_notes(spec: SearchSpec) -> list[str]:
     return [f"{name}: {why}" for name, why in spec.space.not_offered if name in FIXED_BY_JOB]
 
 
-def workload_defaults(options: SearchOptions, spec: SearchSpec, base: BaseArguments) -> list[str]:
+def workload_defaults(asked: AskedWorkload, spec: SearchSpec, base: BaseArguments) -> list[str]:
     """The workload figures this search took from a default rather than from you (nor
     from your arguments file, `base`), each with how to set it: a config that fits 512
     tokens says little of a 4k-token run."""
-    o = options
+    o = asked
     notes = []
     if spec.unmeasured_lengths:
         notes.append(spec.unmeasured_lengths)
@@ -248,11 +254,12 @@ def _train_steps(asked: int | None, base: BaseArguments) -> int:
 
 
 def _lengths(
-    o: SearchOptions, base: BaseArguments, limit: int | None, job: JobFacts | None = None
+    o: AskedWorkload, base: BaseArguments, facts: Facts, job: JobFacts | None = None
 ) -> tuple[int, int]:
     """The worst-case lengths probes use: for the user's job whose data gives its lengths,
     what its probes train on (its longest sample, cut at their max_length); else asked,
-    from --base-args, their max_length, or the model's limit (`limit`)."""
+    from --base-args, their max_length, or the model's limit."""
+    limit = facts.max_positions
     if job is not None and job.longest is not None:
         trained = min(job.longest, job.max_length or job.longest)
         return trained, o.target_len or base.target_len or DEFAULT_TARGET_LEN
@@ -261,7 +268,7 @@ def _lengths(
         seq_len = min(512, limit or 512)
     elif limit is not None and seq_len > limit:
         raise UsageError(
-            f"--seq-len {seq_len} exceeds {o.model or o.trainer}'s limit of {limit} positions"
+            f"--seq-len {seq_len} exceeds {facts.model.name}'s limit of {limit} positions"
         )
     return seq_len, o.target_len or base.target_len or DEFAULT_TARGET_LEN
 

@@ -26,14 +26,14 @@ NO_FILE = BaseArguments(None, None, None, {})
 
 
 def test_a_defaulted_global_batch_and_length_are_said_with_how_to_set_them() -> None:
-    notes = workload_defaults(OPTIONS, SPEC, NO_FILE)
+    notes = workload_defaults(OPTIONS.workload, SPEC, NO_FILE)
     assert notes[0].startswith("global batch 64: a default; set --global-batch-size")
     assert notes[1].startswith("sequence length 128: a default") and "--seq-len" in notes[1]
     assert len(notes) == 2  # a causal LM has no target length
     given = dataclasses.replace(OPTIONS, global_batch_size=64, seq_len=128)
-    assert workload_defaults(given, SPEC, NO_FILE) == []
+    assert workload_defaults(given.workload, SPEC, NO_FILE) == []
     seq2seq = dataclasses.replace(SPEC, model=dataclasses.replace(SPEC.model, task="seq2seq"))
-    assert workload_defaults(given, seq2seq, NO_FILE) == [
+    assert workload_defaults(given.workload, seq2seq, NO_FILE) == [
         "target length 32: a default; set --target-len"
     ]
 
@@ -43,7 +43,7 @@ def test_what_base_args_set_is_not_a_default(tmp_path: Path) -> None:
     fields = {"output_dir": "out", "per_device_train_batch_size": 8}
     base.write_text(json.dumps({**fields, "gradient_accumulation_steps": 8}))
     notes = workload_defaults(
-        dataclasses.replace(OPTIONS, base_args=base), SPEC, read_base(base, None)
+        dataclasses.replace(OPTIONS, base_args=base).workload, SPEC, read_base(base, None)
     )
     assert [n.split(":")[0] for n in notes] == ["sequence length 128"]
 
