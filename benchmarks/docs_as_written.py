@@ -3,27 +3,21 @@
 machine, in order, each document in a fresh folder. Prints each command's exit code and
 wall time, and what the README's export changed in its args.json.
 
-What runs, and the only changes made to what is written:
-- README, the CPU try-out: the command after its install line (the install is the one
-  this environment already did); then, in that folder, the "Review a study" block
-  (`dashboard` serves until stopped, so it is stopped after 15 s, and counts as run when
-  it printed its address), the demo study's line from a copy of `examples/`, and
-  `autotune doctor`.
-- README, the GPU quick start: its train.py and args.json copied word for word into a
-  folder, then each command after the install line, in that folder: its `cd` into
-  examples/quickstart is that folder. Its one override (TRAIN_MODEL, TRAIN_DATA) names a
-  tiny local chat model and conversations, as there is no hub here; `--device cpu` is
-  added to the search where there is no GPU.
-- examples/README.md: each command of its blocks in order (comments and continuation
-  lines as a shell reads them), from a folder holding a copy of `examples/`; then the
-  `tune_on_local_text.py WORKDIR` its prose describes.
+The only changes made to what is written:
+- README, CPU try-out: the command after its install line (already done here), then in
+  that folder the "Review a study" block (`dashboard` stopped after 15 s, run when it
+  printed its address), the demo study's line and `autotune doctor`.
+- README, GPU quick start: its train.py and args.json in a folder (its `cd`), its
+  override (TRAIN_MODEL, TRAIN_DATA) naming a tiny local chat model and conversations;
+  `--device cpu` on the search where there is no GPU.
+- examples/README.md: each command of its blocks (as a shell reads them), from a copy of
+  `examples/`; then the `tune_on_local_text.py WORKDIR` its prose describes.
 
-    python benchmarks/docs_as_written.py [--work DIR] [--only readme|examples]
+    python benchmarks/docs_as_written.py [--record] [--work DIR] [--only readme|examples]
+    python benchmarks/docs_as_written.py --quick  # the README's demo study and doctor only
 
-tests/test_readme.py checks the same blocks without running them (every command parses,
-the files are the repository's quick start); tests/test_examples.py runs the quick start's
-search and export. This runs them all, which takes about 45 minutes on 2 cores: the
-searches keep their written time budgets.
+tests/test_readme.py checks the same blocks without running them; this runs them all
+(about 45 minutes on 2 cores: the searches keep their written time budgets).
 """
 
 from __future__ import annotations
@@ -36,14 +30,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from _common import ROOT
+from harness import ENV, ROOT, Benchmark, Figures, header, run, table
 
 sys.path.insert(0, str(ROOT / "tests"))
-from job_script import write_chat_job  # a tiny chat model and conversations
+from job_script import write_chat_job
 
 INSTALL = 'pip install torch && pip install -e ".[peft]"'
 SERVE_S = 15.0  # how long `autotune dashboard` serves before it is stopped
@@ -120,8 +113,8 @@ class Runner:
 
     def __init__(self) -> None:
         path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", "PATH": path}
-        self.rows: list[tuple[str, str, int, float]] = []
+        self.env = {**ENV, "PATH": path}
+        self.rows: list[tuple[str, str, int, int]] = []
 
     def run(self, where: str, command: str, cwd: Path, env: dict[str, str] | None = None) -> int:
         print(f"\n$ {command}   (in {cwd})", flush=True)
@@ -131,7 +124,7 @@ class Runner:
         else:
             environment = {**self.env, **(env or {})}
             code = subprocess.run(command, shell=True, cwd=cwd, env=environment).returncode
-        self.rows.append((where, command, code, time.monotonic() - started))
+        self.rows.append((where, command, code, round(time.monotonic() - started)))
         return code
 
     def serve(self, command: str, cwd: Path, seconds: float = SERVE_S) -> int:
@@ -163,19 +156,22 @@ class Runner:
         return 0 if "http://" in out else 1
 
 
-def readme_blocks(runner: Runner, work: Path, gpu: bool) -> dict[str, object]:
+def readme_blocks(runner: Runner, work: Path, gpu: bool, quick: bool) -> dict[str, object]:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     cpu = work / "readme-try-out"
     cpu.mkdir()
-    for command in try_out(readme):
-        runner.run("README, CPU try-out", command, cpu)
-    for command in review_block(readme):
-        runner.run("README, review", command, cpu)
     shutil.copytree(ROOT / "examples", cpu / "examples")
-    for command in demo(readme):
-        runner.run("README, demo study", command, cpu)
-    for command in doctor(readme):
-        runner.run("README, doctor", command, cpu)
+    steps = [("README, demo study", demo(readme)), ("README, doctor", doctor(readme))]
+    if not quick:
+        steps[:0] = [
+            ("README, CPU try-out", try_out(readme)),
+            ("README, review", review_block(readme)),
+        ]
+    for where, commands in steps:
+        for command in commands:
+            runner.run(where, command, cpu)
+    if quick:
+        return {}
     block = work / "readme-gpu"
     block.mkdir()
     override = prepare_readme(block, readme)
@@ -195,37 +191,40 @@ def example_blocks(runner: Runner, work: Path) -> None:
     folder.mkdir()
     shutil.copytree(ROOT / "examples", folder / "examples")
     markdown = (ROOT / "examples" / "README.md").read_text(encoding="utf-8")
-    for command in shell_commands(markdown):
+    for command in [*shell_commands(markdown), "python examples/tune_on_local_text.py local-text"]:
         runner.run("examples/README.md", command, folder)
-    runner.run(
-        "examples/README.md, tune_on_local_text",
-        "python examples/tune_on_local_text.py local-text",
-        folder,
-    )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--work", type=Path, help="a fresh folder [default: a temporary one]")
-    parser.add_argument("--only", choices=["readme", "examples"], help="one document")
-    options = parser.parse_args()
+def measure(args: argparse.Namespace, work: Path) -> Figures:
     import torch
 
-    work = options.work or Path(tempfile.mkdtemp(prefix="autotune-docs-"))
+    work = args.work or work
     work.mkdir(parents=True, exist_ok=True)
     runner = Runner()
     changed: dict[str, object] = {}
-    if options.only in (None, "readme"):
-        changed = readme_blocks(runner, work, torch.cuda.is_available())
-    if options.only in (None, "examples"):
+    if args.only in (None, "readme"):
+        changed = readme_blocks(runner, work, torch.cuda.is_available(), args.quick)
+    if args.only in (None, "examples") and not args.quick:
         example_blocks(runner, work)
-    print(f"\nin {work}:\n\n| document | command | exit | wall |\n| --- | --- | --- | --- |")
-    for where, command, code, seconds in runner.rows:
-        print(f"| {where} | `{command}` | {code} | {seconds:.0f} s |")
-    if changed:
-        print(f"\nthe README's args.json, changed by its export: {changed}")
-    sys.exit(max((code for *_, code, _ in runner.rows), default=0))
+    return {"commands": runner.rows, "args_json_changed": changed}
+
+
+def report(f: Figures) -> str:
+    rows = [(where, f"`{c}`", code, f"{s} s") for where, c, code, s in f["commands"]]
+    changed = f["args_json_changed"]
+    return (
+        header(f, "The docs, as written")
+        + "\n"
+        + table(("document", "command", "exit", "wall"), rows)
+        + (f"\nThe README's args.json, changed by its export: {changed}\n" if changed else "")
+    )
+
+
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--work", type=Path, help="a folder to keep [default: a temporary one]")
+    parser.add_argument("--only", choices=["readme", "examples"], help="one document")
 
 
 if __name__ == "__main__":
-    main()
+    done = run(Benchmark("docs_as_written", __doc__, measure, report, options))
+    sys.exit(max((code for _, _, code, _ in done["commands"]), default=0))

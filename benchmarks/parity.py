@@ -1,12 +1,15 @@
+#!/usr/bin/env python
 """Training parity of a real search's finalists: each judged arithmetic's end loss against
 the reference's, the verdict, and the tolerance with what it rests on.
-
-    python benchmarks/parity.py --model tiny-gpt2 --model tiny-t5 [--append]
-    python benchmarks/parity.py --model gpt2 --model google/mt5-small --max-trials 8
 
 Each model gets one `autotune search` (parity on) with fp32/bf16 x adamw_torch,
 adamw_torch_fused, adafactor, sgd, so that finalists alter the arithmetic in the ways
 users meet; the table is read back from the study.
+
+    python benchmarks/parity.py [--record]  # tiny-gpt2 and tiny-t5, 8 trials each
+    python benchmarks/parity.py --model gpt2 --model google/mt5-small --max-trials 8
+    python benchmarks/parity.py --readme --model google/mt5-small  # the README's job
+    python benchmarks/parity.py --quick  # tiny-gpt2, 4 trials, 5 parity steps
 """
 
 from __future__ import annotations
@@ -14,25 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks._common import autotune, machine, readme_main_job, save
+from harness import Benchmark, Figures, gpt2, header, model_folder, readme_main_job, run, search
 
 TINY = {
-    "tiny-gpt2": {
-        "model_type": "gpt2",
-        "architectures": ["GPT2LMHeadModel"],
-        "n_embd": 64,
-        "n_layer": 2,
-        "n_head": 4,
-        "n_positions": 256,
-        "vocab_size": 512,
-    },
+    "tiny-gpt2": gpt2(n_embd=64, vocab_size=512),
     "tiny-t5": {
         "model_type": "t5",
         "architectures": ["T5ForConditionalGeneration"],
@@ -48,160 +39,115 @@ TINY = {
         "is_encoder_decoder": True,
     },
 }
-
-
 SMALL_SEARCH = [
-    "--device",
-    "cpu",
-    "--global-batch-size",
-    "16",
-    "--seq-len",
-    "64",
-    "--target-len",
-    "16",
-    "--precisions",
-    "fp32,bf16",
-    "--checkpointing",
-    "off",
-    "--optimizers",
-    "adamw_torch,adamw_torch_fused,adafactor,sgd",
-    "--warmup-steps",
-    "1",
-    "--measure-steps",
-    "3",
-    "--confirm-top",
-    "3",
-    "--lever",
-    "torch_compile=false",
-    "--lever",
-    "attn_implementation=sdpa",
+    *("--device", "cpu", "--global-batch-size", "16", "--seq-len", "64", "--target-len", "16"),
+    *("--precisions", "fp32,bf16", "--checkpointing", "off"),
+    *("--optimizers", "adamw_torch,adamw_torch_fused,adafactor,sgd"),
+    *("--warmup-steps", "1", "--measure-steps", "3", "--confirm-top", "3"),
+    *("--lever", "torch_compile=false", "--lever", "attn_implementation=sdpa"),
 ]
 
 
-def search(
-    model: str, work: Path, flags: list[str], max_trials: int | None, steps: int
-) -> dict[str, Any]:
-    name = model
-    if model in TINY:
-        (work / model).mkdir(parents=True, exist_ok=True)
-        (work / model / "config.json").write_text(json.dumps(TINY[model]))
-        name = f"./{model}"
-    flags = [*flags, "--parity-steps", str(steps), "--quiet"]
-    if max_trials is not None:
-        flags += ["--max-trials", str(max_trials)]
+def searched(model: str, work: Path, flags: list[str]) -> dict[str, Any]:
+    """One search of `model` with parity on; its parity state read from the study."""
+    import optuna
+
+    work.mkdir(parents=True, exist_ok=True)
+    name = f"./{model_folder(work, model, TINY[model]).name}" if model in TINY else model
     if "--model" in flags:
         flags[flags.index("--model") + 1] = name
     else:
         flags = ["--model", name, *flags]
-    started = time.monotonic()
-    done = autotune(work, "search", "--study", "parity", *flags)
-    elapsed = time.monotonic() - started
-    if done.returncode != 0:
-        raise SystemExit(f"search on {model} failed:\n{done.stdout}\n{done.stderr}")
-    import optuna
-
+    done = search(work, "parity", *flags)
     study = optuna.load_study(study_name="parity", storage=f"sqlite:///{work}/studies/autotune.db")
     raw = study.user_attrs.get("autotune_parity")
     summary = json.loads((work / "studies" / "parity.best.summary.json").read_text())
     return {
         "model": model,
         "command": "autotune search " + shlex.join(flags),
-        "search_s": round(elapsed, 1),
+        "search_s": done.wall_s,
         "state": json.loads(raw) if raw else None,
         "exported": summary["best"]["config"],
         "parity": summary["parity"],
-        "output": done.stdout.splitlines(),
+        "output": done.output.splitlines(),
     }
 
 
-def table(runs: list[dict[str, Any]], steps: int) -> str:
+def measure(args: argparse.Namespace, work: Path) -> Figures:
+    models = args.model or (["tiny-gpt2"] if args.quick else ["tiny-gpt2", "tiny-t5"])
+    trials = args.max_trials or (None if args.readme else 4 if args.quick else 8)
+    steps = args.parity_steps or (5 if args.quick else 20)
+    flags = [*(readme_main_job() if args.readme else SMALL_SEARCH), "--parity-steps", str(steps)]
+    flags += ["--quiet", *(["--max-trials", str(trials)] if trials else [])]
+    runs = [searched(m, work / str(i), list(flags)) for i, m in enumerate(models)]
+    return {"parity_steps": steps, "runs": runs}
+
+
+def rows(one: dict[str, Any]) -> list[str]:
+    """The model's reference, its split twin (judged as a finalist would be) and each
+    finalist's verdict."""
     from autotune.core.parity import judge, tolerance
     from autotune.core.parity_state import ParityState
 
-    info = machine()
-    out = [
-        f"\n## Training parity of a search's finalists ({info['date']})\n",
-        f"{info['machine']}; {info['versions']}. One `autotune search` per model, "
-        f"`--parity-steps {steps}` (`benchmarks/parity.py`; commands below). End loss: the "
-        "mean held-out loss over the last quarter of the run; gap: (end - reference end) "
-        "as a share of the reference's progress.\n",
+    model = one["model"]
+    if one["state"] is None:
+        return [f"| {model} | every finalist had the recipe's arithmetic | | | | same-arithmetic |"]
+    parity = ParityState.from_json(json.dumps(one["state"]))
+    ref = parity.curves["reference"]
+    recipe = f"{parity.reference.precision} {parity.reference.optim}"
+    out = [f"| {model} | reference: {recipe} | {ref.end:.4g} | 1 | 0 | |"]
+    if "twin" in parity.curves:
+        twin = judge(ref, parity.curves["twin"], tolerance(ref, None))
+        out.append(
+            f"| {model} | split twin: {recipe}, another batch split | {twin.final_loss:.4g} | "
+            f"{twin.ratio:.4f} | {twin.gap:+.2%} | (calibration) |"
+        )
+    for key, v in sorted(parity.verdicts.items()):
+        name = key.replace("|", " ")
+        if v.ratio is None or v.gap is None:
+            out.append(f"| {model} | {name} | | | | {v.status}: {v.reason} |")
+        else:
+            figures = f"{v.final_loss:.4g} | {v.ratio:.3f} | {v.gap:+.1%}"
+            out.append(f"| {model} | {name} | {figures} | {v.status} |")
+    return out
+
+
+def rests(one: dict[str, Any]) -> str:
+    tol = (one["state"] or {}).get("tolerance")
+    if tol is None:
+        return "no parity run"
+    twin = tol["rounding_gap"]
+    floor = (
+        "the 5% floor (no twin)" if twin is None else f"max(5% floor, 4 x the twin's {twin:.2%})"
+    )
+    return f"tolerance {tol['fraction']:.1%} of the reference's progress = {floor}"
+
+
+def report(f: Figures) -> str:
+    lines = [
+        header(f, "Training parity of a search's finalists"),
+        f"`--parity-steps {f['parity_steps']}`. End loss: the mean held-out loss over the "
+        "last quarter of the run; gap: (end - reference end) as a share of the reference's "
+        "progress.\n",
         "| model | run | end loss | ratio to reference | gap | verdict |",
         "|---|---|---|---|---|---|",
+        *(row for r in f["runs"] for row in rows(r)),
+        "",
     ]
-    for run in runs:
-        state = run["state"]
-        if state is None:
-            out.append(
-                f"| {run['model']} | every finalist had the recipe's arithmetic | "
-                "| | | same-arithmetic |"
-            )
-            continue
-        parity = ParityState.from_json(json.dumps(state))
-        ref = parity.curves["reference"]
-        recipe = f"{parity.reference.precision} {parity.reference.optim}"
-        out.append(f"| {run['model']} | reference: {recipe} | {ref.end:.4g} | 1 | 0 | |")
-        if "twin" in parity.curves:  # judged as a finalist would be: the same figures
-            twin = judge(ref, parity.curves["twin"], tolerance(ref, None))
-            out.append(
-                f"| {run['model']} | split twin: {recipe}, another batch split | "
-                f"{twin.final_loss:.4g} | {twin.ratio:.4f} | {twin.gap:+.2%} | "
-                "(calibration) |"
-            )
-        for key, verdict in sorted(parity.verdicts.items()):
-            name = key.replace("|", " ")
-            if verdict.ratio is None or verdict.gap is None:
-                out.append(
-                    f"| {run['model']} | {name} | | | | {verdict.status}: {verdict.reason} |"
-                )
-                continue
-            out.append(
-                f"| {run['model']} | {name} | {verdict.final_loss:.4g} | "
-                f"{verdict.ratio:.3f} | {verdict.gap:+.1%} | {verdict.status} |"
-            )
-    out.append("")
-    for run in runs:
-        tol = (run["state"] or {}).get("tolerance")
-        rests = (
-            "no parity run"
-            if tol is None
-            else (
-                f"tolerance {tol['fraction']:.1%} of the reference's progress = "
-                + (
-                    "the 5% floor (no twin)"
-                    if tol["rounding_gap"] is None
-                    else f"max(5% floor, 4 x the twin's {tol['rounding_gap']:.2%})"
-                )
-            )
+    for r in f["runs"]:
+        lines.append(
+            f"- {r['model']}: {rests(r)}; exported {r['exported']} ({r['parity']['status']}); "
+            f"the search took {r['search_s']:.0f} s: `{r['command']}`"
         )
-        out.append(
-            f"- {run['model']}: {rests}; exported {run['exported']} "
-            f"({run['parity']['status']}); the whole search took {run['search_s']:.0f} s: "
-            f"`{run['command']}`"
-        )
-    return "\n".join(out) + "\n"
+    return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", action="append", required=True)
-    parser.add_argument(
-        "--readme",
-        action="store_true",
-        help="search with the README main job's flags (timed as such)",
-    )
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", action="append", help="[default: tiny-gpt2, tiny-t5]")
+    parser.add_argument("--readme", action="store_true", help="the README main job's flags")
     parser.add_argument("--max-trials", type=int, help="[default: 8; --readme: the README's]")
-    parser.add_argument("--parity-steps", type=int, default=20)
-    parser.add_argument("--append", action="store_true", help="add to RESULTS.md")
-    options = parser.parse_args()
-    flags = readme_main_job() if options.readme else SMALL_SEARCH
-    trials = options.max_trials if options.max_trials or options.readme else 8
-    runs = []
-    for model in options.model:
-        with tempfile.TemporaryDirectory() as tmp:
-            runs.append(search(model, Path(tmp), flags, trials, options.parity_steps))
-    figures = {**machine(), "runs": runs}
-    save("parity", figures, table(runs, options.parity_steps), options.append)
+    parser.add_argument("--parity-steps", type=int, help="[default: 20]")
 
 
 if __name__ == "__main__":
-    main()
+    run(Benchmark("parity", __doc__, measure, report, options))

@@ -14,20 +14,16 @@ study file, picking each time one of:
 - storage-busy: a search while another process holds the study file's write lock for a
   few seconds (the search waits for it and goes on).
 
-After each it records what is left: processes of its run still alive (every child
-inherits a marker in its environment), the soak's open file descriptors and memory,
-entries in /dev/shm, entries in the searches' temporary folder, and the study file's
-size per probe the searches said they ran (a resume searches on, so the file grows with
-what is measured, never with how often it is resumed). It fails, naming the count, when a
-search left a process behind, or when a count at the end is above its value after the
-first round of every kind (the baseline). It cleans up after itself, and prints the
-counts before and after.
+After each it records what is left (`Soak.counts`): processes still alive, open
+descriptors, memory, /dev/shm, temporary entries, the study file's bytes per probe. It
+fails, naming the count, when a search left a process behind, or when a count ends above
+its value after the first round of every kind (the baseline).
 
-    python benchmarks/soak.py --minutes 60 --append   # the hour RESULTS.md records
+    python benchmarks/soak.py --minutes 60 --record   # the hour RESULTS.md records
     python benchmarks/soak.py --minutes 2 --light     # the smallest (tests/test_benchmarks.py)
+    python benchmarks/soak.py --quick                 # the same
 
-`--light` makes each search two probes without confirmation rounds or parity runs, so
-that one round of every kind takes about two minutes.
+`--light`: searches of two probes, no confirmation or parity runs (a round: 2 minutes).
 """
 
 from __future__ import annotations
@@ -38,53 +34,24 @@ import json
 import os
 import random
 import re
-import resource
-import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from _common import ROOT, machine, save
-
-sys.path.insert(0, str(ROOT / "tests"))
-from job_script import BASE_ARGS, write_job  # the suite's LoRA SFTTrainer job
+from _user_job import BASE_ARGS, write_job  # the suite's LoRA SFTTrainer job
+from harness import Benchmark, Figures, gpt2, header, model_folder, run, table
 
 KINDS = ("stand-in", "factory", "resume", "ctrl-c", "sigkill", "storage-busy")
 MARK = "AUTOTUNE_SOAK"  # in every child's environment: what is still alive is ours
-TINY_GPT2 = {
-    "model_type": "gpt2",
-    "architectures": ["GPT2LMHeadModel"],
-    "n_embd": 64,
-    "n_layer": 2,
-    "n_head": 4,
-    "n_positions": 256,
-    "vocab_size": 512,
-    "bos_token_id": 0,
-    "eos_token_id": 0,
-}
 SHORT = [
-    "--device",
-    "cpu",
-    "--memory-budget",
-    "4GiB",
-    "--lever",
-    "torch_compile=false",
-    "--warmup-steps",
-    "1",
-    "--measure-steps",
-    "2",
-    "--time-budget",
-    "1m",
-    "--quiet",
+    *("--device", "cpu", "--memory-budget", "4GiB", "--lever", "torch_compile=false"),
+    *("--warmup-steps", "1", "--measure-steps", "2", "--time-budget", "1m", "--quiet"),
 ]
-
-
 FULL = ["--max-trials", "3"]
 LIGHT = ["--max-trials", "2", "--confirm-rounds", "0", "--parity", "quick"]
 
@@ -100,14 +67,8 @@ class Soak:
         self.db = work / "studies" / "autotune.db"
         write_job(work / "job")
         (work / "job" / "base.json").write_text(json.dumps(BASE_ARGS))
-        (work / "tiny").mkdir()
-        (work / "tiny" / "config.json").write_text(json.dumps(TINY_GPT2))
-        self.env = {
-            **os.environ,
-            MARK: self.token,
-            "TMPDIR": str(self.tmp),
-            "HF_HUB_OFFLINE": "1",
-        }
+        model_folder(work, "tiny", gpt2(n_embd=64, vocab_size=512))
+        self.env = {**os.environ, MARK: self.token, "TMPDIR": str(self.tmp), "HF_HUB_OFFLINE": "1"}
         self.count = 0
         self.probes = 0  # what the searches said they ran, to weigh the study file by
 
@@ -122,19 +83,8 @@ class Soak:
         else:
             job = ["--model", "./tiny", "--global-batch-size", "8", "--seq-len", "32"]
             study = "soak-resume" if kind == "resume" else f"soak-{kind}-{self.count}"
-        return [
-            sys.executable,
-            "-m",
-            "autotune",
-            "search",
-            *job,
-            *SHORT,
-            *(LIGHT if self.light else FULL),
-            "--study",
-            study,
-            "--storage",
-            storage,
-        ]
+        search = [sys.executable, "-m", "autotune", "search", *job, *SHORT]
+        return [*search, *(LIGHT if self.light else FULL), "--study", study, "--storage", storage]
 
     def search(self, kind: str) -> dict[str, object]:
         """One search of `kind`; what it did and what it left."""
@@ -272,10 +222,8 @@ def shared_memory() -> int:
 
 
 def rss_kib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmRSS:", 1)[1].split()[0])
 
 
 GROWING = ("fds", "rss_kib", "shm", "tmp_entries", "study_bytes_per_probe")
@@ -292,15 +240,15 @@ def verdict(runs: list[dict[str, object]]) -> list[str]:
     after the first round of every kind): descriptors, memory, shared memory, temporary
     entries, the study file's bytes per probe."""
     problems = []
-    for i, run in enumerate(runs):
-        if run["left_processes"]:
-            problems.append(f"search {i} ({run['kind']}) left {run['left_processes']}")
-        if "error" in run:
-            problems.append(f"search {i} ({run['kind']}) exited {run['exit']}: {run['error']}")
+    for i, r in enumerate(runs):
+        if r["left_processes"]:
+            problems.append(f"search {i} ({r['kind']}) left {r['left_processes']}")
+        if "error" in r:
+            problems.append(f"search {i} ({r['kind']}) exited {r['exit']}: {r['error']}")
     seen: set[object] = set()
     baseline_at = len(runs) - 1
-    for i, run in enumerate(runs):
-        seen.add(run["kind"])
+    for i, r in enumerate(runs):
+        seen.add(r["kind"])
         if len(seen) == len(KINDS):
             baseline_at = i
             break
@@ -313,67 +261,57 @@ def verdict(runs: list[dict[str, object]]) -> list[str]:
     return problems
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--minutes", type=float, default=60.0, help="how long [default: 60]")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--work", type=Path, help="a folder to keep [default: a temporary one]")
-    parser.add_argument("--light", action="store_true", help="searches of two probes")
-    parser.add_argument("--append", action="store_true", help="record in RESULTS.md")
-    options = parser.parse_args()
-    work = options.work or Path(tempfile.mkdtemp(prefix="autotune-soak-"))
+def measure(args: argparse.Namespace, work: Path) -> Figures:
+    work = args.work or work
     work.mkdir(parents=True, exist_ok=True)
-    soak = Soak(work, options.seed, options.light)
+    minutes = args.minutes or (2.0 if args.quick else 60.0)
+    soak = Soak(work, args.seed, args.light or args.quick)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stopped: clean up too
     # Started in the background (`&` in a script), the soak inherits SIGINT ignored, and
     # its searches would too: a Ctrl-C could not reach them. A handler is reset by exec.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     before = soak.counts()
     runs: list[dict[str, object]] = []
-    end = time.monotonic() + options.minutes * 60
+    end = time.monotonic() + minutes * 60
     order = list(KINDS)  # every kind once first (the baseline), then at random
     try:
         while time.monotonic() < end or len(runs) < len(KINDS):
             kind = order.pop(0) if order else soak.rng.choice(KINDS)
-            run = soak.search(kind)
-            runs.append(run)
-            print(json.dumps(run), flush=True)
+            runs.append(soak.search(kind))
+            print(json.dumps(runs[-1]), flush=True)
     finally:
         soak.alive(settle_s=0.0)
-        if options.work is None:
-            shutil.rmtree(work, ignore_errors=True)
-    problems = verdict(runs)
-    figures = {
-        **machine(),
-        "minutes": options.minutes,
+    baseline = runs[min(len(runs), len(KINDS)) - 1]
+    return {
+        "minutes": minutes,
         "searches": len(runs),
         "by_kind": {k: sum(r["kind"] == k for r in runs) for k in KINDS},
         "before": before,
-        "baseline": {k: v for k, v in runs[min(len(runs), len(KINDS)) - 1].items() if k in before},
+        "baseline": {k: v for k, v in baseline.items() if k in before},
         "after": {k: v for k, v in runs[-1].items() if k in before},
-        "problems": problems,
+        "problems": verdict(runs),
     }
-    markdown = (
-        f"""
-## Soak ({figures["date"]}, {options.minutes:g} minutes)
 
-Machine: {figures["machine"]}; {figures["versions"]}. Command: `python benchmarks/soak.py --minutes {options.minutes:g}`.
-{len(runs)} searches back to back ({", ".join(f"{k} {n}" for k, n in figures["by_kind"].items())}).
 
-| count | before | after the first round of each kind | at the end |
-| --- | --- | --- | --- |
-"""
-        + "".join(
-            f"| {k} | {before[k]} | {figures['baseline'].get(k)} | {figures['after'].get(k)} |\n"
-            for k in before
-        )
-        + f"\nProblems: {'; '.join(problems) if problems else 'none'}.\n"
+def report(f: Figures) -> str:
+    kinds = ", ".join(f"{k} {n}" for k, n in f["by_kind"].items())
+    rows = [(k, f["before"][k], f["baseline"].get(k), f["after"].get(k)) for k in f["before"]]
+    columns = ("count", "before", "after the first round of each kind", "at the end")
+    return (
+        header(f, f"Soak ({f['minutes']:g} minutes)")
+        + f"\n{f['searches']} searches back to back ({kinds}).\n\n"
+        + table(columns, rows)
+        + f"\nProblems: {'; '.join(f['problems']) or 'none'}.\n"
     )
-    save("soak", figures, markdown, options.append)
-    if problems:
-        print("\n".join(["leaked:", *problems]), file=sys.stderr)
-        sys.exit(1)
+
+
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--minutes", type=float, help="how long [default: 60; --quick: 2]")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work", type=Path, help="a folder to keep [default: a temporary one]")
+    parser.add_argument("--light", action="store_true", help="searches of two probes")
 
 
 if __name__ == "__main__":
-    main()
+    if problems := run(Benchmark("soak", __doc__, measure, report, options))["problems"]:
+        sys.exit("\n".join(["leaked:", *problems]))

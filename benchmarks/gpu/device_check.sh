@@ -26,14 +26,14 @@ if [[ $steps == *" cuda "* ]]; then
 fi
 if [[ $steps == *" qlora "* ]]; then  # QLoRA as users run it: 4-bit NF4 on the GPU, SFTTrainer
   export TMPDIR=/tmp/jobs && mkdir -p $TMPDIR
-  ( time timeout 110 python3 benchmarks/jobs.py --device cuda --budget 20GiB --jobs qlora --time-budget 1m --no-append ) > $OUT/qlora.log 2>&1
-  ( cd $TMPDIR/autotune-jobs-* && cat qlora.search.log >> $OUT/qlora.log ; python3 -m autotune show --study qlora ) > $OUT/qlora_show.txt 2>&1
+  ( time timeout 110 python3 benchmarks/jobs.py --device cuda --budget 20GiB --jobs qlora --time-budget 1m --work $TMPDIR/work ) > $OUT/qlora.log 2>&1
+  ( cd $TMPDIR/work && cat qlora.search.log >> $OUT/qlora.log ; python3 -m autotune show --study qlora ) > $OUT/qlora_show.txt 2>&1
   unset TMPDIR
 fi
 if [[ $steps == *" padfree "* ]]; then  # where padding-free batches can pay: flex attention
   export TMPDIR=/tmp/padfree && mkdir -p $TMPDIR
-  ( time timeout 230 python3 benchmarks/jobs.py --device cuda --budget 20GiB --jobs qlora --long --attention flex_attention --time-budget 3m --no-append ) > $OUT/padfree.log 2>&1
-  ( cd $TMPDIR/autotune-jobs-* && cat qlora.search.log >> $OUT/padfree.log ; python3 -m autotune show --study qlora ) > $OUT/padfree_show.txt 2>&1
+  ( time timeout 230 python3 benchmarks/jobs.py --device cuda --budget 20GiB --jobs qlora --long --attention flex_attention --time-budget 3m --work $TMPDIR/work ) > $OUT/padfree.log 2>&1
+  ( cd $TMPDIR/work && cat qlora.search.log >> $OUT/padfree.log ; python3 -m autotune show --study qlora ) > $OUT/padfree_show.txt 2>&1
   unset TMPDIR
 fi
 if [[ $steps == *" levels "* ]]; then  # a GPT-2 shape at 8192 tokens: one sample binds
