@@ -55,6 +55,7 @@ def capped(quick: bool) -> Figures:
     return {
         **s,
         "model": gpt2(n_embd=192, n_layer=4, n_positions=512, vocab_size=8192),
+        "budget": f"{s['budget_mib']}MiB",
         "search": [
             *("--memory-budget", f"{s['budget_mib']}MiB", "--max-trials", str(s["max_trials"])),
             *("--confirm-top", str(s["confirm_top"]), "--parity", s["parity"]),
@@ -192,10 +193,11 @@ def report(f: Figures) -> str:
 def section(name: str, s: Figures) -> str:
     m = s["model"]
     text = (
-        f"\n{name.capitalize()}: GPT-2 shape, {m['n_layer']} layers, {m['n_embd']} wide, vocab "
-        f"{m['vocab_size']}, {s['seq_len']} tokens, global batch {s['global_batch']}; a search of "
-        f"{s['search_wall_s']:.0f} s ({len(s['probed'])} probes), then {s['long_steps']} steps a "
-        "long run (steady samples/s: after the first two; peaks: peak RSS).\n\n"
+        f"\n{name.capitalize()}: GPT-2 shape, {m['n_layer']} layers, {m['n_embd']} wide, "
+        f"vocab {m['vocab_size']}, {s['seq_len']} tokens, global batch {s['global_batch']}, "
+        f"{s['budget']}; a search of {s['search_wall_s']:.0f} s ({len(s['probed'])} probes), "
+        f"then {s['long_steps']} steps a long run (steady samples/s: after the first two; "
+        "peaks: peak RSS).\n\n"
     )
     columns = ["config", "settings", "probe samples/s", "long-run samples/s", "ratio"]
     columns += ["probe peak", "long-run peak", "ratio", "headroom it needs", "long run"]
