@@ -6,8 +6,8 @@ SPEC: {"model": config dict, "task": ..., "seq_len", "target_len", "budget_bytes
 "args": TrainingArguments fields, "num_samples"}, and optionally "eval_samples" (an
 evaluation set of that many worst-case samples, for the args' eval_strategy) and
 "attn_implementation"; a "budget_bytes" of null sets no RLIMIT_DATA. OUT: outcome,
-steady samples/s (steps after the first two), time to the first completed step, peak
-RSS, the batch in use, and where the peak grew (`Peaks`).
+steady samples/s (steps after the first two), peak RSS, the batch in use, and where the
+peak grew (`Watch`).
 Not part of autotune: the benchmarks' stand-in for "the user's own training".
 """
 
@@ -33,18 +33,6 @@ from autotune.hf.models import build_model  # noqa: E402
 from autotune.probe.data import WorstCaseDataset  # noqa: E402
 
 
-class Steps(TrainerCallback):
-    def __init__(self) -> None:
-        self.ends: list[float] = []
-        self.batch = 0
-
-    def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
-        self.ends.append(time.perf_counter())
-
-    def on_train_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
-        self.ends.clear()  # auto_find_batch_size restarts training after an OOM
-
-
 def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
@@ -57,24 +45,19 @@ def data_segment() -> int:
     return 0
 
 
-class Peaks(TrainerCallback):
-    """Where the peak resident set grew: its growth since the previous callback is
-    credited to the event that just ended (the setup before training, a training step
-    before the first evaluation or after it, an evaluation, a save). ru_maxrss is the
-    whole process's high-water mark, so the growth between two callbacks is exactly
-    what happened between them."""
+class Watch(TrainerCallback):
+    """When each optimizer step ended, and where the peak resident set grew: its growth
+    since the previous callback is credited to the event that just ended (the setup, a
+    training step before the first evaluation or after it, an evaluation, a save).
+    ru_maxrss is the process's high-water mark, so the growth between two callbacks is
+    exactly what happened between them."""
 
     def __init__(self) -> None:
+        self.ends: list[float] = []
         self.last = peak_rss()
         # the imports' peak, then what each kind of event added: they sum to the peak
-        self.grew = {
-            "imports": self.last,
-            "setup": 0,
-            "first_steps": 0,  # the training steps before the first evaluation
-            "later_steps": 0,
-            "evaluations": 0,
-            "saves": 0,
-        }
+        events = ("setup", "first_steps", "later_steps", "evaluations", "saves")
+        self.grew = {"imports": self.last, **dict.fromkeys(events, 0)}
         self.before_evaluation: int | None = None  # the peak when the first evaluation began
         self.data_max = data_segment()  # VmData's largest sample at these callbacks
 
@@ -85,9 +68,11 @@ class Peaks(TrainerCallback):
         self.data_max = max(self.data_max, data_segment())
 
     def on_train_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        self.ends.clear()  # auto_find_batch_size restarts training after an OOM
         self.credit("setup")
 
     def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        self.ends.append(time.perf_counter())
         self.credit("first_steps" if self.before_evaluation is None else "later_steps")
 
     def on_evaluate(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
@@ -111,8 +96,7 @@ def worst_case(length: int, offset: int = 0) -> WorstCaseDataset:
 
 
 out: dict[str, object] = {}
-steps = Steps()
-peaks = Peaks()
+watch = Watch()
 try:
     attention = spec.get("attn_implementation")  # none: the model's default
     model = build_model(
@@ -128,12 +112,12 @@ try:
         args=args,
         train_dataset=data,
         eval_dataset=held,  # samples disjoint from the training ones
-        callbacks=[steps, peaks],
+        callbacks=[watch],
     )
     trainer.train()
     per_device = int(getattr(trainer, "_train_batch_size", args.per_device_train_batch_size))
     samples_per_step = per_device * args.gradient_accumulation_steps
-    intervals = [b - a for a, b in zip(steps.ends[1:], steps.ends[2:], strict=False)]
+    intervals = [b - a for a, b in zip(watch.ends[1:], watch.ends[2:], strict=False)]
     out = {
         "outcome": "ok",
         "per_device_train_batch_size": per_device,
@@ -141,14 +125,14 @@ try:
         "steady_samples_per_s": (
             samples_per_step * len(intervals) / sum(intervals) if intervals else None
         ),
-        "steps": len(steps.ends),
+        "steps": len(watch.ends),
     }
 except BaseException as exc:  # classify like the probe does
     oom = is_out_of_memory(exc, limit_bytes=budget, in_use_bytes=None)
     out = {"outcome": "oom" if oom else "error", "error": f"{type(exc).__name__}: {exc}"[:300]}
 out["wall_s"] = time.perf_counter() - started
 out["peak_rss_bytes"] = peak_rss()
-out["peak_grew_bytes"] = peaks.grew
-out["peak_before_evaluation_bytes"] = peaks.before_evaluation
-out["data_segment_max_bytes"] = peaks.data_max
+out["peak_grew_bytes"] = watch.grew
+out["peak_before_evaluation_bytes"] = watch.before_evaluation
+out["data_segment_max_bytes"] = watch.data_max
 Path(sys.argv[2]).write_text(json.dumps(out))

@@ -324,3 +324,71 @@ def train(spec: dict[str, Any], work: Path) -> dict[str, Any]:
     result: dict[str, Any] = json.loads(out.read_text())
     result["process_wall_s"] = time.monotonic() - started
     return result
+
+
+# --- configs trained by the user's own Trainer, side by side (a search's pick and others) ---
+
+# A search of the classic five dimensions only: benchmarks/levers.py measures the others
+CLASSIC = ("--lever", "torch_compile=false", "--lever", "attn_implementation=sdpa")
+
+
+def trainer_spec(
+    model: dict[str, Any],
+    task: str,
+    seq_len: int,
+    args: dict[str, Any],
+    steps: int,
+    budget_bytes: int | None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """What `train` runs: `args` (TrainingArguments fields) for `steps` optimizer steps of
+    `model` on worst-case samples of `seq_len` tokens, under `budget_bytes` (None: no
+    cap). `fields`: the spec's others (target_len, eval_samples, attn_implementation)."""
+    batch = args["per_device_train_batch_size"] * args.get("gradient_accumulation_steps", 1)
+    return {
+        "model": model,
+        "task": task,
+        "seq_len": seq_len,
+        "target_len": 0,
+        "budget_bytes": budget_bytes,
+        "num_samples": batch * (steps + 2),
+        **fields,
+        "args": {
+            "output_dir": "out",
+            "report_to": "none",
+            "save_strategy": "no",
+            "disable_tqdm": True,
+            "use_cpu": True,
+            **args,
+            "max_steps": steps,
+        },
+    }
+
+
+def exported(work: Path, study: str) -> dict[str, Any]:
+    """The training arguments `autotune search --study STUDY` exported, as a user's script
+    takes them (the output folder and the device left to the run)."""
+    args: dict[str, Any] = json.loads((work / "studies" / f"{study}.best.json").read_text())
+    return {k: v for k, v in args.items() if k not in ("output_dir", "use_cpu")}
+
+
+def side_by_side(
+    work: Path,
+    ways: dict[str, dict[str, Any]],
+    spec: Callable[[dict[str, Any]], dict[str, Any]],
+    rounds: int = 1,
+) -> dict[str, list[dict[str, Any]]]:
+    """Each way's training arguments trained by `train(spec(args))` once a round, in
+    reverse order on odd rounds so that a drifting host favours no position: the runs'
+    results, by way."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in ways}
+    for number in range(rounds):
+        for name in list(ways) if number % 2 == 0 else list(reversed(ways)):
+            result = train(spec(ways[name]), work)
+            runs[name].append(result)
+            speed = result.get("steady_samples_per_s") or 0.0
+            print(
+                f"round {number + 1}, {name}: {speed:.2f} samples/s ({result['outcome']})",
+                flush=True,
+            )
+    return runs
