@@ -103,13 +103,16 @@ def _against(runs: dict[K, Rounds], best: K) -> Truth[K]:
 
 
 def measure(
-    probe: Callable[[K], float], keys: Sequence[K], before: dict[K, Rounds] | None = None
+    probe: Callable[[K], float],
+    keys: Sequence[K],
+    before: dict[K, Rounds] | None = None,
+    rounds: int = ROUNDS,
 ) -> Truth[K]:
-    """`ROUNDS` interleaved rounds of `keys`, then more rounds for unsettled ties (up to
+    """`rounds` interleaved rounds of `keys`, then more rounds for unsettled ties (up to
     `MAX_ROUNDS` of them); added to the rounds `before` (another day's), pooled."""
     runs: dict[K, Rounds] = {k: dict(v) for k, v in (before or {}).items()}
     start = {k: len(v) for k, v in runs.items()}
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         interleaved(probe, keys, runs)
     while True:
         truth = paired(runs)

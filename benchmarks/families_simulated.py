@@ -271,7 +271,7 @@ def main() -> None:
         work = Path(scratch)
         for row in selected(recorded, args.only):
             row = {**row, "trial_budget": recorded.get("trial_budget", TRIALS)}
-            model_dir, grid = families.model_folder(row, work), recorded_grid(row)
+            model_dir, grid = families.setting_folder(row, work), recorded_grid(row)
             if args.show is not None:
                 print(one_search(row, grid, model_dir, args.show, work, show=True))
                 continue

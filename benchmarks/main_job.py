@@ -14,13 +14,12 @@ The grid is `TUNED`'s space (read back from a study its flags created), every co
 probed once under the search's limit with the search's own probe (fork server, the
 model built once), `GRID_MEASURE` timed steps each; then the contenders (a first run
 within `NEAR` of the best's) are timed again in interleaved rounds and paired with the
-best round by round. It is measured once and kept in main_job.json with the date and
-versions; each run's picks are scored against it where they are in it (a tie with the
-best scores 1).
+best round by round. It is measured once and kept in main_job_grid.json with the date
+and versions; each run's picks are scored against it (a tie with the best scores 1).
 
-    python benchmarks/main_job.py --grid     # the grid, alone on the machine (37 min here)
-    python benchmarks/main_job.py --runs 1   # both commands, timed and compared (about
-                                             # 12 min a run), scored, appended
+    python benchmarks/main_job.py --grid --record   # the grid, alone (37 min here)
+    python benchmarks/main_job.py --record          # both commands, timed, compared and
+                                                    # scored (about 12 min a run)
 """
 
 from __future__ import annotations
@@ -29,15 +28,23 @@ import argparse
 import dataclasses
 import json
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from _common import HERE, autotune, machine, readme_main_job
 from _truth import Truth, measure
-from search_efficiency import score
+from harness import (
+    HERE,
+    Benchmark,
+    Figures,
+    autotune,
+    header,
+    readme_main_job,
+    run,
+    score,
+    stamp,
+    table,
+)
 
 from autotune.core.trial import Candidate, TrialResult
 from autotune.launch.forkserver import model_to_share
@@ -46,46 +53,24 @@ from autotune.store.store import StudyStore
 from autotune.tuning.limits import SearchLimits
 from autotune.tuning.run import SearchRun
 
-FIXTURE = HERE / "main_job.json"
+FIXTURE = HERE / "main_job_grid.json"
 GRID_MEASURE = 5  # timed steps of a grid run (the search's probes time 1 to 5)
 GRID_WARMUP = 2
 NEAR = 0.2  # a config whose first run comes this close to the best's is a contender
 # The README's main job until 2026-11-26: the workload, and flags fit by hand to a 4.5
 # minute search, which the time budget now plans
 TUNED = [
-    "--model",
-    "google/mt5-small",
-    "--global-batch-size",
-    "16",
-    "--seq-len",
-    "64",
-    "--target-len",
-    "16",
-    "--measure-steps",
-    "3",
-    "--time-budget",
-    "4m30s",
-    "--parity",
-    "quick",
-    "--lever",
-    "torch_compile=false",
-    "--lever",
-    "attn_implementation=sdpa",
+    *("--model", "google/mt5-small", "--global-batch-size", "16"),
+    *("--seq-len", "64", "--target-len", "16", "--measure-steps", "3"),
+    *("--time-budget", "4m30s", "--parity", "quick"),
+    *("--lever", "torch_compile=false", "--lever", "attn_implementation=sdpa"),
 ]
 # Flags that do not change the space: a grid stays the truth of a command that differs
 # only in these
 NOT_SPACE = (
-    "--study",
-    "--time-budget",
-    "--max-trials",
-    "--parity",
-    "--parity-steps",
-    "--confirm-top",
-    "--confirm-steps",
-    "--warmup-steps",
-    "--measure-steps",
-    "--quiet",
-    "--format",
+    *("--study", "--time-budget", "--max-trials", "--parity", "--parity-steps"),
+    *("--confirm-top", "--confirm-steps", "--warmup-steps", "--measure-steps"),
+    *("--quiet", "--format"),
 )
 
 
@@ -135,43 +120,26 @@ class GridProber:
         self.run.launcher.close()
 
 
-def spec_study(work: Path) -> StudyStore:
-    """A study the tuned command's flags created (one probe), whose stored spec is the space."""
-    flags = [
-        *without(TUNED, NOT_SPACE),
-        "--max-trials",
-        "1",
-        "--parity",
-        "off",
-        "--confirm-top",
-        "0",
-    ]
-    done = autotune(work, "search", "--study", "grid", *flags, "--quiet")
+def measure_grid(work: Path) -> dict[str, Any]:
+    """The tuned command's space (from a study its flags created, one probe), each config
+    once, then the contenders in interleaved rounds."""
+    started = time.monotonic()
+    flags = [*without(TUNED, NOT_SPACE), "--max-trials", "1", "--parity", "off"]
+    done = autotune(work, "search", "--study", "grid", *flags, "--confirm-top", "0", "--quiet")
     if done.returncode != 0:
         raise SystemExit(f"the tuned command's flags did not make a study:\n{done.stderr}")
-    return StudyStore.load(url=f"sqlite:///{work}/studies/autotune.db", name="grid")
-
-
-def measure_grid(work: Path) -> dict[str, Any]:
-    started = time.monotonic()
-    store = spec_study(work)
+    store = StudyStore.load(url=f"sqlite:///{work}/studies/autotune.db", name="grid")
     prober = GridProber(store, work)
     try:
-        configs = list(store.spec.space.candidates(include_fallback=False))
-        first: dict[str, float] = {}
-        by_label: dict[str, Candidate] = {}
-        for c in configs:
-            by_label[c.describe()] = c
-            first[c.describe()] = prober.speed(c)
-            print(f"  {c.describe()}: {first[c.describe()]:.2f} samples/s", flush=True)
+        configs = {c.describe(): c for c in store.spec.space.candidates(include_fallback=False)}
+        first = {k: prober.speed(c) for k, c in configs.items()}
+        print(first, flush=True)
         top = max(first.values())
         near = [k for k, s in first.items() if top > 0 and s >= (1 - NEAR) * top]
-        print(f"contenders: {near}", flush=True)
-        truth: Truth[str] = measure(lambda k: prober.speed(by_label[k]), near)
+        truth: Truth[str] = measure(lambda k: prober.speed(configs[k]), near)
     finally:
         prober.close()
     return {
-        **machine(),
         "flags": without(TUNED, NOT_SPACE),
         "space": len(configs),
         "grid_steps": {"warmup": GRID_WARMUP, "measured": GRID_MEASURE},
@@ -185,7 +153,6 @@ def measure_grid(work: Path) -> dict[str, Any]:
             "half_widths": {k: round(v, 4) for k, v in truth.half_widths.items()},
             "rounds": {k: [round(v[r], 3) for r in sorted(v)] for k, v in truth.runs.items()},
         },
-        "runs": [],
     }
 
 
@@ -216,7 +183,6 @@ def timed_search(work: Path, flags: list[str]) -> dict[str, Any]:
         "probes": out["probes_this_run"],
         "stop_reason": out["stop_reason"],
         "parity": out["parity"] and out["parity"].get("verdict"),
-        "progress": done.stderr.splitlines()[-60:],
     }
 
 
@@ -233,12 +199,10 @@ def side_by_side(readme: Path, tuned: Path) -> dict[str, Any]:
         truth: Truth[str] = measure(lambda k: prober.speed(picks[k]), list(picks))
     finally:
         prober.close()
-    against = truth.best
-    other = "readme" if against == "tuned" else "tuned"
-    readme_ratio = truth.ratios["readme"] / truth.ratios["tuned"]
+    other = "readme" if truth.best == "tuned" else "tuned"
     return {
         "same_config": False,
-        "ratio": round(readme_ratio, 4),
+        "ratio": round(truth.ratios["readme"] / truth.ratios["tuned"], 4),
         "half_width": round(truth.half_widths[other], 4),
         "tie": other in truth.ties,
         "rounds": {k: [round(v[r], 3) for r in sorted(v)] for k, v in truth.runs.items()},
@@ -246,54 +210,58 @@ def side_by_side(readme: Path, tuned: Path) -> dict[str, Any]:
 
 
 def picked(work: Path) -> Candidate:
-    """The config the search in `work` exported: its study's record of the export's
-    settings (the sidecar names the trial)."""
+    """The config the search in `work` exported (the sidecar names its trial)."""
     sidecar = json.loads((work / "studies" / "main.best.summary.json").read_text())
     store = StudyStore.load(url=f"sqlite:///{work}/studies/autotune.db", name="main")
-    number = sidecar["best"]["trial"]
-    return next(r.candidate for r in store.records() if r.number == number)
+    return next(r.candidate for r in store.records() if r.number == sidecar["best"]["trial"])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--grid", action="store_true", help="measure the grid into main_job.json")
-    parser.add_argument("--runs", type=int, default=1, help="times to run the two commands")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.grid:
-            FIXTURE.write_text(json.dumps(measure_grid(Path(tmp)), indent=2) + "\n")
-            print(f"wrote {FIXTURE}")
-            return
-    if not FIXTURE.exists():
-        sys.exit("no grid recorded: run `python benchmarks/main_job.py --grid` first")
+def measure_runs(args: argparse.Namespace, work: Path) -> Figures:
+    if args.grid:
+        grid = {**stamp(), **measure_grid(work)}
+        if args.record:
+            FIXTURE.write_text(json.dumps(grid, indent=2) + "\n")
+        return {"grid": grid}
     grid = json.loads(FIXTURE.read_text())
     if grid["flags"] != without(TUNED, NOT_SPACE):
-        sys.exit("the tuned command changed since the grid was measured: measure it again")
+        raise SystemExit("the tuned command changed since the grid was measured: --grid again")
+    runs = []
     for number in range(args.runs):
-        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-            folders = {"readme": Path(a), "tuned": Path(b)}
-            order = ["readme", "tuned"] if number % 2 == 0 else ["tuned", "readme"]
-            runs = {
-                k: timed_search(folders[k], readme_main_job() if k == "readme" else TUNED)
-                for k in order
-            }
-            compared = side_by_side(folders["readme"], folders["tuned"])
-        for run in runs.values():
-            run["ratio_to_grid"] = round(ratio(run["selected"], grid), 3)
-        record = {
-            "date": machine()["date"],
-            "flags": readme_main_job(),
-            **runs,
-            "readme_vs_tuned": compared,
-        }
-        shown = {
-            k: ({f: v for f, v in r.items() if f != "progress"} if isinstance(r, dict) else r)
-            for k, r in record.items()
-        }
-        print(json.dumps(shown), flush=True)
-        grid["runs"].append(record)
-        FIXTURE.write_text(json.dumps(grid, indent=2) + "\n")
+        folders = {"readme": work / f"readme-{number}", "tuned": work / f"tuned-{number}"}
+        timed = {}
+        for way in ("readme", "tuned") if number % 2 == 0 else ("tuned", "readme"):
+            folders[way].mkdir()
+            timed[way] = timed_search(folders[way], readme_main_job() if way == "readme" else TUNED)
+            timed[way]["ratio_to_grid"] = round(ratio(timed[way]["selected"], grid), 3)
+        runs.append({**timed, "readme_vs_tuned": side_by_side(folders["readme"], folders["tuned"])})
+        print(json.dumps(runs[-1]), flush=True)
+    return {"flags": readme_main_job(), "grid_date": grid["date"], "runs": runs}
+
+
+def report(f: Figures) -> str:
+    text = header(f, "The README's main job against the command tuned by hand")
+    if "grid" in f:
+        g = f["grid"]
+        return text + (
+            f"\nGrid of the tuned command's space: {g['space']} configs in {g['wall_s']:.0f} s; "
+            f"best {g['truth']['best']}, {len(g['truth']['ties'])} tied.\n"
+        )
+    rows = []
+    for r in f["runs"]:
+        for way in ("readme", "tuned"):
+            run_ = r[way]
+            figures = (f"{run_['wall_s']:.0f} s", run_["probes"], run_["selected"])
+            rows.append((way, *figures, run_["samples_per_s"], run_["ratio_to_grid"]))
+        v = r["readme_vs_tuned"]
+        rows.append(("readme / tuned", "", "", "", f"{v['ratio']} +-{v['half_width']:.1%}", ""))
+    columns = ("command", "wall", "probes", "selected", "samples/s", "to the grid's best")
+    return text + f"\nGrid of {f['grid_date']}.\n\n" + table(columns, rows)
+
+
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--grid", action="store_true", help="measure the grid (--record keeps it)")
+    parser.add_argument("--runs", type=int, default=1, help="times to run the two commands")
 
 
 if __name__ == "__main__":
-    main()
+    run(Benchmark("main_job", __doc__, measure_runs, report, options))

@@ -8,7 +8,7 @@ import sys
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import readme_main_job
+from harness import readme_main_job
 from main_job import FIXTURE, NOT_SPACE, TUNED, ratio, without
 
 

@@ -88,7 +88,7 @@ def test_an_inherited_model_gives_the_peak_and_loss_of_a_fresh_process(
     assert inherited.final_loss == pytest.approx(fresh.final_loss, rel=1e-5)
     # Its speed against a fresh process is a benchmark's question, not a test's: two tests
     # share these two cores, and a step read 1.5-2x slower for whichever probe ran beside
-    # another test (ci). `benchmarks/search_efficiency.py` times the three launches
+    # another test (ci). `benchmarks/families.py` times the three launches
     # interleaved, alone on the host, and prints each one's quickest step.
 
 
