@@ -1,121 +1,185 @@
+#!/usr/bin/env python
 """Where a CUDA training peak of mT5-small goes: allocated against reserved, backward
-against the optimizer step, step by step (needs a GPU; 3 Trainer steps per config, each
-in a fresh process, global batch 16, 64/16 tokens).
+against the optimizer step, step by step (needs a GPU).
 
-    python benchmarks/gpu/peak_breakdown.py 1   # five configs, default and expandable allocator
-    python benchmarks/gpu/peak_breakdown.py 2   # fp32 AdamW, every batch split, ckpt off/on
+Each config runs 3 Trainer steps in a fresh process (global batch 16, 64/16 tokens, sdpa)
+that reads the allocator's figures at each step's edges; then `autotune estimate` of the
+same job, for comparison. Recorded by hand before this harness:
+benchmarks/gpu/h100_mt5-small_where_the_peak_goes.txt.
 
-Output: benchmarks/gpu/h100_mt5-small_where_the_peak_goes.txt.
+    python benchmarks/gpu/peak_breakdown.py --configs 1   # five configs, default and expandable allocator
+    python benchmarks/gpu/peak_breakdown.py --configs 2   # fp32 AdamW, every batch split, ckpt off/on
+    python benchmarks/gpu/peak_breakdown.py --quick       # 8x2 fp32 AdamW alone
 """
 
-import json
-import os
-import subprocess
-import sys
+from __future__ import annotations
 
-RUN = sys.argv[1] if len(sys.argv) > 1 else "2"
-if RUN == "1":
-    CONFIGS = [
+import argparse
+import multiprocessing
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the harness, one level up
+
+from harness import Benchmark, Figures, autotune, header, run, table
+
+GLOBAL_BATCH, SEQ_LEN, TARGET_LEN, STEPS = 16, 64, 16, 3
+G = 2**30
+Config = tuple[int, str, str, bool]  # micro-batch, precision, optimizer, checkpointed
+CONFIGS: dict[str, list[Config]] = {
+    "1": [
         (8, "fp32", "adamw_torch", False),
         (16, "fp32", "adamw_torch", False),
         (8, "fp32", "adafactor", False),
         (8, "bf16", "adamw_torch", False),
         (8, "fp32", "adamw_torch_fused", False),
-    ]
-    ALLOC = ("", "expandable_segments:True")
-else:
-    CONFIGS = [(b, "fp32", "adamw_torch", ck) for ck in (False, True) for b in (16, 8, 4, 2, 1)]
-    ALLOC = ("",)
+    ],
+    "2": [(b, "fp32", "adamw_torch", ck) for ck in (False, True) for b in (16, 8, 4, 2, 1)],
+}
+ALLOCATORS = {"1": ("", "expandable_segments:True"), "2": ("",)}  # PYTORCH_CUDA_ALLOC_CONF
 
-CHILD = r"""
-import json, sys, torch, transformers
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, Trainer, TrainingArguments, TrainerCallback
-from autotune.hf.models import resolve_model, transformers_config
-batch, prec, optim, out, ckpt = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "1"
-spec = resolve_model("google/mt5-small")
-cfg = transformers_config(spec.config)
-torch.manual_seed(0)
-model = AutoModelForSeq2SeqLM.from_config(cfg, attn_implementation="sdpa")
-n = sum(p.numel() for p in model.parameters())
-class DS(torch.utils.data.Dataset):
-    def __len__(self): return 10000
-    def __getitem__(self, i):
+
+def peaks(config: Config, alloc: str) -> Figures:
+    """In a fresh process: 3 Trainer steps of `config`, the allocator read at each edge."""
+    if alloc:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = alloc
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, Trainer, TrainerCallback, TrainingArguments
+
+    from autotune.hf.models import resolve_model, transformers_config
+
+    batch, precision, optim, checkpointed = config
+    model_config = transformers_config(resolve_model("google/mt5-small").config)
+    torch.manual_seed(0)
+    model = AutoModelForSeq2SeqLM.from_config(model_config, attn_implementation="sdpa")
+    rec: dict[str, Any] = {"params": sum(p.numel() for p in model.parameters())}
+
+    def read(**figures: Any) -> None:
+        torch.cuda.synchronize()
+        for name, how in figures.items():
+            rec.setdefault(name, []).append(how())
+
+    def sample(i: int) -> dict[str, Any]:
         g = torch.Generator().manual_seed(i)
-        return {"input_ids": torch.randint(1, cfg.vocab_size, (64,), generator=g),
-                "attention_mask": torch.ones(64, dtype=torch.long),
-                "labels": torch.randint(1, cfg.vocab_size, (16,), generator=g)}
-rec = {"params": n}
-class CB(TrainerCallback):
-    def on_step_begin(self, *a, **k):
-        torch.cuda.synchronize(); rec.setdefault("start_alloc", []).append(torch.cuda.memory_allocated())
-        torch.cuda.reset_peak_memory_stats()
-    def on_pre_optimizer_step(self, *a, **k):
-        torch.cuda.synchronize()
-        rec.setdefault("fwd_bwd_peak_alloc", []).append(torch.cuda.max_memory_allocated())
-        rec.setdefault("fwd_bwd_peak_reserved", []).append(torch.cuda.max_memory_reserved())
-        rec.setdefault("pre_step_alloc", []).append(torch.cuda.memory_allocated())
-        torch.cuda.reset_peak_memory_stats()
-    def on_optimizer_step(self, *a, **k):
-        torch.cuda.synchronize()
-        rec.setdefault("step_peak_alloc", []).append(torch.cuda.max_memory_allocated())
-        rec.setdefault("step_peak_reserved", []).append(torch.cuda.max_memory_reserved())
-args = TrainingArguments(output_dir="/tmp/gapout", per_device_train_batch_size=batch,
-    gradient_accumulation_steps=16 // batch, max_steps=3, **{("activation_checkpointing" if "activation_checkpointing" in TrainingArguments.__dataclass_fields__ else "gradient_checkpointing"): ckpt}, bf16=prec == "bf16", optim=optim,
-    report_to=[], logging_strategy="no", save_strategy="no", dataloader_num_workers=0)
-Trainer(model=model, args=args, train_dataset=DS(), callbacks=[CB()]).train()
-s = torch.cuda.memory_stats()
-rec.update({k: s.get(k) for k in ("allocated_bytes.all.peak", "reserved_bytes.all.peak",
-    "inactive_split_bytes.all.peak", "num_alloc_retries", "segment.all.peak")})
-rec["final_alloc"] = torch.cuda.memory_allocated(); rec["final_reserved"] = torch.cuda.memory_reserved()
-json.dump(rec, open(out, "w"))
-"""
-G = 2**30
-res = {}
-for conf in ALLOC:
-    for b, p, o, ck in CONFIGS:
-        out = f"/tmp/gap-{b}-{p}-{o}-{ck}-{bool(conf)}.json"
-        env = {**os.environ}
-        if conf:
-            env["PYTORCH_CUDA_ALLOC_CONF"] = conf
-        done = subprocess.run(
-            [sys.executable, "-c", CHILD, str(b), p, o, out, "1" if ck else "0"],
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode:
-            print(b, p, o, conf, "FAILED", done.stderr[-800:])
-            continue
-        r = json.load(open(out))
-        res[f"{b}x{16 // b} {p} {o} ckpt={ck} {conf}"] = r
+        return {
+            "input_ids": torch.randint(1, model_config.vocab_size, (SEQ_LEN,), generator=g),
+            "attention_mask": torch.ones(SEQ_LEN, dtype=torch.long),
+            "labels": torch.randint(1, model_config.vocab_size, (TARGET_LEN,), generator=g),
+        }
 
-        def f(k, r=r):
-            return "/".join(f"{v / G:.2f}" for v in r[k])
+    class Edges(TrainerCallback):  # type: ignore[misc]
+        def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
+            read(start_alloc=torch.cuda.memory_allocated)
+            torch.cuda.reset_peak_memory_stats()
 
-        print(
-            f"{b}x{16 // b} {p} {o} ckpt={ck} [{conf or 'default'}] params {r['params'] / 1e6:.0f}M start {f('start_alloc')} | fwd+bwd alloc {f('fwd_bwd_peak_alloc')} resv {f('fwd_bwd_peak_reserved')} | pre-step {f('pre_step_alloc')} | step alloc {f('step_peak_alloc')} resv {f('step_peak_reserved')} | inactive split peak {r['inactive_split_bytes.all.peak'] / G:.2f} retries {r['num_alloc_retries']}",
-            flush=True,
+        def on_pre_optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+            read(
+                fwd_bwd_peak_alloc=torch.cuda.max_memory_allocated,
+                fwd_bwd_peak_reserved=torch.cuda.max_memory_reserved,
+                pre_step_alloc=torch.cuda.memory_allocated,
+            )
+            torch.cuda.reset_peak_memory_stats()
+
+        def on_optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+            read(
+                step_peak_alloc=torch.cuda.max_memory_allocated,
+                step_peak_reserved=torch.cuda.max_memory_reserved,
+            )
+
+    fields = TrainingArguments.__dataclass_fields__  # the name changed in transformers 5
+    ckpt = (
+        "activation_checkpointing"
+        if "activation_checkpointing" in fields
+        else "gradient_checkpointing"
+    )
+    args = TrainingArguments(
+        output_dir="/tmp/peak_breakdown",
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=GLOBAL_BATCH // batch,
+        max_steps=STEPS,
+        bf16=precision == "bf16",
+        optim=optim,
+        report_to=[],
+        logging_strategy="no",
+        save_strategy="no",
+        dataloader_num_workers=0,
+        **{ckpt: checkpointed},
+    )
+    Trainer(
+        model=model,
+        args=args,
+        train_dataset=[sample(i) for i in range(GLOBAL_BATCH * STEPS)],
+        callbacks=[Edges()],
+    ).train()
+    stats = torch.cuda.memory_stats()
+    kept = ("allocated_bytes.all.peak", "reserved_bytes.all.peak", "segment.all.peak")
+    kept += ("inactive_split_bytes.all.peak", "num_alloc_retries")
+    rec.update({name: stats.get(name) for name in kept})
+    rec.update(
+        final_alloc=torch.cuda.memory_allocated(), final_reserved=torch.cuda.memory_reserved()
+    )
+    return rec
+
+
+def measure(args: argparse.Namespace, work: Path) -> Figures:
+    configs = CONFIGS["1"][:1] if args.quick else CONFIGS[args.configs]
+    runs = {}
+    for alloc in ("",) if args.quick else ALLOCATORS[args.configs]:
+        for config in configs:
+            batch, *rest = config
+            label = (
+                f"{batch}x{GLOBAL_BATCH // batch} {' '.join(map(str, rest))} {alloc or 'default'}"
+            )
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as fresh:
+                try:
+                    runs[label] = fresh.submit(peaks, config, alloc).result()
+                except Exception as exc:  # a config that fails is a row, not the end
+                    runs[label] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(label, runs[label], flush=True)
+    estimate = autotune(
+        work,
+        *("estimate", "--model", "google/mt5-small", "--device", "cuda"),
+        *("--seq-len", str(SEQ_LEN), "--target-len", str(TARGET_LEN), "--batch", str(GLOBAL_BATCH)),
+        *("--precisions", "fp32", "--optimizers", "adamw_torch"),
+    )
+    return {"runs": runs, "estimate": estimate.stdout + estimate.stderr[-800:]}
+
+
+def report(f: Figures) -> str:
+    def gib(r: Figures, name: str) -> str:
+        return "/".join(f"{v / G:.2f}" for v in r.get(name, []))
+
+    rows = [
+        (
+            label,
+            gib(r, "start_alloc"),
+            gib(r, "fwd_bwd_peak_alloc"),
+            gib(r, "fwd_bwd_peak_reserved"),
+            gib(r, "pre_step_alloc"),
+            gib(r, "step_peak_alloc"),
+            gib(r, "step_peak_reserved"),
+            f"{(r.get('inactive_split_bytes.all.peak') or 0) / G:.2f}",
+            r.get("num_alloc_retries", r.get("error", "")),
         )
-json.dump(res, open(os.environ.get("OUT", "/tmp") + "/gap.json", "w"), indent=1)
-subprocess.run(
-    [
-        sys.executable,
-        "-m",
-        "autotune",
-        "estimate",
-        "--model",
-        "google/mt5-small",
-        "--device",
-        "cuda",
-        "--seq-len",
-        "64",
-        "--target-len",
-        "16",
-        "--batch",
-        "16",
-        "--precisions",
-        "fp32",
-        "--optimizers",
-        "adamw_torch",
+        for label, r in f["runs"].items()
     ]
-)
+    params = next((r["params"] for r in f["runs"].values() if "params" in r), 0)
+    columns = ("config, allocator", "start", "fwd+bwd alloc", "fwd+bwd reserved", "pre-step")
+    columns += ("step alloc", "step reserved", "inactive split peak", "retries")
+    return (
+        header(f, "Where a CUDA peak of mT5-small goes")
+        + f"\nGiB at each of {STEPS} steps; {params / 1e6:.0f}M parameters.\n\n"
+        + table(columns, rows)
+        + f"\n`autotune estimate` of the same job:\n\n```\n{f['estimate']}```\n"
+    )
+
+
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--configs", choices=list(CONFIGS), default="2", help="the set of configs")
+
+
+if __name__ == "__main__":
+    run(Benchmark("peak_breakdown", __doc__, measure, report, options))

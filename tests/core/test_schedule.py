@@ -143,7 +143,7 @@ def replay(
     return medians, stops, steps
 
 
-@pytest.mark.skipif(not SERIES.exists(), reason="run benchmarks/step_series.py")
+@pytest.mark.skipif(not SERIES.exists(), reason="run benchmarks/step_series.py --record")
 @pytest.mark.parametrize("model", ["t5-small", "gpt2"])
 def test_early_stopping_keeps_the_config_a_full_measurement_selects(model: str) -> None:
     """On recorded step times of every config of a small space, probed in many orders:
