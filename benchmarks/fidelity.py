@@ -68,8 +68,10 @@ def capped(quick: bool) -> Figures:
 def events(quick: bool) -> Figures:
     s: Figures = {"global_batch": 16, "seq_len": 256, "budget": "4GiB", "time_budget": "3m"}
     s |= {"long_steps": 200, "eval_steps": 50, "save_steps": 100, "eval_samples": 64}
-    if quick:
-        s |= {"long_steps": 20, "eval_steps": 5, "save_steps": 10, "time_budget": "1m"}
+    s |= {"max_trials": 12}
+    if quick:  # three probes, each of which fits, whatever the host's speed
+        s |= {"long_steps": 20, "eval_steps": 5, "save_steps": 10, "seq_len": 64}
+        s |= {"max_trials": 3, "time_budget": "10m"}
     return {
         **s,
         "model": gpt2(n_embd=256, n_layer=4, n_positions=256, pad_token_id=0),
@@ -77,7 +79,8 @@ def events(quick: bool) -> Figures:
         "search": [
             *("--precisions", "fp32,bf16", "--optimizers", "adamw_torch,adafactor"),
             *("--checkpointing", "off", "--memory-budget", s["budget"]),
-            *("--time-budget", s["time_budget"], "--max-trials", "12", "--parity", "off"),
+            *("--time-budget", s["time_budget"], "--max-trials", str(s["max_trials"])),
+            *("--parity", "off"),
             *("--no-rehearse", "--confirm-top", "0", "--confirm-rounds", "0"),
         ],
         "long_args": {

@@ -49,9 +49,8 @@ class Benchmark:
     options: Callable[[argparse.ArgumentParser], None] = lambda parser: None
 
 
-def run(bench: Benchmark, argv: Sequence[str] | None = None) -> Figures:
-    """Parse the benchmark's command line, measure in a fresh folder, print the figures
-    and the report; with --record, keep both."""
+def parser(bench: Benchmark) -> argparse.ArgumentParser:
+    """The benchmark's command line: its docstring as help, --quick, --record, its own."""
     summary, _, details = bench.doc.strip().partition("\n\n")
     parser = argparse.ArgumentParser(
         description=summary,
@@ -65,7 +64,13 @@ def run(bench: Benchmark, argv: Sequence[str] | None = None) -> Figures:
         help=f"write benchmarks/{bench.name}.json and add the report to RESULTS.md",
     )
     bench.options(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run(bench: Benchmark, argv: Sequence[str] | None = None) -> Figures:
+    """Parse the benchmark's command line, measure in a fresh folder, print the figures
+    and the report; with --record, keep both."""
+    args = parser(bench).parse_args(argv)
     with tempfile.TemporaryDirectory(prefix=f"autotune-{bench.name}-") as tmp:
         figures = {**stamp(), "quick": args.quick, **bench.measure(args, Path(tmp))}
     markdown = bench.report(figures)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import runpy
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +49,59 @@ def test_a_benchmark_answers_help_with_its_smallest_setting_and_its_record(
     assert exited.value.code in (0, None)
     usage = capsys.readouterr().out
     assert "--quick" in usage and "--record" in usage, usage[:400]
+
+
+# A benchmark's command as the docs write it: `python benchmarks/NAME.py ARGS` or a code
+# span `benchmarks/NAME.py ARGS`, its args to the end of the span, the line or a comment
+# (continued lines joined, [optional] brackets dropped, the shell's redirections cut)
+COMMAND = re.compile(r"(?:python3? |`)benchmarks/([a-z_/]+\.py)([^`\n#]*)")
+SHELL = (")", ">", "|", ";", "&&")
+DOCUMENTS = [
+    ROOT / "README.md",
+    BENCHMARKS / "README.md",
+    BENCHMARKS / "gpu" / "device_check.sh",
+    *(ROOT / "docs").glob("*.md"),
+    *SCRIPTS,
+]
+
+
+def documented_commands() -> list[tuple[str, Path, list[str]]]:
+    found = []
+    for document in DOCUMENTS:
+        text = re.sub(r"\\+\n", " ", document.read_text())
+        for match in COMMAND.finditer(text):
+            script = BENCHMARKS / match[1]
+            if script not in SCRIPTS:
+                continue
+            words = shlex.split(match[2].replace("[", " ").replace("]", " "))
+            cut = next((i for i, w in enumerate(words) if w.startswith(SHELL)), len(words))
+            found.append((f"{document.name}: {match[0].strip()}", script, words[:cut]))
+    return found
+
+
+class Parsed(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("where", "script", "argv"), documented_commands(), ids=lambda value: str(value)[:60]
+)
+def test_a_documented_benchmark_command_is_one_its_script_takes(
+    where: str, script: Path, argv: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every `benchmarks/NAME.py ...` the README, the docs, device_check.sh and the
+    scripts' own docstrings write is parsed by that script's command line."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import harness
+
+    def parse_only(bench: harness.Benchmark, _: object = None) -> None:
+        harness.parser(bench).parse_args(argv)
+        raise Parsed
+
+    monkeypatch.setattr(harness, "run", parse_only)
+    monkeypatch.setattr(sys, "argv", [str(script), *argv])
+    with pytest.raises(Parsed):
+        runpy.run_path(str(script), run_name="__main__")
 
 
 def _quick(*argv: str) -> subprocess.CompletedProcess[str]:
