@@ -27,6 +27,7 @@ search), the memory estimate's real errors, time. It ranks rules; the real repla
 checks the one kept.
 
     python benchmarks/families_simulated.py [--seeds 30] [--only "bert), memory binds"]
+    python benchmarks/families_simulated.py --quick  # gpt2 memory free, two seeds
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ import os
 import random
 import re
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -49,6 +49,7 @@ from typing import Any
 
 import families
 from families import GLOBAL_BATCH, Key, key_of, recorded_grid, selected
+from harness import Benchmark, header, run, table
 
 import autotune.search_command as search_command  # calls run_search, which makes a Launcher
 import autotune.tuning.run as search_run
@@ -254,56 +255,84 @@ def searches(
     return outs
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    recorded = json.loads(Path(args.grid).read_text())
+    seeds = 2 if args.quick else args.seeds
+    only = "gpt2), memory free" if args.quick else args.only
+    print(f"grid of {recorded['date']} on {recorded['machine']}; {seeds} seeds a setting")
+    settings = []
+    started = time.monotonic()
+    for row in selected(recorded, only):
+        row = {**row, "trial_budget": recorded.get("trial_budget", TRIALS)}
+        model_dir, grid = families.setting_folder(row, work), recorded_grid(row)
+        if args.show is not None:
+            print(one_search(row, grid, model_dir, args.show, work, show=True))
+            continue
+        outs = searches(row, grid, model_dir, seeds, work, args.jobs)
+        ratios = [o["rule_ratio"] for o in outs]
+        raw = [o["ratio"] for o in outs]
+        missed = {
+            families.label(list(o["found"])) for o in outs if o["found"] and o["rule_ratio"] < 0.95
+        }
+        settings.append(
+            {
+                "setting": f"{row['family']}, {row['budget']}",
+                "rule_best": families.label(list(families.rule_best(grid))),
+                "ratios": [round(r, 4) for r in ratios],
+                "raw": [round(r, 4) for r in raw],
+                "probes": statistics.mean(o["probes"] for o in outs),
+                "missed_for": sorted(missed),
+            }
+        )
+        print(_line(settings[-1]), flush=True)
+    return {
+        "grid": args.grid,
+        "seeds": seeds,
+        "settings": settings,
+        "wall_s": round(time.monotonic() - started),
+    }
+
+
+def _line(s: dict[str, Any]) -> str:
+    ratios, raw = s["ratios"], s["raw"]
+    return (
+        f"{s['setting']}: the rule's best {s['rule_best']}; mean {statistics.mean(ratios):.3f}, "
+        f"worst {min(ratios):.3f}, under 0.95 in {sum(r < 0.95 for r in ratios)} of "
+        f"{len(ratios)}; against the raw best mean {statistics.mean(raw):.3f}, worst "
+        f"{min(raw):.3f}; probes {s['probes']:.1f}"
+        + (f"; missed for {', '.join(s['missed_for'])}" if s["missed_for"] else "")
+    )
+
+
+def report(f: dict[str, Any]) -> str:
+    text = header(f, "The search's rules against the families' recorded grids, simulated")
+    text += f"\nGrids: `{f['grid']}`; {f['seeds']} seeds a setting; {f['wall_s']} s.\n\n"
+    rows = [
+        (
+            s["setting"],
+            s["rule_best"],
+            f"{statistics.mean(s['ratios']):.3f} / {min(s['ratios']):.3f}",
+            sum(r < 0.95 for r in s["ratios"]),
+            f"{statistics.mean(s['raw']):.3f} / {min(s['raw']):.3f}",
+            f"{s['probes']:.1f}",
+        )
+        for s in f["settings"]
+    ]
+    every = [r for s in f["settings"] for r in s["ratios"]]
+    if every:
+        under = sum(r < 0.95 for r in every)
+        rows.append(("all", "", f"{statistics.mean(every):.3f}", under, "", ""))
+    columns = ("setting", "rule's best", "mean / worst", "under 0.95", "raw mean / worst", "probes")
+    return text + table(columns, rows)
+
+
+def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grid", default=str(Path(__file__).with_name("families.json")))
     parser.add_argument("--only", default="", help="settings whose 'family, budget' has this")
     parser.add_argument("--seeds", type=int, default=30)
     parser.add_argument("--show", type=int, help="print this seed's search of each setting")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="searches at once")
-    args = parser.parse_args()
-    recorded = json.loads(Path(args.grid).read_text())
-    print(f"grid of {recorded['date']} on {recorded['machine']}; {args.seeds} seeds a setting")
-    everything: list[float] = []
-    everything_raw: list[float] = []
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory() as scratch:
-        work = Path(scratch)
-        for row in selected(recorded, args.only):
-            row = {**row, "trial_budget": recorded.get("trial_budget", TRIALS)}
-            model_dir, grid = families.setting_folder(row, work), recorded_grid(row)
-            if args.show is not None:
-                print(one_search(row, grid, model_dir, args.show, work, show=True))
-                continue
-            outs = searches(row, grid, model_dir, args.seeds, work, args.jobs)
-            ratios = [o["rule_ratio"] for o in outs]
-            raw = [o["ratio"] for o in outs]
-            everything += ratios
-            everything_raw += raw
-            misses = sorted(
-                {
-                    families.label(list(o["found"]))
-                    for o in outs
-                    if o["found"] and o["rule_ratio"] < 0.95
-                }
-            )
-            print(
-                f"{row['family']}, {row['budget']}: the rule's best "
-                f"{families.label(list(families.rule_best(grid)))}; mean "
-                f"{statistics.mean(ratios):.3f}, worst {min(ratios):.3f}, under 0.95 in "
-                f"{sum(r < 0.95 for r in ratios)} of {len(ratios)}; against the raw best mean "
-                f"{statistics.mean(raw):.3f}, worst {min(raw):.3f}; probes "
-                f"{statistics.mean(o['probes'] for o in outs):.1f}"
-                + (f"; missed for {', '.join(misses)}" if misses else ""),
-                flush=True,
-            )
-    print(
-        f"all: against the rule's best mean {statistics.mean(everything):.3f}, under 0.95 "
-        f"in {sum(r < 0.95 for r in everything)} of {len(everything)}; against the raw "
-        f"best mean {statistics.mean(everything_raw):.3f} "
-        f"({time.monotonic() - started:.0f} s)"
-    )
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(Benchmark("families_simulated", __doc__, measure, report, options))
