@@ -143,43 +143,64 @@ def select_for(
 def _best_of(
     pool: Sequence[TrialRecord], objective: Objective, train_steps: int, recipe: Arithmetic | None
 ) -> TrialRecord:
-    """The fastest (or most efficient); among those within noise of it, one that keeps
-    the recipe's arithmetic, then the least memory."""
+    """The fastest (or most efficient, or quickest to finish the user's run); among those
+    within noise of it, one that keeps the recipe's arithmetic, then the least memory.
+    Under every objective a config its paired rounds found better beyond their noise
+    leads instead, and rounds say what is a tie (`_tied`)."""
 
     def alters(r: TrialRecord) -> bool:
         return recipe is not None and Arithmetic.of(r.candidate) != recipe
 
+    def lead(best: TrialRecord) -> TrialRecord:  # one its paired rounds found better
+        return next((r for r in pool if _beats(r, best, objective, train_steps)), best)
+
     if objective == Objective.EFFICIENCY:
-        best = max(pool, key=lambda r: (efficiency(r), -r.number))
+        best = lead(max(pool, key=lambda r: (efficiency(r), -r.number)))
         floor = efficiency(best) * (1.0 - noise_band(best))
-        ties = [r for r in pool if efficiency(r) >= floor]
+        ties = [r for r in pool if _tied(best, r, objective, train_steps, efficiency(r) >= floor)]
         return min(ties, key=lambda r: (alters(r), -efficiency(r), r.number))
     if train_steps:
-        quickest = min(pool, key=lambda r: (finish_s(r, train_steps), r.number))
+        quickest = lead(min(pool, key=lambda r: (finish_s(r, train_steps), r.number)))
         limit = finish_s(quickest, train_steps) * (1.0 + noise_band(quickest))
-        ties = [r for r in pool if finish_s(r, train_steps) <= limit]
+        ties = [
+            r
+            for r in pool
+            if _tied(quickest, r, objective, train_steps, finish_s(r, train_steps) <= limit)
+        ]
         return min(ties, key=lambda r: (alters(r), _peak(r), finish_s(r, train_steps), r.number))
-    fastest = max(pool, key=lambda r: (ranked_sps(r), -r.number))
-    # one its paired rounds found faster beyond their noise leads instead
-    fastest = next((r for r in pool if _beats(r, fastest)), fastest)
-    band = noise_band(fastest)
-    ties = [r for r in pool if _tied(fastest, r, band)]
+    fastest = lead(max(pool, key=lambda r: (ranked_sps(r), -r.number)))
+    floor = ranked_sps(fastest) * (1.0 - noise_band(fastest))
+    ties = [r for r in pool if _tied(fastest, r, objective, 0, ranked_sps(r) >= floor)]
     return min(ties, key=lambda r: (alters(r), _peak(r), -ranked_sps(r), r.number))
 
 
-def _beats(record: TrialRecord, other: TrialRecord) -> bool:
-    """Paired rounds say `record` is faster than `other` beyond their noise."""
-    paired = paired_ratio(record.rounds, other.rounds)
-    return paired is not None and paired.low > 1.0
+def _beats(record: TrialRecord, other: TrialRecord, objective: Objective, train_steps: int) -> bool:
+    """Paired rounds say `record` is better than `other` by the objective beyond their
+    noise."""
+    gain = paired_gain(record, other, objective, train_steps)
+    return gain is not None and gain.low > 1.0
 
 
-def _tied(fastest: TrialRecord, record: TrialRecord, band: float) -> bool:
-    """Whether `record` is within the noise of the fastest: by the rounds they ran in
-    side by side where they have two, else within the fastest's noise band."""
-    paired = paired_ratio(fastest.rounds, record.rounds)
-    if paired is not None and record is not fastest:  # a tie: an edge the rounds do not
-        return paired.low <= 1.0 + MIN_NOISE  # show beyond 1%, as without them
-    return ranked_sps(record) >= ranked_sps(fastest) * (1.0 - band)
+def _tied(
+    best: TrialRecord, record: TrialRecord, objective: Objective, train_steps: int, near: bool
+) -> bool:
+    """Whether `record` is within the noise of the best: by the rounds they ran in side by
+    side where they have two (their gain read by the objective), else as `near` says
+    (within the best's noise band).
+
+    By the rounds, two of one arithmetic tie on an edge not shown beyond 1%, as without
+    them; two of different arithmetic only where the interval holds 1, the very reading
+    that decides a change (`significant`) and ends its duel (`decided`). With the 1%
+    there too, bf16 at 1.07x (1.01-1.14x over 3 paired rounds, the low end just under
+    1.01) the fp32 recipe's speed was a tie here while the duel stopped on it as
+    significant, and fp32 was exported (7 of 24 simulated t5 searches); under
+    efficiency and a run length, rounds were not read at all, and a change whose pooled
+    runs read level with the recipe stayed a tie whatever its rounds said."""
+    gain = paired_gain(best, record, objective, train_steps) if record is not best else None
+    if gain is None:
+        return near
+    same = Arithmetic.of(best.candidate) == Arithmetic.of(record.candidate)
+    return gain.low <= 1.0 + (MIN_NOISE if same else 0.0)
 
 
 def compare(faster: TrialRecord, slower: TrialRecord) -> SpeedRatio | None:
