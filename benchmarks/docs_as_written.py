@@ -13,7 +13,7 @@ The only changes made to what is written:
 - examples/README.md: each command of its blocks (as a shell reads them), from a copy of
   `examples/`; then the `tune_on_local_text.py WORKDIR` its prose describes.
 
-    python benchmarks/docs_as_written.py [--record] [--work DIR] [--only readme|examples]
+    python benchmarks/docs_as_written.py [--record] [--work DIR] [--only readme]  # or examples
     python benchmarks/docs_as_written.py --quick  # the README's demo study and doctor only
 
 tests/test_readme.py checks the same blocks without running them; this runs them all
