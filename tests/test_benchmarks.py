@@ -2,7 +2,7 @@
 --record, and the cheapest run end to end in their --quick form.
 
 Not run here for the suite's 20 minutes (each a search or more): vs_default, fidelity's
-long runs, the job benchmarks (jobs, lora, packing, evaluation_job), main_job (it needs
+evaluating runs, the job benchmarks (jobs, lora, packing, evaluation_job), main_job (it needs
 mt5-small's config), families' grid, checkpoint_levels, zero_stages, step_series,
 memory_terms, levers, parity, docs_as_written (tests/test_readme.py runs its blocks'
 parsing; the whole is 45 minutes). Run them by hand after changing the search or the
@@ -122,13 +122,15 @@ def _quick(*argv: str) -> subprocess.CompletedProcess[str]:
     [
         ("seed_table.py", "| 8-bit adam |"),
         ("scaleout.py", "| 2 workers (--parallel 2) |"),
+        ("fidelity.py --runs capped", "| selected |"),  # the user's run: harness.train
     ],
 )
 def test_benchmark_runs_quick(script: str, expected: str) -> None:
     """Its smallest setting to the end; without --record it prints and writes nothing."""
-    records = [BENCHMARKS / "RESULTS.md", BENCHMARKS / f"{Path(script).stem}.json"]
+    name, *argv = script.split()
+    records = [BENCHMARKS / "RESULTS.md", BENCHMARKS / f"{Path(name).stem}.json"]
     before = [path.stat().st_mtime_ns if path.exists() else 0 for path in records]
-    done = _quick(str(BENCHMARKS / script), "--quick")
+    done = _quick(str(BENCHMARKS / name), "--quick", *argv)
     assert done.returncode == 0, done.stderr[-3000:]
     assert expected in done.stdout
     assert [path.stat().st_mtime_ns if path.exists() else 0 for path in records] == before
