@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -210,6 +211,27 @@ def recorded_ok(name: str, url: str) -> bool:
     )
 
 
+def hold_still(url: str, *processes: subprocess.Popen[str]) -> None:
+    """Stop the processes where none is in the middle of a write to the study: a search
+    stopped while it commits to SQLite would keep every reader (the export) waiting out
+    SQLite's lock timeout. PostgreSQL's readers never wait for a writer."""
+    path = url.removeprefix("sqlite:///")
+    for _ in range(100):
+        for process in processes:
+            os.kill(process.pid, signal.SIGSTOP)
+        if path == url:
+            return
+        try:
+            with contextlib.closing(sqlite3.connect(path, timeout=0.2)) as db:
+                db.execute("SELECT count(*) FROM trials").fetchone()
+            return
+        except sqlite3.OperationalError:  # locked: let the write end, and try again
+            for process in processes:
+                os.kill(process.pid, signal.SIGCONT)
+            time.sleep(0.05)
+    raise AssertionError("the searches never left the study unlocked")
+
+
 @pytest.mark.parametrize(
     "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 )
@@ -227,18 +249,13 @@ def test_two_searches_started_at_once_both_finish_and_export_meanwhile_says_so(
     quick = ["--confirm-top", "0"]  # two searches' exploring is the point
     first, second = search(tmp_path, url, name, quick), search(tmp_path, url, name, quick)
     deadline = time.monotonic() + 240
-    try:
-        while True:  # until one probe is recorded, both searches held still while it looks
-            for process in (first, second):
-                os.kill(process.pid, signal.SIGSTOP)
-            assert time.monotonic() < deadline
-            assert first.poll() is None and second.poll() is None
-            if recorded_ok(name, url):
-                break
-            for process in (first, second):
-                os.kill(process.pid, signal.SIGCONT)
-            time.sleep(0.3)
-        # held until the export has looked: a tiny study's searches can otherwise end first
+    while not recorded_ok(name, url):  # the searches run while the test looks
+        assert time.monotonic() < deadline, "no probe was measured ok in 4 minutes"
+        assert first.poll() is None and second.poll() is None
+        time.sleep(0.5)
+    try:  # held until the export has looked: a tiny study's searches can otherwise end first
+        hold_still(url, first, second)
+        assert first.poll() is None and second.poll() is None
         meanwhile = autotune(tmp_path, "export", "--study", name, "--storage", url)
     finally:
         for process in (first, second):  # never left stopped, whatever failed
