@@ -356,8 +356,8 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     click.option(
         "--measure-steps",
         type=click.IntRange(2),
-        help="Optimizer steps timed per probe, at most [default: 3 under a 10m time "
-        "budget, else 5]. On the CPU timing stops early once "
+        help="Optimizer steps timed per probe, at most [default: 2 under a 3m time "
+        "budget, 3 under 10m, else 5]. On the CPU timing stops early once "
         "the config is clearly slower than the best so far, and where steps are fast it "
         "times about one second of them instead (up to 20); on a GPU it times at least 2 s "
         "and 20 steps; --fixed-steps: always exactly this many.",

@@ -171,8 +171,10 @@ def paired_ratio(faster: Rounds, slower: Rounds) -> SpeedRatio | None:
 
 
 def _quartiles(times: Sequence[float]) -> tuple[float, float]:
-    """The lower and upper quartiles, interpolated between the steps (one step: itself)."""
-    if len(times) < 2:
-        return times[0], times[0]
+    """The lower and upper quartiles, interpolated between the steps; of two steps (a
+    probe under a very short budget) their whole range, which is all two steps can say
+    (interpolated, it would be half of it); of one step, itself."""
+    if len(times) <= 2:
+        return min(times), max(times)
     q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
     return q1, q3

@@ -3,9 +3,12 @@ one-time cost the budget cannot pay back is probed at all, and how long the pari
 are. Each choice is said in the search's first lines, with its reason.
 
 Before the first probe, from the budget alone (`plan_for_budget`):
-- Timed steps a probe: at most 3 under `SHORT_BUDGET_S`, else 5 (`--measure-steps`
+- Timed steps a probe: at most 2 under `TINY_BUDGET_S` (a warm-up step and two whole
+  steps, never part of one), 3 under `SHORT_BUDGET_S`, else 5 (`--measure-steps`
   overrides). On the CPU the timer stops earlier anyway once a config is clearly slower
-  or its band is tight; a short budget buys more probes with the two steps saved.
+  or its band is tight; a short budget buys more probes with the steps saved. Fewer
+  steps say less: two steps' interval is their whole range (`core/stats`), and a change
+  of arithmetic read on them is still exported only on paired rounds.
 - torch.compile: each compiled probe pays a cold compile in its own cache (about 60-115 s
   a probe on this 2-core CPU for gpt2 and mt5-small, 25-35 s for a 25M-parameter model,
   56 s for mt5-small on an H100: benchmarks/RESULTS.md). Whether compiling pays is
@@ -40,6 +43,8 @@ from autotune.core.units import format_duration
 from autotune.tuning.parity import evaluation_s, reference_candidate, run_s
 from autotune.tuning.selection import fitting
 
+TINY_BUDGET_S = 3 * 60.0
+TINY_MEASURE_STEPS = 2
 SHORT_BUDGET_S = 10 * 60.0
 SHORT_MEASURE_STEPS = 3
 MEASURE_STEPS = 5
@@ -52,6 +57,8 @@ MEASURED_TO_PLAN = 2  # configs that fit, measured before the parity runs are pl
 
 
 def measure_steps_for(budget_s: float) -> int:
+    if budget_s < TINY_BUDGET_S:
+        return TINY_MEASURE_STEPS
     return SHORT_MEASURE_STEPS if budget_s < SHORT_BUDGET_S else MEASURE_STEPS
 
 
@@ -81,7 +88,7 @@ def plan_for_budget(
     default = " (a default: set --time-budget)" if default_budget else ""
     said = [f"time budget {format_duration(budget_s)}{default}: {_steps_line(spec)}"]
     if not steps_asked:
-        said[0] += f" ({MEASURE_STEPS} from a {format_duration(SHORT_BUDGET_S)} budget up)"
+        said[0] += f" ({_tiers()})"
     compile_values = dict(spec.space.levers).get(TORCH_COMPILE.name, ())
     if not compile_asked and len(compile_values) > 1:
         cost = COLD_COMPILE_S[spec.device.kind]
@@ -97,6 +104,13 @@ def plan_for_budget(
             spec = dataclasses.replace(spec, space=fixed)
             said.append(f"torch.compile {why} (--lever {TORCH_COMPILE.name}=false,true probes it)")
     return spec, said
+
+
+def _tiers() -> str:
+    return (
+        f"{TINY_MEASURE_STEPS} under {format_duration(TINY_BUDGET_S)}, {SHORT_MEASURE_STEPS} "
+        f"under {format_duration(SHORT_BUDGET_S)}, {MEASURE_STEPS} from there up"
+    )
 
 
 def _steps_line(spec: SearchSpec) -> str:

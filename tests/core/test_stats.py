@@ -128,6 +128,18 @@ def test_a_speed_ratio_carries_the_range_its_step_times_allow() -> None:
     assert ratio.describe().startswith("2.10x (1.82-2.20x")
 
 
+def test_two_steps_allow_their_whole_range_not_half_of_it() -> None:
+    """A probe under a very short budget times two steps: interpolated quartiles would
+    claim half their range, so a 6% lead read on two steps a 10% apart would look
+    clear of a tie; their range holds 1."""
+    fast = TrialResult(Outcome.OK, step_times_s=(0.100, 0.110))
+    slow = TrialResult(Outcome.OK, step_times_s=(0.106, 0.116))
+    ratio = speed_ratio(fast, slow)
+    assert ratio is not None
+    assert math.isclose(ratio.low, 0.106 / 0.110) and math.isclose(ratio.high, 0.116 / 0.100)
+    assert ratio.tie
+
+
 def test_a_ratio_whose_range_holds_one_is_a_tie() -> None:
     a = TrialResult(Outcome.OK, step_times_s=(0.10, 0.13, 0.10, 0.12))
     b = TrialResult(Outcome.OK, step_times_s=(0.11, 0.10, 0.12, 0.11))

@@ -134,3 +134,26 @@ def test_only_single_process_cpu_probes_of_a_search_get_a_schedule() -> None:
     for other in ({"min_window_s": 2.0}, {"adaptive": False}):
         assert schedule_of(dataclasses.replace(plan, **other), 1) is None
     assert schedule_of(plan, 2) is None
+
+
+def test_a_very_short_budget_times_a_warm_up_and_two_whole_steps() -> None:
+    """A one-minute search's probe (2 timed steps planned) of 5 s steps on the CPU:
+    one warm-up step and two timed, three steps in all, where the 3 timed steps of a
+    longer budget take four; a noisy second step costs one more, never part of one."""
+    from autotune.probe._inputs import Measurement
+    from autotune.probe._train import schedule_of
+    from autotune.tuning.time_plan import TINY_BUDGET_S, measure_steps_for
+
+    def probe(steps: list[float], budget_s: float) -> StepTimer:
+        plan = Measurement(warmup_steps=3, measure_steps=measure_steps_for(budget_s))
+        schedule = schedule_of(dataclasses.replace(plan, adaptive=True), 1)
+        timer = StepTimer(device_kind="cpu", warmup_steps=3, clock=Steps(steps), schedule=schedule)
+        assert run(timer, 10) == timer.warmup_steps + len(timer.measured_step_times())
+        return timer
+
+    steady = [8.0, 5.0, 5.25, 5.0, 5.25, 5.0]
+    minute = probe(steady, 60.0)
+    assert (minute.warmup_steps, minute.measured_step_times()) == (1, [5.0, 5.25])
+    assert len(probe(steady, TINY_BUDGET_S).measured_step_times()) == 3
+    noisy = probe([8.0, 4.0, 5.0, 5.25, 5.0], 60.0)  # step 2 is not steady yet
+    assert (noisy.warmup_steps, noisy.measured_step_times()) == (2, [5.0, 5.25])

@@ -372,8 +372,10 @@ def test_the_plain_default_is_confirmed_after_the_finalists() -> None:
 
 
 def test_no_probe_starts_that_is_expected_to_end_past_the_whole_time_budget() -> None:
-    """Probes of this study took 30 s (median): with 29 s of the whole budget left none
-    starts, though the explore share has not passed; with 31 s one does."""
+    """Probes of this study took 20, 30 and 40 s: one is planned at their upper quartile,
+    35 s (a slower config than the median's may come next, and a probe runs to its
+    end). With 34 s of the whole budget left none starts, though the explore share has
+    not passed; with 36 s one does."""
     probes = [
         dataclasses.replace(r, result=r.result.replace(phases_s={"wall": wall}))
         for r, wall in ((rec(0, cand(8)), 30.0), (rec(1, cand(16)), 20.0), (rec(2, cand(32)), 40.0))
@@ -381,9 +383,9 @@ def test_no_probe_starts_that_is_expected_to_end_past_the_whole_time_budget() ->
     clock = Clock()
     explore = Deadline.after(1000.0, clock)
     limits = SearchLimits(max_trials=50)
-    assert stops(limits, probes, {}, explore, never_over, end=Deadline.after(31.0, clock)) == ""
-    why = stops(limits, probes, {}, explore, never_over, end=Deadline.after(29.0, clock))
-    assert why == "time budget spent: a probe takes about 30s and 29s is left"
+    assert stops(limits, probes, {}, explore, never_over, end=Deadline.after(36.0, clock)) == ""
+    why = stops(limits, probes, {}, explore, never_over, end=Deadline.after(34.0, clock))
+    assert why == "time budget spent: a probe takes about 35s and 34s is left"
 
 
 def test_a_parity_run_expected_to_end_past_the_time_budget_does_not_start() -> None:

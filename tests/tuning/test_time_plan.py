@@ -173,7 +173,10 @@ def test_the_parity_plan_is_kept_by_the_study_for_workers_and_reruns(tmp_path: P
     assert store.settings.save_parity_plan(ParityPlan(20, False, "")).steps == 0
 
 
-@pytest.mark.parametrize(("budget", "steps"), [("5m", 3), ("9m59s", 3), ("10m", 5), (None, 5)])
+@pytest.mark.parametrize(
+    ("budget", "steps"),
+    [("1m", 2), ("2m59s", 2), ("3m", 3), ("5m", 3), ("9m59s", 3), ("10m", 5), (None, 5)],
+)
 def test_the_timed_steps_follow_the_time_budget_or_its_default(
     budget: str | None, steps: int
 ) -> None:
