@@ -20,7 +20,7 @@ fails, naming the count, when a search left a process behind, or when a count en
 its value after the first round of every kind (the baseline).
 
     python benchmarks/soak.py --minutes 60 --record   # the hour RESULTS.md records
-    python benchmarks/soak.py --minutes 2 --light     # the smallest (tests/test_benchmarks.py)
+    python benchmarks/soak.py --minutes 2 --light     # the smallest: a round of each kind
     python benchmarks/soak.py --quick                 # the same
 
 `--light`: searches of two probes, no confirmation or parity runs (a round: 2 minutes).
