@@ -29,6 +29,7 @@ class RunContext(Protocol):
     started: float  # when it started (time.monotonic)
     rehearses: bool  # the config to export must pass a rehearsal
     judge: Callable[[TrialResult], Verdict]  # a result's verdict in this study
+    said: set[str]  # lines said once this run
 
     def trial_config(
         self,

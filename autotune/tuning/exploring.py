@@ -12,17 +12,18 @@ import time
 
 from autotune.core.enums import Objective, Outcome
 from autotune.core.errors import AutotuneError, StudyError
+from autotune.core.parity import Arithmetic
 from autotune.core.trial import Candidate, TrialConfig, TrialRecord, TrialResult
 from autotune.store.queue import Asked, TrialLost
 from autotune.tuning._context import RunContext
 from autotune.tuning._memory_verdict import far_over_budget
 from autotune.tuning._propose import Proposal, next_config
-from autotune.tuning._skips import Verdictor, open_candidates, skip_reason
+from autotune.tuning._skips import Skip, Verdictor, open_candidates, skip_reason
 from autotune.tuning.deadline import Deadline
 from autotune.tuning.guesses import fitted_guess
 from autotune.tuning.rehearsal import job_failure, rehearse_first
-from autotune.tuning.selection import incumbent_cost, keeping_twin, verdict
-from autotune.tuning.stopping import TimeLeft, stop_reason
+from autotune.tuning.selection import incumbent_cost, keeping_twin, recipe_arithmetic, verdict
+from autotune.tuning.stopping import TimeLeft, change_unconfirmable, stop_reason
 from autotune.tuning.time_plan import plan_parity as planned_parity
 
 
@@ -52,9 +53,10 @@ def explore(
             continue  # evaluates, the first config that fits is rehearsed at once
         busy = run.store.queue.in_flight()
         over = far_over_budget(run.spec, recs)
-        proposal = _proposal(run, recs, busy, over)
         plan_parity(run, deadline, recs)
         left = TimeLeft.at(deadline, end)
+        keep = _keeping_only(run, recs, left)
+        proposal = _proposal(run, recs, busy, over, keep)
         stop = stop_reason(
             run.spec,
             run.limits,
@@ -65,13 +67,15 @@ def explore(
             run.store.settings.parity() if run.limits.parity_steps else None,
             rehearses=run.rehearses,
         ) or (proposal.why_stop if proposal and not busy else "")
+        if not stop and keep and not busy and not _open(run, recs, over, busy, keep):
+            stop = f"every config that keeps your precision and optimizer is measured: {keep}"
         if stop and busy and wait_for_others:
             while run.store.queue.in_flight():
                 _pause(run)
             continue
         if stop:
             return stop
-        if not open_candidates(run.spec.space, recs, over, busy):
+        if not _open(run, recs, over, busy, keep):
             _pause(run)  # what is left is being probed elsewhere
             continue
         if proposal and not run.store.queue.waiting():
@@ -79,7 +83,38 @@ def explore(
                 _pause(run)  # running probes (other workers') report first
                 continue
             run.store.queue.enqueue(proposal.candidate)
-        step(run, recs, busy, over)
+        step(run, recs, busy, over, keep)
+
+
+def _keeping_only(run: RunContext, recs: list[TrialRecord], left: TimeLeft) -> str:
+    """Why only configs that keep the recipe's arithmetic are worth probing now ('': all
+    are; `stopping.change_unconfirmable`), said once."""
+    keep = change_unconfirmable(run.spec, run.limits, recs, left.end_s)
+    if keep and "keeping only" not in run.said:  # its figures change as time runs down
+        run.said.add("keeping only")
+        recipe = recipe_arithmetic(run.spec)
+        run.observer.on_plan(
+            f"probing only configs that keep your arithmetic ({recipe.precision}, "
+            f"{recipe.optimizer}): "
+            f"{keep}; a longer --time-budget can weigh a change"
+        )
+    return keep
+
+
+def _open(
+    run: RunContext,
+    recs: list[TrialRecord],
+    over: Verdictor,
+    busy: dict[Candidate, int],
+    keep: str,
+) -> list[Candidate]:
+    """The configs still open (`open_candidates`); with `keep`, those that keep the
+    recipe's arithmetic."""
+    opened = open_candidates(run.spec.space, recs, over, busy)
+    if not keep:
+        return opened
+    recipe = recipe_arithmetic(run.spec)
+    return [c for c in opened if Arithmetic.of(c) == recipe]
 
 
 def plan_parity(
@@ -118,15 +153,20 @@ def plan_parity(
 
 
 def _proposal(
-    run: RunContext, recs: list[TrialRecord], busy: dict[Candidate, int], over: Verdictor
+    run: RunContext,
+    recs: list[TrialRecord],
+    busy: dict[Candidate, int],
+    over: Verdictor,
+    keep: str = "",
 ) -> Proposal | None:
     """--sampler model: the open config the model of step time finds most promising;
     first, a first guess the estimate ruled out, at a batch that fits (`fitted_guess`),
     then, where the best so far changes the recipe's arithmetic unverified, the same
-    config with the recipe's precision and optimizer, which a tie would go to."""
+    config with the recipe's precision and optimizer, which a tie would go to. With
+    `keep`, only configs that keep the arithmetic."""
     if not run.limits.propose:
         return None
-    opened = open_candidates(run.spec.space, recs, over, busy)
+    opened = _open(run, recs, over, busy, keep)
     guess = fitted_guess(run.spec, recs, opened, over.fits, in_flight=busy)
     if guess is not None:
         return Proposal(guess)
@@ -150,19 +190,26 @@ def _pause(run: RunContext) -> None:
 
 
 def step(
-    run: RunContext, recs: list[TrialRecord], busy: dict[Candidate, int], over: Verdictor
+    run: RunContext,
+    recs: list[TrialRecord],
+    busy: dict[Candidate, int],
+    over: Verdictor,
+    keep: str = "",
 ) -> None:
-    """Ask for one proposal; skip it or probe it."""
+    """Ask for one proposal; skip it or probe it (`keep`: skip a change of the recipe's
+    arithmetic, with this reason)."""
     asked = run.store.queue.ask()
     candidate, guess = asked.candidate, asked.first_guess
     skip = skip_reason(candidate, recs, run.spec.space, over, busy, first_guess=guess)
+    if skip is None and keep and Arithmetic.of(candidate) != recipe_arithmetic(run.spec):
+        skip = Skip(f"skipped: it changes your arithmetic, and {keep}", implies_oom=False)
     if skip is not None:
         result = TrialResult(Outcome.SKIPPED, reason=skip.reason)
         run.store.tell(asked, result, verdict(result, run.spec, implied=skip.implies_oom))
         if skip.implies_oom or guess:  # the user sees why a queued guess did not run
             run.observer.on_trial_end(asked.number, candidate, result)
         elif not run.store.queue.was_queued(asked):  # the sampler's repeat: steer the next ask
-            _steer(run, asked.number, recs, over, busy)  # to a config still open
+            _steer(run, asked.number, _open(run, recs, over, busy, keep))  # to one still open
         return
     config = run.trial_config(
         asked.number,
@@ -183,14 +230,7 @@ def step(
     _probe(run, asked, config)
 
 
-def _steer(
-    run: RunContext,
-    number: int,
-    recs: list[TrialRecord],
-    over: Verdictor,
-    busy: dict[Candidate, int],
-) -> None:
-    remaining = open_candidates(run.spec.space, recs, over, busy)
+def _steer(run: RunContext, number: int, remaining: list[Candidate]) -> None:
     if remaining:
         run.store.queue.enqueue(random.Random(run.spec.seed * 7919 + number).choice(remaining))
 

@@ -61,6 +61,7 @@ class SearchRun:
         )
         # the config to export must pass a rehearsal (the run evaluates or saves)
         self.rehearses = required(self.spec, limits.rehearse)
+        self.said: set[str] = set()  # lines said once this run
 
     # ---- the phases, each in its own module ------------------------------------------
 

@@ -132,6 +132,35 @@ def rounds_s(spec: SearchSpec, limits: SearchLimits, records: Sequence[TrialReco
     return max(0, 2 - together) * (confirm_s(spec, limits, a) + confirm_s(spec, limits, b))
 
 
+def change_unconfirmable(
+    spec: SearchSpec, limits: SearchLimits, records: Sequence[TrialRecord], left_s: float | None
+) -> str:
+    """Why no change of the recipe's precision or optimizer could be exported any more
+    ('' where one could), the clock's reason: no parity runs that verify are planned, and
+    the paired rounds such a change needs (two rounds of it and of a config that keeps
+    the arithmetic, each run at least the quickest confirmation of a config measured so
+    far) take longer than `left_s`, what is left of the whole budget. Time only runs
+    down: once said, it holds. Exploring then probes only configs that keep the
+    arithmetic, the ones the export may pick (a one-minute NeoX search spent two of its
+    five probes on bf16 configs it could never confirm, and exported the recipe's
+    config). Where the user turned the rounds off (--confirm-rounds 0, --confirm-top 0)
+    the probes still say what a change reads."""
+    if left_s is None or limits.parity_auto or limits.parity_steps:
+        return ""
+    if not limits.confirm_top or limits.confirm_rounds < 2:
+        return ""
+    measured = fitting(records, spec.fit_limit_bytes)
+    if not measured:
+        return ""
+    rounds = 4 * min(confirm_s(spec, limits, r) for r in measured)
+    if rounds <= left_s:
+        return ""
+    return (
+        f"the paired rounds that would confirm a change of your precision or optimizer "
+        f"take about {format_duration(rounds)} and {format_duration(max(0.0, left_s))} is left"
+    )
+
+
 def reserve_idle(
     spec: SearchSpec, limits: SearchLimits, records: Sequence[TrialRecord], end_s: float | None
 ) -> bool:

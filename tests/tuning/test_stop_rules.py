@@ -533,3 +533,56 @@ def test_time_kept_for_a_confirmation_that_cannot_start_goes_to_exploring() -> N
     clock.now += 12  # 7 s left: no probe fits either
     why = stops(long, probes, {}, explore, never_over, end=budget)
     assert why == "time budget spent: a probe takes about 8s and 7s is left"
+
+
+def test_where_the_rounds_cannot_fit_a_change_of_arithmetic_is_not_probed(tmp_path: Path) -> None:
+    """A one-minute NeoX search: the recipe (fp32 AdamW) probed at 5 s a step, a run
+    starting in 1 s. The rounds a bf16 change needs (two of it and of a config keeping
+    fp32 AdamW, each 3 warm-up and 4 timed steps: 4 x 36 s) cannot end in the 40 s left,
+    so nothing could export a change: a queued bf16 config is skipped with the reason,
+    and a config that keeps the arithmetic is probed. With the time for the rounds, or
+    parity runs that verify, or the rounds turned off by the user, nothing is held back."""
+    from types import SimpleNamespace
+
+    from autotune.core.enums import Outcome
+    from autotune.core.trial import TrialResult
+    from autotune.store.samplers import make_sampler
+    from autotune.store.store import StudyStore
+    from autotune.tuning.stopping import change_unconfirmable
+
+    recipe = timed(0, cand(8), 5.0, 0.0, start_s=1.0)
+    limits = SearchLimits(max_trials=20, confirm_top=3, confirm_steps=4)
+    run_s = 1.0 + (SPEC.warmup_steps + 4) * 5.0
+    keep = change_unconfirmable(SPEC, limits, [recipe], 40.0)
+    assert keep == (
+        "the paired rounds that would confirm a change of your precision or optimizer "
+        "take about 2m24s and 40s is left"
+    )
+    assert change_unconfirmable(SPEC, limits, [recipe], 4 * run_s) == ""
+    assert change_unconfirmable(SPEC, limits, [recipe], None) == ""  # no budget
+    assert change_unconfirmable(SPEC, limits, [], 40.0) == ""  # nothing measured yet
+    for other in ({"parity_steps": 20}, {"parity_auto": True}, {"confirm_rounds": 0}):
+        assert (
+            change_unconfirmable(SPEC, dataclasses.replace(limits, **other), [recipe], 40.0) == ""
+        )
+
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    store = StudyStore.open(url=url, name="minute", spec=SPEC, sampler=make_sampler("tpe", 0))
+    ran: list[Candidate] = []
+    seen: list[tuple[Candidate, TrialResult]] = []
+    launcher = SimpleNamespace(
+        run=lambda config, timeout_s: ran.append(config.candidate) or TrialResult(Outcome.OOM)
+    )
+    observer = SimpleNamespace(
+        on_trial_start=lambda *a: None,
+        on_trial_end=lambda number, candidate, result: seen.append((candidate, result)),
+    )
+    search = faked(store, limits, observer, launcher)
+    store.queue.enqueue(cand(8, "bf16"), first_guess=True)
+    store.queue.enqueue(cand(16))
+    exploring.step(search, [recipe], {}, never_over, keep)
+    exploring.step(search, [recipe], {}, never_over, keep)
+    assert ran == [cand(16)]
+    skipped, why = seen[0][0], seen[0][1].reason
+    assert skipped == cand(8, "bf16") and seen[0][1].outcome == Outcome.SKIPPED
+    assert why == f"skipped: it changes your arithmetic, and {keep}"
