@@ -14,6 +14,7 @@ from autotune.core.enums import Objective, Outcome
 from autotune.core.errors import AutotuneError, StudyError
 from autotune.core.parity import Arithmetic
 from autotune.core.trial import Candidate, TrialConfig, TrialRecord, TrialResult
+from autotune.core.units import format_duration
 from autotune.store.queue import Asked, TrialLost
 from autotune.tuning._context import RunContext
 from autotune.tuning._memory_verdict import far_over_budget
@@ -23,7 +24,7 @@ from autotune.tuning.deadline import Deadline
 from autotune.tuning.guesses import fitted_guess
 from autotune.tuning.rehearsal import job_failure, rehearse_first
 from autotune.tuning.selection import incumbent_cost, keeping_twin, recipe_arithmetic, verdict
-from autotune.tuning.stopping import TimeLeft, change_unconfirmable, stop_reason
+from autotune.tuning.stopping import TimeLeft, change_unconfirmable, probe_cutoff_s, stop_reason
 from autotune.tuning.time_plan import plan_parity as planned_parity
 
 
@@ -83,16 +84,18 @@ def explore(
                 _pause(run)  # running probes (other workers') report first
                 continue
             run.store.queue.enqueue(proposal.candidate)
-        step(run, recs, busy, over, keep)
+        step(run, recs, busy, over, keep, end_s=left.end_s)
 
 
 def _keeping_only(run: RunContext, recs: list[TrialRecord], left: TimeLeft) -> str:
     """Why only configs that keep the recipe's arithmetic are worth probing now ('': all
     are; `stopping.change_unconfirmable`), said once."""
     keep = change_unconfirmable(run.spec, run.limits, recs, left.end_s)
+    recipe = recipe_arithmetic(run.spec)
+    if keep and not any(Arithmetic.of(c) == recipe for c in run.spec.space.candidates()):
+        return ""  # the space you asked for holds only changes
     if keep and "keeping only" not in run.said:  # its figures change as time runs down
         run.said.add("keeping only")
-        recipe = recipe_arithmetic(run.spec)
         run.observer.on_plan(
             f"probing only configs that keep your arithmetic ({recipe.precision}, "
             f"{recipe.optimizer}): "
@@ -195,9 +198,11 @@ def step(
     busy: dict[Candidate, int],
     over: Verdictor,
     keep: str = "",
+    *,
+    end_s: float | None = None,
 ) -> None:
     """Ask for one proposal; skip it or probe it (`keep`: skip a change of the recipe's
-    arithmetic, with this reason)."""
+    arithmetic, with this reason; `end_s`: what is left of the whole time budget)."""
     asked = run.store.queue.ask()
     candidate, guess = asked.candidate, asked.first_guess
     skip = skip_reason(candidate, recs, run.spec.space, over, busy, first_guess=guess)
@@ -227,7 +232,8 @@ def step(
         run.store.tell(asked, result, verdict(result, run.spec, implied=False))
         time.sleep(random.uniform(0.0, 0.5))  # two yielding workers do not retry in step
         return
-    _probe(run, asked, config)
+    cutoff = probe_cutoff_s(run.spec, run.limits, recs, end_s, rehearses=run.rehearses)
+    _probe(run, asked, config, cutoff)
 
 
 def _steer(run: RunContext, number: int, remaining: list[Candidate]) -> None:
@@ -235,17 +241,33 @@ def _steer(run: RunContext, number: int, remaining: list[Candidate]) -> None:
         run.store.queue.enqueue(random.Random(run.spec.seed * 7919 + number).choice(remaining))
 
 
-def _probe(run: RunContext, asked: Asked, config: TrialConfig) -> None:
+def _probe(
+    run: RunContext, asked: Asked, config: TrialConfig, cutoff_s: float | None = None
+) -> None:
+    """Probe the asked config in a child and record its result. `cutoff_s`: the time
+    budget stops it then (`stopping.probe_cutoff_s`); a probe it stops is failed and its
+    config queued again, unmeasured, for a rerun with more time."""
     candidate = asked.candidate
     run.observer.on_trial_start(asked.number, candidate)
+    timeout_s = run.limits.trial_timeout_s
+    cut = cutoff_s is not None and cutoff_s < timeout_s
+    if cutoff_s is not None and cut:
+        timeout_s = cutoff_s
     try:
         with run.store.queue.heartbeat(asked):
-            result = run.launcher.run(config, timeout_s=run.limits.trial_timeout_s)
+            result = run.launcher.run(config, timeout_s=timeout_s)
     except BaseException as exc:  # Ctrl-C, SIGTERM, a full disk: fail the trial, keep the study
         why = str(exc) if isinstance(exc, AutotuneError) else f"interrupted ({type(exc).__name__})"
         run.store.queue.fail_and_requeue(asked, why)
         raise
     run.probes += 1
+    if cut and result.outcome == Outcome.TIMEOUT:
+        why = f"stopped at the end of the time budget after {format_duration(timeout_s)}"
+        run.store.queue.fail_and_requeue(asked, f"{why}, unmeasured")
+        run.observer.on_trial_end(
+            asked.number, candidate, result.replace(reason=f"{why}; a rerun probes it")
+        )
+        return
     try:
         told = run.store.tell(asked, result, run.judge(result))
     except StudyError as exc:  # the storage stayed away: keep the result for the rerun

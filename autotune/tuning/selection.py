@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from autotune.core.checkpointing import Checkpointing
 from autotune.core.enums import Objective, Outcome, Precision
 from autotune.core.errors import NoFitError
 from autotune.core.optimizers import PLAIN
@@ -419,7 +420,7 @@ def recipe_arithmetic(spec: SearchSpec) -> Arithmetic:
     precision = spec.recipe.precision
     if precision == Precision.FP32 and Precision.AS_LOADED in spec.space.precisions:
         precision = Precision.AS_LOADED  # no autocast on their job: its weights' dtype
-    return Arithmetic.of(Candidate(8, 1, precision, False, spec.recipe.optim))
+    return Arithmetic.of(Candidate(8, 1, precision, Checkpointing.OFF, spec.recipe.optim))
 
 
 def efficiency(record: TrialRecord) -> float:

@@ -102,6 +102,29 @@ def _out_of_time(
     )
 
 
+def probe_cutoff_s(
+    spec: SearchSpec,
+    limits: SearchLimits,
+    records: Sequence[TrialRecord],
+    end_s: float | None,
+    *,
+    rehearses: bool,
+) -> float | None:
+    """How long a probe starting now may run before the time budget stops it: what is
+    left of the whole budget (`end_s`) less the checks kept from it, as `_out_of_time`
+    keeps them (the rehearsal, the paired rounds). A probe starts only where it is
+    expected to end within that, but the next config may be slower than any before it
+    (a one-minute NeoX search's last probe, checkpointed with eager attention, took 25 s
+    where its probes had taken 13-16, and the search ended at 64 s). None without a
+    budget, or before a config that fits is measured: the first measurement runs
+    however late, as without it there is nothing to export."""
+    if end_s is None or not fitting(records, spec.fit_limit_bytes):
+        return None
+    expected = probe_wall_s(records)
+    rehearsal = reserved_s(records, spec, expected) if rehearses else 0.0
+    return max(0.0, end_s - rehearsal - kept_for_rounds(spec, limits, records, end_s))
+
+
 def kept_for_rounds(
     spec: SearchSpec, limits: SearchLimits, records: Sequence[TrialRecord], left_s: float | None
 ) -> float:

@@ -586,3 +586,77 @@ def test_where_the_rounds_cannot_fit_a_change_of_arithmetic_is_not_probed(tmp_pa
     skipped, why = seen[0][0], seen[0][1].reason
     assert skipped == cand(8, "bf16") and seen[0][1].outcome == Outcome.SKIPPED
     assert why == f"skipped: it changes your arithmetic, and {keep}"
+
+
+def test_keeping_the_arithmetic_is_said_once_and_never_where_the_space_holds_only_changes() -> None:
+    """The line says why, once, though its figures run down with the clock; a space of
+    bf16 alone (the user asked for it) holds nothing that keeps the recipe's fp32, so
+    nothing is held back there."""
+    from types import SimpleNamespace
+
+    recipe = timed(0, cand(8), 5.0, 0.0, start_s=1.0)
+    lines: list[str] = []
+    observer = SimpleNamespace(on_plan=lines.append)
+    limits = SearchLimits(max_trials=20, confirm_top=3, confirm_steps=4)
+    search = faked(SimpleNamespace(spec=SPEC), limits, observer, None)
+    for left in (40.0, 30.0):
+        assert exploring._keeping_only(search, [recipe], TimeLeft(left, left))
+    assert len(lines) == 1
+    assert lines[0].startswith("probing only configs that keep your arithmetic (fp32, adamw")
+    assert lines[0].endswith("40s is left; a longer --time-budget can weigh a change")
+    only_bf16 = dataclasses.replace(SPEC.space, precisions=("bf16",))
+    search = faked(
+        SimpleNamespace(spec=dataclasses.replace(SPEC, space=only_bf16)), limits, observer, None
+    )
+    assert exploring._keeping_only(search, [recipe], TimeLeft(40.0, 40.0)) == ""
+
+
+def test_a_probe_still_running_at_the_end_of_the_budget_is_stopped_and_queued_again(
+    tmp_path: Path,
+) -> None:
+    """The last probe of a one-minute search, a slower config than any before it, is
+    stopped where the budget ends (less the checks kept from it), failed unmeasured, and
+    its config queued again for a rerun; before a config that fits is measured nothing
+    is cut (the first measurement runs however late)."""
+    from types import SimpleNamespace
+
+    from optuna.trial import TrialState
+
+    from autotune.core.enums import Outcome
+    from autotune.core.trial import TrialResult
+    from autotune.store.samplers import make_sampler
+    from autotune.store.store import StudyStore
+    from autotune.tuning.stopping import probe_cutoff_s
+
+    recipe = timed(0, cand(8), 5.0, 0.0, start_s=1.0)
+    limits = SearchLimits(max_trials=20, confirm_top=0, trial_timeout_s=600.0)
+    assert probe_cutoff_s(SPEC, limits, [recipe], 23.0, rehearses=False) == 23.0
+    assert probe_cutoff_s(SPEC, limits, [], 23.0, rehearses=False) is None
+    assert probe_cutoff_s(SPEC, limits, [recipe], None, rehearses=False) is None
+
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    store = StudyStore.open(url=url, name="cut", spec=SPEC, sampler=make_sampler("tpe", 0))
+    timeouts: list[float] = []
+
+    def run(config: Any, timeout_s: float) -> TrialResult:
+        timeouts.append(timeout_s)
+        return TrialResult(Outcome.TIMEOUT, reason=f"still running after {timeout_s:.0f} s")
+
+    said: list[tuple[int, TrialResult]] = []
+    observer = SimpleNamespace(
+        on_trial_start=lambda *a: None,
+        on_trial_end=lambda number, candidate, result: said.append((number, result)),
+    )
+    search = faked(store, limits, observer, SimpleNamespace(run=run))
+    store.queue.enqueue(cand(16, ckpt=True))
+    exploring.step(search, [recipe], {}, never_over, end_s=23.0)
+    assert timeouts == [23.0]
+    assert said[0][1].reason == "stopped at the end of the time budget after 23s; a rerun probes it"
+    failed = store.study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+    assert [t.number for t in failed] == [said[0][0]]
+    assert store.records() == []  # nothing measured: a rerun probes it
+    waiting = store.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert len(waiting) == 1 and store.queue.ask().candidate == cand(16, ckpt=True)
+    store.queue.enqueue(cand(32))
+    exploring.step(search, [], {}, never_over, end_s=23.0)  # nothing fits yet: the limit's own
+    assert timeouts == [23.0, 600.0]
