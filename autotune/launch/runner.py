@@ -111,7 +111,11 @@ class Launcher:
         self.no_server: set[int | None] = set()  # limits under which a server cannot start
         self.peers = peers
 
-    def run(self, config: TrialConfig, *, timeout_s: float) -> TrialResult:
+    def run(
+        self, config: TrialConfig, *, timeout_s: float, ready_s: float | None = None
+    ) -> TrialResult:
+        """Run one trial within `timeout_s`; a fork server that must start first may take
+        `ready_s` (default: `timeout_s`) of its own, at most READY_TIMEOUT_S."""
         if config.nnodes > 1:
             peers = self.peers
             if peers is None:
@@ -121,7 +125,7 @@ class Launcher:
         if config.nproc_per_node > 1:  # torchrun starts every rank afresh: no server
             return run_trial(config, timeout_s=timeout_s)
         limit = process_data_limit(self.device_kind, config.memory_limit_bytes)
-        server = self._server(limit, config.model.trainer, ready_s=timeout_s)
+        server = self._server(limit, config.model.trainer, ready_s=ready_s or timeout_s)
         if server is None:
             return run_trial(config, timeout_s=timeout_s)
         try:

@@ -23,7 +23,15 @@ from autotune.tuning._skips import Skip, Verdictor, open_candidates, skip_reason
 from autotune.tuning.deadline import Deadline
 from autotune.tuning.guesses import fitted_guess
 from autotune.tuning.rehearsal import job_failure, rehearse_first
-from autotune.tuning.selection import incumbent_cost, keeping_twin, recipe_arithmetic, verdict
+from autotune.tuning.selection import (
+    exportable,
+    fitting,
+    incumbent_cost,
+    keeping_twin,
+    recipe_arithmetic,
+    verdict,
+    verified,
+)
 from autotune.tuning.stopping import TimeLeft, change_unconfirmable, probe_cutoff_s, stop_reason
 from autotune.tuning.time_plan import plan_parity as planned_parity
 
@@ -84,18 +92,23 @@ def explore(
                 _pause(run)  # running probes (other workers') report first
                 continue
             run.store.queue.enqueue(proposal.candidate)
-        step(run, recs, busy, over, keep, end_s=left.end_s)
+        step(run, recs, busy, over, keep, end=end)
 
 
 def _keeping_only(run: RunContext, recs: list[TrialRecord], left: TimeLeft) -> str:
-    """Why only configs that keep the recipe's arithmetic are worth probing now ('': all
-    are; `stopping.change_unconfirmable`), said once."""
+    """Why only configs that keep the recipe's arithmetic (or a change parity verified)
+    are worth probing now ('': all are; `stopping.change_unconfirmable`), said once.
+    Only where such a config fits already: else the export is a change (selection takes
+    the best that fits where none keeps the arithmetic), and the fastest is still to
+    find (memory binds: the recipe's fp32 AdamW out of memory, bf16 or 8-bit fitting)."""
     keep = change_unconfirmable(run.spec, run.limits, recs, left.end_s)
-    recipe = recipe_arithmetic(run.spec)
-    if keep and not any(Arithmetic.of(c) == recipe for c in run.spec.space.candidates()):
-        return ""  # the space you asked for holds only changes
+    allowed = _allowed(run, recs)
+    kept = [r for r in fitting(recs, run.spec.fit_limit_bytes) if exportable(r)]
+    if keep and not any(Arithmetic.of(r.candidate) in allowed for r in kept):
+        return ""
     if keep and "keeping only" not in run.said:  # its figures change as time runs down
         run.said.add("keeping only")
+        recipe = recipe_arithmetic(run.spec)
         run.observer.on_plan(
             f"probing only configs that keep your arithmetic ({recipe.precision}, "
             f"{recipe.optimizer}): "
@@ -116,8 +129,15 @@ def _open(
     opened = open_candidates(run.spec.space, recs, over, busy)
     if not keep:
         return opened
+    allowed = _allowed(run, recs)
+    return [c for c in opened if Arithmetic.of(c) in allowed]
+
+
+def _allowed(run: RunContext, recs: list[TrialRecord]) -> set[Arithmetic]:
+    """The arithmetics an export may take without paired rounds: the recipe's, and
+    those parity verified (`ok`) in this study."""
     recipe = recipe_arithmetic(run.spec)
-    return [c for c in opened if Arithmetic.of(c) == recipe]
+    return {recipe} | {Arithmetic.of(r.candidate) for r in recs if verified(r, recipe)}
 
 
 def plan_parity(
@@ -199,19 +219,21 @@ def step(
     over: Verdictor,
     keep: str = "",
     *,
-    end_s: float | None = None,
+    end: Deadline | None = None,
 ) -> None:
     """Ask for one proposal; skip it or probe it (`keep`: skip a change of the recipe's
-    arithmetic, with this reason; `end_s`: what is left of the whole time budget)."""
+    arithmetic, with this reason; `end`: the whole time budget's deadline)."""
     asked = run.store.queue.ask()
     candidate, guess = asked.candidate, asked.first_guess
     skip = skip_reason(candidate, recs, run.spec.space, over, busy, first_guess=guess)
-    if skip is None and keep and Arithmetic.of(candidate) != recipe_arithmetic(run.spec):
+    changes = skip is None and keep and Arithmetic.of(candidate) not in _allowed(run, recs)
+    if changes:
         skip = Skip(f"skipped: it changes your arithmetic, and {keep}", implies_oom=False)
     if skip is not None:
         result = TrialResult(Outcome.SKIPPED, reason=skip.reason)
         run.store.tell(asked, result, verdict(result, run.spec, implied=skip.implies_oom))
-        if skip.implies_oom or guess:  # the user sees why a queued guess did not run
+        # the user sees why a queued guess, or a config queued again, did not run
+        if skip.implies_oom or guess or changes:
             run.observer.on_trial_end(asked.number, candidate, result)
         elif not run.store.queue.was_queued(asked):  # the sampler's repeat: steer the next ask
             _steer(run, asked.number, _open(run, recs, over, busy, keep))  # to one still open
@@ -232,7 +254,8 @@ def step(
         run.store.tell(asked, result, verdict(result, run.spec, implied=False))
         time.sleep(random.uniform(0.0, 0.5))  # two yielding workers do not retry in step
         return
-    cutoff = probe_cutoff_s(run.spec, run.limits, recs, end_s, rehearses=run.rehearses)
+    left = None if end is None else end.left()  # now, not when the loop began
+    cutoff = probe_cutoff_s(run.spec, run.limits, recs, left, rehearses=run.rehearses)
     _probe(run, asked, config, cutoff)
 
 
@@ -255,7 +278,9 @@ def _probe(
         timeout_s = cutoff_s
     try:
         with run.store.queue.heartbeat(asked):
-            result = run.launcher.run(config, timeout_s=timeout_s)
+            # a fork server that must start first gets the probe's own limit, not the cut's
+            ready_s = run.limits.trial_timeout_s
+            result = run.launcher.run(config, timeout_s=timeout_s, ready_s=ready_s)
     except BaseException as exc:  # Ctrl-C, SIGTERM, a full disk: fail the trial, keep the study
         why = str(exc) if isinstance(exc, AutotuneError) else f"interrupted ({type(exc).__name__})"
         run.store.queue.fail_and_requeue(asked, why)

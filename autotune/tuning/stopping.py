@@ -162,11 +162,11 @@ def change_unconfirmable(
     ('' where one could), the clock's reason: no parity runs that verify are planned, and
     the paired rounds such a change needs (two rounds of it and of a config that keeps
     the arithmetic, each run at least the quickest confirmation of a config measured so
-    far) take longer than `left_s`, what is left of the whole budget. Time only runs
-    down: once said, it holds. Exploring then probes only configs that keep the
-    arithmetic, the ones the export may pick (a one-minute NeoX search spent two of its
-    five probes on bf16 configs it could never confirm, and exported the recipe's
-    config). Where the user turned the rounds off (--confirm-rounds 0, --confirm-top 0)
+    far) take longer than `left_s`, what is left of the whole budget (time runs down; a
+    quicker config measured later may shorten them). Exploring then probes only configs
+    that keep the arithmetic, the ones the export may pick (a one-minute NeoX search
+    spent two of its five probes on bf16 configs it could never confirm, and exported
+    the recipe's config). Where the user turned the rounds off (--confirm-rounds 0, --confirm-top 0)
     the probes still say what a change reads."""
     if left_s is None or limits.parity_auto or limits.parity_steps:
         return ""

@@ -30,7 +30,7 @@ class OutOfMemory:
     def __init__(self) -> None:
         self.ran: list[Candidate] = []
 
-    def run(self, config: TrialConfig, timeout_s: float) -> TrialResult:
+    def run(self, config: TrialConfig, timeout_s: float, **_: object) -> TrialResult:
         self.ran.append(config.candidate)
         return TrialResult(
             Outcome.OOM,
@@ -123,7 +123,7 @@ def test_a_first_guess_runs_where_nothing_has_ruled_it_out(tmp_path: Path) -> No
     spec = dataclasses.replace(SPEC, space=space, parameters=10_000)
 
     class Fits(OutOfMemory):
-        def run(self, config: TrialConfig, timeout_s: float) -> TrialResult:
+        def run(self, config: TrialConfig, timeout_s: float, **_: object) -> TrialResult:
             self.ran.append(config.candidate)
             return TrialResult(
                 Outcome.OK,

@@ -571,7 +571,7 @@ def test_where_the_rounds_cannot_fit_a_change_of_arithmetic_is_not_probed(tmp_pa
     ran: list[Candidate] = []
     seen: list[tuple[Candidate, TrialResult]] = []
     launcher = SimpleNamespace(
-        run=lambda config, timeout_s: ran.append(config.candidate) or TrialResult(Outcome.OOM)
+        run=lambda config, timeout_s, **_: ran.append(config.candidate) or TrialResult(Outcome.OOM)
     )
     observer = SimpleNamespace(
         on_trial_start=lambda *a: None,
@@ -588,11 +588,14 @@ def test_where_the_rounds_cannot_fit_a_change_of_arithmetic_is_not_probed(tmp_pa
     assert why == f"skipped: it changes your arithmetic, and {keep}"
 
 
-def test_keeping_the_arithmetic_is_said_once_and_never_where_the_space_holds_only_changes() -> None:
-    """The line says why, once, though its figures run down with the clock; a space of
-    bf16 alone (the user asked for it) holds nothing that keeps the recipe's fp32, so
-    nothing is held back there."""
+def test_keeping_the_arithmetic_is_said_once_and_only_where_a_config_keeping_it_fits() -> None:
+    """The line says why, once, though its figures run down with the clock. Where no
+    config that keeps the recipe's fp32 fits (memory binds), the export is a change
+    whatever the rounds say: nothing is held back there."""
     from types import SimpleNamespace
+
+    from autotune.core.enums import Outcome
+    from autotune.tuning.stopping import change_unconfirmable
 
     recipe = timed(0, cand(8), 5.0, 0.0, start_s=1.0)
     lines: list[str] = []
@@ -604,11 +607,12 @@ def test_keeping_the_arithmetic_is_said_once_and_never_where_the_space_holds_onl
     assert len(lines) == 1
     assert lines[0].startswith("probing only configs that keep your arithmetic (fp32, adamw")
     assert lines[0].endswith("40s is left; a longer --time-budget can weigh a change")
-    only_bf16 = dataclasses.replace(SPEC.space, precisions=("bf16",))
-    search = faked(
-        SimpleNamespace(spec=dataclasses.replace(SPEC, space=only_bf16)), limits, observer, None
-    )
-    assert exploring._keeping_only(search, [recipe], TimeLeft(40.0, 40.0)) == ""
+    # memory binds: the recipe ran out of memory and only bf16 fits, so the export is a
+    # change whatever the rounds, and the fastest change is still to find
+    oom = dataclasses.replace(recipe, result=recipe.result.replace(outcome=Outcome.OOM))
+    bf16 = timed(1, cand(8, "bf16"), 3.0, 0.0, start_s=1.0)
+    assert change_unconfirmable(SPEC, limits, [oom, bf16], 40.0)
+    assert exploring._keeping_only(search, [oom, bf16], TimeLeft(40.0, 40.0)) == ""
 
 
 def test_a_probe_still_running_at_the_end_of_the_budget_is_stopped_and_queued_again(
@@ -638,7 +642,8 @@ def test_a_probe_still_running_at_the_end_of_the_budget_is_stopped_and_queued_ag
     store = StudyStore.open(url=url, name="cut", spec=SPEC, sampler=make_sampler("tpe", 0))
     timeouts: list[float] = []
 
-    def run(config: Any, timeout_s: float) -> TrialResult:
+    def run(config: Any, timeout_s: float, ready_s: float) -> TrialResult:
+        assert ready_s == 600.0  # a fork server to start first: not the cut's limit
         timeouts.append(timeout_s)
         return TrialResult(Outcome.TIMEOUT, reason=f"still running after {timeout_s:.0f} s")
 
@@ -649,7 +654,9 @@ def test_a_probe_still_running_at_the_end_of_the_budget_is_stopped_and_queued_ag
     )
     search = faked(store, limits, observer, SimpleNamespace(run=run))
     store.queue.enqueue(cand(16, ckpt=True))
-    exploring.step(search, [recipe], {}, never_over, end_s=23.0)
+    clock = Clock()
+    end = Deadline.after(23.0, clock)
+    exploring.step(search, [recipe], {}, never_over, end=end)
     assert timeouts == [23.0]
     assert said[0][1].reason == "stopped at the end of the time budget after 23s; a rerun probes it"
     failed = store.study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
@@ -658,5 +665,77 @@ def test_a_probe_still_running_at_the_end_of_the_budget_is_stopped_and_queued_ag
     waiting = store.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     assert len(waiting) == 1 and store.queue.ask().candidate == cand(16, ckpt=True)
     store.queue.enqueue(cand(32))
-    exploring.step(search, [], {}, never_over, end_s=23.0)  # nothing fits yet: the limit's own
+    exploring.step(search, [], {}, never_over, end=end)  # nothing fits yet: the limit's own
     assert timeouts == [23.0, 600.0]
+
+
+class Plans:
+    """An observer that keeps the plan lines the search says, and nothing else."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def on_plan(self, line: str) -> None:
+        self.lines.append(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+class Timed:
+    """A launcher whose probes take the time their config would (fp32 5 s a step, bf16
+    3 s, checkpointing 30% more; a warm-up and two timed steps, and 1 s to start) on a
+    fake clock, cut at the limit they are given."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.ran: list[Candidate] = []
+
+    def run(self, config: Any, timeout_s: float, **_: object) -> Any:
+        from autotune.core.enums import Outcome
+        from autotune.core.trial import TrialResult
+
+        candidate = config.candidate
+        step = (3.0 if candidate.precision == "bf16" else 5.0) * (
+            1.3 if candidate.activation_checkpointing else 1.0
+        )
+        wall = 1.0 + 3 * step
+        self.ran.append(candidate)
+        self.clock.now += min(wall, timeout_s)
+        if wall > timeout_s:
+            return TrialResult(Outcome.TIMEOUT, reason=f"still running after {timeout_s:.0f} s")
+        return TrialResult(
+            Outcome.OK,
+            samples_per_s=64 / step,
+            peak_memory_bytes=GIB,
+            step_time_median_s=step,
+            step_times_s=(step, step),
+            phases_s={"wall": wall, "total": wall, "train": wall - 1.0},
+        )
+
+
+def test_a_one_minute_search_probes_what_it_may_export_and_ends_within_its_minute(
+    tmp_path: Path,
+) -> None:
+    """The search loop whole, on a fake clock: once the first config is measured, the
+    rounds a bf16 change needs (4 confirmations of over a minute) cannot fit, so every
+    later probe keeps fp32 AdamW, the search says why once, and no probe runs past the
+    minute: it stops at the budget or is cut there."""
+    from autotune.tuning.run import prepare_store
+
+    clock = Clock()
+    budget = Deadline.after(60.0, clock)
+    store = prepare_store(
+        spec=SPEC, study_name="minute", storage=f"sqlite:///{tmp_path / 'a.db'}", sampler="model"
+    )
+    observer = Plans()
+    launcher = Timed(clock)
+    limits = SearchLimits(max_trials=20, propose=True, confirm_top=3)
+    run = faked(store, limits, observer, launcher)
+    why = run.explore(budget.share(1.0), wait_for_others=False, end=budget)
+    _, *later = launcher.ran
+    recipe = Arithmetic.of(cand(8))
+    assert later and all(Arithmetic.of(c) == recipe for c in later), launcher.ran
+    said = [line for line in observer.lines if "probing only configs that keep" in line]
+    assert len(said) == 1
+    assert clock.now - 1000.0 <= 60.0 and why.startswith(("time budget spent", "every config"))
