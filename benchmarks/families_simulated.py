@@ -75,8 +75,10 @@ class GridLauncher:
         self.spec: Any = None  # the study's SearchSpec, set as the search starts
         self.scale: float | None = None  # of the estimate's activations (`_peak`)
 
-    def run(self, config: TrialConfig, *, timeout_s: float) -> TrialResult:
-        del timeout_s
+    def run(
+        self, config: TrialConfig, *, timeout_s: float, ready_s: float | None = None
+    ) -> TrialResult:
+        del timeout_s, ready_s  # Launcher.run's: no child, no clock here
         limit = config.memory_limit_bytes or 0
         speed = self.speeds.get(key_of(config.candidate), 0.0)
         if speed <= 0:
