@@ -51,6 +51,22 @@ def _checkpointing(level: Checkpointing, space: SearchSpace | None) -> bool | st
     return as_recorded(level, space.checkpointing if space is not None else (level,))
 
 
+def has_candidate(params: dict[str, Any]) -> bool:
+    """Whether a trial's params hold a whole config. A trial another worker is asking
+    for is running before its params are in, and SQLite reads a trial's params and its
+    attributes in separate statements: a search once read a claimed trial with no params
+    and failed on it (two searches on one study file)."""
+    return all(
+        name in params
+        for name in (
+            "per_device_train_batch_size",
+            "precision",
+            "activation_checkpointing",
+            "optim",
+        )
+    )
+
+
 def candidate_of(space: SearchSpace, params: dict[str, Any]) -> Candidate:
     levers = {name: params[name] for name in space.varied_levers if name in params}
     return space.candidate(

@@ -18,7 +18,7 @@ from autotune.core.files import write_atomic
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialResult, Verdict
 from autotune.store import _coordination, compat
-from autotune.store._params import candidate_of, candidate_params, distributions
+from autotune.store._params import candidate_of, candidate_params, distributions, has_candidate
 from autotune.store._retry import transient_retry
 from autotune.store.keys import Attr
 
@@ -66,7 +66,7 @@ class StudyQueue:
         return {
             candidate_of(self.spec.space, t.params): t.number
             for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            if Attr.CLAIM in t.user_attrs and t.number != exclude
+            if Attr.CLAIM in t.user_attrs and t.number != exclude and has_candidate(t.params)
         }
 
     @transient_retry

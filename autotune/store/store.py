@@ -24,7 +24,7 @@ from autotune.core.stats import combine, pooled, quiet_step_s
 from autotune.core.trial import Candidate, TrialRecord, TrialResult, Verdict
 from autotune.hf.training_args import study_arguments  # pure: imports no transformers
 from autotune.store import _coordination, _identity, compat
-from autotune.store._params import candidate_of, candidate_params, distributions
+from autotune.store._params import candidate_of, candidate_params, distributions, has_candidate
 from autotune.store._retry import transient_retry
 from autotune.store._settings import StudySettings
 from autotune.store.keys import CONSTRAINT_NAME, Attr, StudyAttr
@@ -220,7 +220,9 @@ class StudyStore:
             # is seen in the records; on a server without the lock, records() keeps one
             # record per config where two workers still raced
             running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            known = {candidate_of(self.spec.space, t.params) for t in running}
+            known = {
+                candidate_of(self.spec.space, t.params) for t in running if has_candidate(t.params)
+            }
             known |= {r.candidate for r in self.records()}
             space = set(self.spec.space.candidates())
             for candidate, result in found.items():

@@ -181,6 +181,20 @@ def test_a_claim_seen_half_written_is_not_taken_for_a_dead_worker(storage: str) 
     assert next(iter(_coordination.worker_identity())) == Attr.WORKER  # the whole id goes first
 
 
+def test_a_claimed_trial_read_before_its_params_is_not_yet_in_flight(storage: str) -> None:
+    """SQLite reads a trial's params and its attributes in separate statements, so
+    another search can see a claim before the params it read: that trial is not in
+    flight yet (the claim's rival check still settles who runs the config), and reading
+    it does not fail the search (two searches on one SQLite study did)."""
+    store = worker(storage, f"params-{uuid.uuid4().hex[:8]}")
+    store.queue.enqueue(cand(8))
+    asked = store.queue.claim(store.queue.ask(), 10, "trials/x")
+    assert asked is None
+    half = store.study.ask()  # running, no params yet, as read mid-ask
+    half.set_user_attr(Attr.CLAIM, "read before its params")
+    assert list(worker(storage, store.name).queue.in_flight().values()) == [0]
+
+
 def test_a_worker_whose_trial_was_taken_over_drops_it(storage: str) -> None:
     store = worker(storage, f"lost-{uuid.uuid4().hex[:8]}")
     store.queue.enqueue(cand(8))
