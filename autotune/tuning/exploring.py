@@ -272,15 +272,13 @@ def _probe(
     config queued again, unmeasured, for a rerun with more time."""
     candidate = asked.candidate
     run.observer.on_trial_start(asked.number, candidate)
-    timeout_s = run.limits.trial_timeout_s
-    cut = cutoff_s is not None and cutoff_s < timeout_s
-    if cutoff_s is not None and cut:
-        timeout_s = cutoff_s
+    own_s = run.limits.trial_timeout_s
+    timeout_s = own_s if cutoff_s is None else min(cutoff_s, own_s)
+    cut = timeout_s < own_s
     try:
         with run.store.queue.heartbeat(asked):
             # a fork server that must start first gets the probe's own limit, not the cut's
-            ready_s = run.limits.trial_timeout_s
-            result = run.launcher.run(config, timeout_s=timeout_s, ready_s=ready_s)
+            result = run.launcher.run(config, timeout_s=timeout_s, ready_s=own_s)
     except BaseException as exc:  # Ctrl-C, SIGTERM, a full disk: fail the trial, keep the study
         why = str(exc) if isinstance(exc, AutotuneError) else f"interrupted ({type(exc).__name__})"
         run.store.queue.fail_and_requeue(asked, why)
