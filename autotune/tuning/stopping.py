@@ -205,13 +205,19 @@ def confirm_s(spec: SearchSpec, limits: SearchLimits, record: TrialRecord) -> fl
 def probe_wall_s(records: Sequence[TrialRecord]) -> float:
     """What a new probe is planned to take, start to end: the upper quartile of the wall
     times of this study's probes that ran to their end (one out of memory stops early,
-    and the next may fit), of all its probes before any did (0 before any). Not the
+    and the next may fit), of all its probes before any did; before this study probed,
+    of the probes it reused from another study of the same job (0 without any). Not the
     median: the configs left to probe are not the median's (a one-minute NeoX search
     started a checkpointed probe with 15 s left on a median of 14.5 s; it took 19 s),
     and one still running where the budget ends is stopped unmeasured
     (`probe_cutoff_s`), its time spent for nothing. Not the slowest: one compiled
     probe's cold compile would stop exploring minutes early."""
-    probes = [r for r in records if is_probe(r) and r.result.phases_s.get("wall", 0.0) > 0]
+    timed = [
+        r
+        for r in records
+        if r.result.outcome != Outcome.SKIPPED and r.result.phases_s.get("wall", 0.0) > 0
+    ]
+    probes = [r for r in timed if is_probe(r)] or timed
     ended = [r for r in probes if r.result.outcome == Outcome.OK] or probes
     walls = [r.result.phases_s["wall"] for r in ended]
     if len(walls) < 2:

@@ -388,6 +388,31 @@ def test_no_probe_starts_that_is_expected_to_end_past_the_whole_time_budget() ->
     assert why == "time budget spent: a probe takes about 35s and 34s is left"
 
 
+def test_a_rerun_that_reused_every_fitting_config_plans_its_probes_by_their_walls() -> None:
+    """A rerun took its measured configs over from an earlier study of the same job: its
+    next probe is planned at their walls (about 30 s), not at 0, so none starts with 20 s
+    of the whole budget left only to be stopped unmeasured; once it probed on its own,
+    its own walls plan the next."""
+    reused = [
+        dataclasses.replace(
+            r, result=r.result.replace(phases_s={"wall": 30.0}, reused_from="study tiny trial 0")
+        )
+        for r in (rec(0, cand(8)), rec(1, cand(16)))
+    ]
+    clock = Clock()
+    explore = Deadline.after(1000.0, clock)
+    limits = SearchLimits(max_trials=50)
+    why = stops(limits, reused, {}, explore, never_over, end=Deadline.after(20.0, clock))
+    assert why == "time budget spent: a probe takes about 30s and 20s is left"
+    own = dataclasses.replace(
+        rec(2, cand(32)), result=rec(2, cand(32)).result.replace(phases_s={"wall": 10.0})
+    )
+    assert (
+        stops(limits, [*reused, own], {}, explore, never_over, end=Deadline.after(20.0, clock))
+        == ""
+    )
+
+
 def test_a_parity_run_expected_to_end_past_the_time_budget_does_not_start() -> None:
     """The bf16 finalist needs its own run, the reference's and the twin's (the time
     budget's parity runs of `RECORDS`): with a second less than they take left, none
