@@ -41,6 +41,10 @@ interpreter, the fork server, and the fork server handing down the model it buil
         --regrid --record
     python benchmarks/families.py --grid benchmarks/families.json --only "memory binds" \
         --remeasure --record
+    # the probe's own memory moves with the host: --rebudget first derives each
+    # memory-binds budget again from its memory-free grid's best, as a full run does
+    python benchmarks/families.py --grid benchmarks/families.json --only "memory binds" \
+        --regrid --rebudget --record
 """
 
 from __future__ import annotations
@@ -610,6 +614,8 @@ def again(args: argparse.Namespace, recorded: dict[str, Any], work: Path) -> Fig
     for row in selected(recorded, args.only):
         model = family_model(row["family"], setting_folder(row, work))
         started = time.monotonic()
+        if args.rebudget and row["budget"] == "memory binds":
+            rebudget(row, model, recorded, work)
         with Prober(model, int(row["budget_mib"] * MIB * 0.95), work) as prober:
             if args.regrid:
                 row.update(grid_row(measure_grid(prober, FULL)))
@@ -628,6 +634,26 @@ def again(args: argparse.Namespace, recorded: dict[str, Any], work: Path) -> Fig
         recorded.setdefault("regrids", []).append({"date": now["date"], "only": args.only})
     kept = {k: v for k, v in recorded.items() if k not in now}  # today's stamp, not the grid's
     return {**kept, "only": args.only, "methods": list(recorded["settings"][0]["methods"])}
+
+
+def binding_mib(model: ModelSpec, best: Key, work: Path) -> int:
+    """The budget of a setting where memory binds, as a full run sets it: just under the
+    peak of the memory-free grid's best, probed now, so that it does not fit."""
+    with Prober(model, int(GENEROUS * 0.95), work) as prober:
+        peak = prober(best, FULL.grid_measure).peak_memory_bytes or 0
+    return int(peak * 0.98 / 0.95) // MIB
+
+
+def rebudget(row: dict[str, Any], model: ModelSpec, recorded: dict[str, Any], work: Path) -> None:
+    """A memory-binds row's budget derived again from its family's memory-free best on
+    this host (the probe's own memory moves with the host: one day's budget let 48 t5
+    configs fit, a later day's 1). Its recorded searches ran under the old budget and
+    are dropped with it."""
+    free = next(r for r in recorded["settings"] if r["family"] == row["family"] and r is not row)
+    was = row["budget_mib"]
+    row["budget_mib"] = binding_mib(model, parse_key(name_of(free["best"])), work)
+    row["methods"] = {}
+    print(f"{row['family']}, {row['budget']}: {was} MiB -> {row['budget_mib']} MiB", flush=True)
 
 
 def rescore(row: dict[str, Any]) -> None:
@@ -703,6 +729,8 @@ def measure_all(args: argparse.Namespace, work: Path) -> Figures:
     if args.grid:
         recorded = json.loads(Path(args.grid).read_text())
         print(f"grids of {recorded['date']} on {recorded['machine']}; now {stamp()['machine']}")
+        if args.rebudget and not args.regrid:
+            raise SystemExit("--rebudget derives a grid's budget again: give --regrid with it")
         if args.regrid or args.remeasure:
             return {"mode": "measured again", **again(args, recorded, work)}
         if args.record:
@@ -801,6 +829,12 @@ def options(parser: argparse.ArgumentParser) -> None:
         "--regrid",
         action="store_true",
         help="with --grid: measure the selected whole grids again at their recorded budgets",
+    )
+    parser.add_argument(
+        "--rebudget",
+        action="store_true",
+        help="with --regrid: derive a memory-binds grid's budget again from its memory-free "
+        "grid's best, probed now (the recorded searches under the old budget are dropped)",
     )
     again.add_argument(
         "--remeasure",
