@@ -631,7 +631,8 @@ def again(args: argparse.Namespace, recorded: dict[str, Any], work: Path) -> Fig
         print(f"{row['family']}, {row['budget']}: {row['truth']}", flush=True)
         rescore(row)
     if args.regrid:
-        recorded.setdefault("regrids", []).append({"date": now["date"], "only": args.only})
+        regrid = {"date": now["date"], "only": args.only, "rebudget": args.rebudget}
+        recorded.setdefault("regrids", []).append(regrid)
     kept = {k: v for k, v in recorded.items() if k not in now}  # today's stamp, not the grid's
     return {**kept, "only": args.only, "methods": list(recorded["settings"][0]["methods"])}
 
