@@ -788,7 +788,8 @@ def report(f: Figures) -> str:
         [o["rule_ratio"] for r in selected(f, f.get("only", "")) for o in r["methods"].get(n, [])]
         for n in f["methods"]
     ]
-    rows.append(("all", "", "", *(f"{statistics.mean(v):.3f} / {min(v):.3f}" for v in means)))
+    cells = (f"{statistics.mean(v):.3f} / {min(v):.3f}" if v else "" for v in means)
+    rows.append(("all", "", "", *cells))  # a regrid whose budget moved has no searches
     columns = ("family", "budget", "grid", *(LABELS[n] for n in f["methods"]))
     text += harness.table(columns, rows)
     if "probe_cost_s" in f:
