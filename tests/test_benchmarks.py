@@ -132,3 +132,26 @@ def test_the_simulated_families_smallest_setting_picks_the_rules_best() -> None:
     for name, setting in settings.items():
         ratios = setting["ratios"]
         assert len(ratios) == 2 and min(ratios) >= 0.95 and statistics.mean(ratios) >= 0.98, name
+
+
+def test_the_families_report_of_a_regrid_whose_budget_moved_has_empty_cells(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`families.py --regrid --rebudget` drops a memory-binds setting's searches with its
+    old budget: the report prints the new grids with empty cells, where it failed on the
+    mean of no searches and lost the regrid's record (2026-11-30)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import families
+
+    recorded = json.loads((BENCHMARKS / "families.json").read_text())
+    for row in families.selected(recorded, "memory binds"):
+        row["methods"] = {}
+    figures = {
+        **recorded,
+        "only": "memory binds",
+        "methods": ["autotune"],
+        "mode": "measured again",
+    }
+    text = families.report({**figures, "commit": "abc", "command": "families.py --regrid"})
+    assert "| all |  |  |  |" in text
+    assert text.count("memory binds (") == len(families.selected(recorded, "memory binds"))
