@@ -641,14 +641,16 @@ def binding_mib(model: ModelSpec, best: Key, work: Path) -> int:
     """The budget of a setting where memory binds, as a full run sets it: just under the
     peak of the memory-free grid's best, probed now, so that it does not fit."""
     with Prober(model, int(GENEROUS * 0.95), work) as prober:
-        peak = prober(best, FULL.grid_measure).peak_memory_bytes or 0
-    return int(peak * 0.98 / 0.95) // MIB
+        result = prober(best, FULL.grid_measure)
+    if not result.peak_memory_bytes:
+        raise SystemExit(f"{label(best)} did not run with memory free: {result.reason}")
+    return int(result.peak_memory_bytes * 0.98 / 0.95) // MIB
 
 
 def rebudget(row: dict[str, Any], model: ModelSpec, recorded: dict[str, Any], work: Path) -> None:
     """A memory-binds row's budget derived again from its family's memory-free best on
     this host. The probe's own memory moves with the host: t5's 669 MiB fit its grid's
-    best (8 fp32 AdamW, 178 samples/s) on 2026-11-28, and nothing past batch 2 (71) a
+    best (8 bf16 AdamW, 178 samples/s) on 2026-11-28, and nothing past batch 2 (71) a
     day later, under the same libraries. Its recorded searches ran under the old budget
     and are dropped with it."""
     free = next(r for r in recorded["settings"] if r["family"] == row["family"] and r is not row)
