@@ -23,6 +23,12 @@ from autotune.tuning.estimate import FAR_OVER, PROCESS_BYTES, Breakdown, breakdo
 # An out-of-memory run's peak was above this share of the limit at least: the CPU's
 # limit counts reserved data pages, a few percent above the resident set the peaks count
 OOM_SLACK = 0.9
+# An out-of-memory run needed more than the limit by an unknown amount: a config the
+# estimate puts within this share of the limit below it (or above) is expected out of
+# memory too. The families' LoRA job with memory binding: batch 8 bf16 with fused AdamW
+# out of memory, the same with Adafactor (the same activations, a few KiB less state)
+# was still said to fit, and probed out of memory; so was every batch-8 optimizer in turn
+OOM_NEAR = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +42,8 @@ class EstimateVerdicts:
     # activations (an OOM set off by something the model leaves out would skip for good
     # configs of other families that fit)
     predict_for_skip: Callable[[Candidate], int | None]
+    # the estimate of each config the study found out of memory, as `predict` puts it
+    out_of_memory: tuple[int, ...] = ()
 
     def __call__(self, candidate: Candidate) -> str | None:
         """A reason when the candidate cannot fit: its weights, gradients and optimizer
@@ -61,17 +69,25 @@ class EstimateVerdicts:
         return f"estimate {format_size(peak)} is far over the {budget} budget"
 
     def fits(self, candidate: Candidate) -> bool:
-        """The estimate's verdict: the predicted peak within what a probe may use. Its
-        activation term is the most optimistic fit to the study's peaks (before a clean
-        probe, the least scale the OOM probes imply), so a config it says does not fit
-        very likely does not."""
+        """The estimate's verdict: the predicted peak within what a probe may use, and
+        not within OOM_NEAR of a config found out of memory. Its activation term is the
+        most optimistic fit to the study's peaks (before a clean probe, the least scale
+        the OOM probes imply), so a config it says does not fit very likely does not;
+        the estimate ranks configs by memory more surely than it sizes them, so one it
+        ranks with a config that ran out of memory is expected to as well."""
         peak = self.predict(candidate)
-        return peak is None or peak <= self.spec.fit_limit_bytes
+        if peak is None:
+            return True
+        limit = self.spec.fit_limit_bytes
+        near = min(self.out_of_memory, default=None)
+        return peak <= limit and (near is None or peak < near - OOM_NEAR * limit)
 
 
 def far_over_budget(spec: SearchSpec, recs: Sequence[TrialRecord]) -> EstimateVerdicts:
     """The verdicts with the estimate refined by the study's records so far."""
-    return EstimateVerdicts(spec, *_predictors(spec, recs))
+    predict, for_skip = _predictors(spec, recs)
+    ooms = [predict(r.candidate) for r in recs if r.result.outcome == Outcome.OOM]
+    return EstimateVerdicts(spec, predict, for_skip, tuple(p for p in ooms if p is not None))
 
 
 Predictor = Callable[[Candidate], int | None]

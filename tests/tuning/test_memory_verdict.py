@@ -126,3 +126,30 @@ def test_an_oom_bound_reorders_proposals_but_never_skips_a_config_for_good() -> 
     verdicts = far_over_budget(spec, records)
     assert not verdicts.fits(cand(8))  # proposed after what may fit
     assert verdicts(cand(8)) is None  # but not skipped
+
+
+def test_a_config_the_estimate_ranks_with_an_out_of_memory_one_is_expected_to_run_out() -> None:
+    """The families' LoRA job at 791 MiB: batch 8 bf16 with fused AdamW ran out of memory,
+    and the same with Adafactor (the same activations, a few KiB less state) was still
+    said to fit, and probed out of memory. An OOM says the config needed more than the
+    limit, by how much it cannot say: a config the estimate puts within OOM_NEAR of it is
+    proposed after those that may fit; one well below it, and a clean run, still fit."""
+    from autotune.tuning._memory_verdict import OOM_NEAR
+
+    space = dataclasses.replace(SPEC.space, optimizers=("adamw_torch", "adafactor"))
+    spec = dataclasses.replace(SPEC, space=space, parameters=10_000_000)
+    adamw, adafactor = (space.candidate(8, "fp32", False, o) for o in space.optimizers)
+    clean = rec(1, space.candidate(1, "fp32", False, "adamw_torch"), peak_gib=1.0)
+    for records in ([rec(0, adamw, Outcome.OOM)], [rec(0, adamw, Outcome.OOM), clean]):
+        verdicts = far_over_budget(spec, records)
+        near = verdicts.predict(adamw)
+        assert near is not None
+        lighter = verdicts.predict(adafactor)
+        assert lighter is not None and lighter > near - OOM_NEAR * spec.fit_limit_bytes
+        assert lighter <= spec.fit_limit_bytes  # by its own size, it would fit
+        assert not verdicts.fits(adafactor)
+        assert verdicts(adafactor) is None  # never skipped for it: only proposed later
+        assert verdicts.fits(space.candidate(8, "fp32", True, "adafactor"))
+        assert verdicts.fits(space.candidate(2, "fp32", False, "adafactor"))
+    # before any OOM, the same estimate says it fits
+    assert far_over_budget(spec, [clean]).fits(adafactor)
