@@ -5,16 +5,28 @@ tried. The search probes the most promising next, and stops once no untried conf
 a fair chance of beating the best so far by more than the noise, and says so.
 
 The model: Bayesian linear regression of log cost on one effect per value of each
-dimension (a broad prior: a value may halve or double the cost) and one per pair of
-values (a narrow prior: interactions are small unless the data shows them). The cost is
+dimension the space varies (a broad prior: a value may halve or double the cost; the
+batch's, checkpointing's and the optimizer's narrower) and one per pair of values (a
+narrow prior: interactions are small unless the data shows them). The cost is
 what selection ranks by: the step time, the time to finish the user's run, or with
 `--objective efficiency` the step time x peak. The noise is the residual of a
 main-effects fit once there are a few spare probes (at least NOISE), NOISE_SD before.
 
+The effects are fitted about what step time is known to do (`expected`): a larger
+micro-batch spreads a step's fixed costs over more samples, checkpointing recomputes the
+forward. Without it every untried value was as promising as any other, and a search of a
+few probes spent them on slow corners: the LoRA job of the families with memory binding
+(7 probes) tried checkpointing at batches 8, 4 and 2 and never 4x4 bf16 without it, the
+best (0.905 of it in the real replay; simulated, 0.851 in 20 of 20 searches, and with the
+prior, the last probe's rule below and the memory verdict's OOM_NEAR, 0.978 in 30, the
+7 under 0.95 at batch 4 without checkpointing, another optimizer or precision).
+
 A proposal is the open config with the lowest optimistic bound (predicted log cost less
 KAPPA standard deviations), so untried values and pairs are tried while they may still
 win; configs the memory estimate says will not fit come last. The search stops when
-even that bound is within NOISE of the incumbent. Replays on known spaces (tests) find
+even that bound is within NOISE of the incumbent. The last probe the limits allow goes
+to the greatest expected gain over the best so far instead: what exploring would teach,
+no later probe could use. Replays on known spaces (tests) find
 the best of 240 configs within 3% in about 31 probes, interactions included.
 """
 
@@ -40,6 +52,19 @@ PAIR_SD = 0.15  # prior sd of an interaction of two values (15%)
 NOISE_SD = 0.05  # sd of a probe's log cost before the residual says otherwise
 MIN_DOF = 3  # probes beyond the main effects before the residual is trusted
 SLOWEST = 2.0  # a clearly slower probe's cost, at most this x the best so far (_bounded)
+# What step time is expected to do before any probe says (`expected`), fitted to the
+# families' grids (benchmarks/families.json, 8 settings of 60 configs on a 2-core CPU):
+OVERHEAD = 1.0  # a micro-batch's fixed cost in one sample's compute: a doubled batch took
+# 0.21, 0.23, 0.11, 0.05 less log time from 1, 2, 4, 8 (medians of 322 pairs); 1 + 1/b says
+# 0.29, 0.18, 0.11, 0.06
+RECOMPUTE = 0.4  # log time every layer's checkpointing adds: the forward again, a third of
+# the work on a GPU (0.29); 0.46 on the CPU grids (median of 162 pairs, sd 0.14, 0.02-0.77)
+BATCH_SD = 0.3  # prior sd of a batch's effect about the fixed cost's curve (the grids' pairs:
+# 0.12-0.2 per doubling, noise included; a GPU's launches may make small batches dearer)
+RECOMPUTE_SD = 0.15  # prior sd of each checkpointing level's effect about that
+OPTIM_SD = 0.2  # prior sd of an optimizer's effect: its step is a small share of a step
+# (the grids: sd 0.11 between optimizers, measurement noise included; 8-bit or paged ones
+# on a GPU may cost a few tens of percent)
 
 
 def dimensions(candidate: Candidate) -> tuple[tuple[str, object], ...]:
@@ -55,9 +80,13 @@ def dimensions(candidate: Candidate) -> tuple[tuple[str, object], ...]:
 
 
 @functools.lru_cache(maxsize=65536)
-def features(candidate: Candidate) -> tuple[tuple[object, ...], ...]:
-    """Each value of the candidate, and each pair of its values (the interactions)."""
-    values = dimensions(candidate)
+def features(
+    candidate: Candidate, varying: frozenset[str] | None = None
+) -> tuple[tuple[object, ...], ...]:
+    """Each value of the candidate, and each pair of its values (the interactions); with
+    `varying`, only those of the dimensions named (a dimension of one value is the
+    intercept's, and its pairs each another copy of a value's effect)."""
+    values = tuple(v for v in dimensions(candidate) if varying is None or v[0] in varying)
     pairs = [(a, b) for i, a in enumerate(values) for b in values[i + 1 :]]
     return (*values, *pairs)
 
@@ -77,28 +106,40 @@ class CostModel:
     data shows them), so a few probes fit the main effects and more reveal the pairs."""
 
     def __init__(
-        self, points: Sequence[tuple[Candidate, float]], space: Sequence[Candidate]
+        self,
+        points: Sequence[tuple[Candidate, float]],
+        space: Sequence[Candidate],
+        *,
+        prior: bool = True,
     ) -> None:
+        every = [*space, *(c for c, _ in points)]
+        seen: dict[str, set[object]] = {}
+        for candidate in every:
+            for name, value in dimensions(candidate):
+                seen.setdefault(name, set()).add(value)
+        # Each of 9 levers at one value paired with a value made 9 more copies of its
+        # effect (sd 0.15 each): a config one optimizer from a measured one was as
+        # uncertain (sd 0.54) as one of untried values, and the proposals explored on.
+        self.varying = frozenset(name for name, values in seen.items() if len(values) > 1)
         index: dict[tuple[object, ...], int] = {}
-        for candidate in [*space, *(c for c, _ in points)]:
-            for feature in features(candidate):
+        for candidate in every:
+            for feature in features(candidate, self.varying):
                 index.setdefault(feature, len(index))
         self.index = index
         self.n = len(points)
-        y = np.array([math.log(cost) for _, cost in points])
+        self.expected = expected if prior else (lambda candidate: 0.0)
+        y = np.array([math.log(cost) - self.expected(c) for c, cost in points])
         self.mean = float(y.mean()) if self.n else 0.0
         x = np.array([self._row(c) for c, _ in points]).reshape(self.n, len(index))
-        prior = np.array(
-            [MAIN_SD if len(f) == 2 and isinstance(f[0], str) else PAIR_SD for f in index]
-        )
+        prior_sd = np.array([_prior_sd(f, prior) for f in index])
         self.noise = self._noise(points, y)
-        precision = x.T @ x / self.noise**2 + np.diag(1.0 / prior**2)
+        precision = x.T @ x / self.noise**2 + np.diag(1.0 / prior_sd**2)
         self.cov = np.linalg.inv(precision)
         self.effects = self.cov @ x.T @ (y - self.mean) / self.noise**2
 
     def _row(self, candidate: Candidate) -> np.ndarray:
         row = np.zeros(len(self.index))
-        for feature in features(candidate):
+        for feature in features(candidate, self.varying):
             row[self.index[feature]] = 1.0
         return row
 
@@ -120,7 +161,30 @@ class CostModel:
     def predict(self, candidate: Candidate) -> tuple[float, float]:
         """(log cost, its standard deviation)."""
         row = self._row(candidate)
-        return self.mean + float(row @ self.effects), math.sqrt(float(row @ self.cov @ row))
+        log_cost = self.mean + self.expected(candidate) + float(row @ self.effects)
+        return log_cost, math.sqrt(float(row @ self.cov @ row))
+
+
+def expected(candidate: Candidate) -> float:
+    """The log step time a config is expected to take before any probe, up to a constant:
+    a micro-batch's fixed cost (the launches, the Python, a read of every weight) spread
+    over its samples, 1 + OVERHEAD/b at a fixed global batch; and the forward's recompute
+    of the layers checkpointing covers (every one, or every nth)."""
+    level = candidate.activation_checkpointing
+    recompute = RECOMPUTE / level.every_n_layers if level else 0.0
+    return math.log1p(OVERHEAD / candidate.per_device_train_batch_size) + recompute
+
+
+def _prior_sd(feature: tuple[object, ...], prior: bool) -> float:
+    """A value's effect may move its cost by about MAIN_SD, a pair's by PAIR_SD; with the
+    prior, a checkpointing level's by RECOMPUTE_SD about what `expected` says of it, an
+    optimizer's by OPTIM_SD."""
+    if len(feature) != 2 or not isinstance(feature[0], str):
+        return PAIR_SD
+    if not prior:
+        return MAIN_SD
+    sds = {"batch": BATCH_SD, "checkpointing": RECOMPUTE_SD, "optim": OPTIM_SD}
+    return sds.get(feature[0], MAIN_SD)
 
 
 def propose(
@@ -130,13 +194,18 @@ def propose(
     *,
     fits: Callable[[Candidate], bool] = lambda c: True,
     incumbent_s: float | None = None,
+    prior: bool = True,
+    last: bool = False,
 ) -> Proposal:
     """The open config with the most promising optimistic bound (its predicted log cost
-    less KAPPA sd), or a Proposal saying why none is worth a probe.
+    less KAPPA sd), or a Proposal saying why none is worth a probe. The last probe the
+    limits allow (`last`) goes to the greatest expected gain over the best so far
+    instead: no later probe can use what exploring would teach.
 
     `records`: the probes so far (those with a cost are the model's data); `cost` reads a
     record's cost; `fits`: the memory estimate's verdict (configs it says will not fit
-    come last); `incumbent_s`: the best cost among configs that fit."""
+    come last); `incumbent_s`: the best cost among configs that fit; `prior`: the cost is
+    a step time, which `expected` knows something of (not a step time x peak)."""
     if not open_configs:
         return Proposal(None, why_stop="every config is measured or ruled out")
     points = [
@@ -144,17 +213,20 @@ def propose(
         for r in records
         if (c := cost(r)) is not None and c > 0
     ]
-    model = CostModel(points, open_configs)
+    model = CostModel(points, open_configs, prior=prior)
     scored = []
     for candidate in open_configs:
         log_cost, sd = model.predict(candidate)
-        scored.append((not fits(candidate), log_cost - KAPPA * sd, log_cost, candidate))
+        rank = log_cost - KAPPA * sd  # lower first
+        if last and incumbent_s is not None and points:
+            rank = -expected_gain(log_cost, sd, math.log(incumbent_s))
+        scored.append((not fits(candidate), rank, log_cost, candidate, log_cost - KAPPA * sd))
     scored.sort(key=lambda s: (s[0], s[1]))
-    _, _, best_log, best = scored[0]
+    _, _, best_log, best, _ = scored[0]
     if incumbent_s is not None and points:
         likely = [s for s in scored if not s[0]] or scored  # those the estimate says fit
         bar = math.log(incumbent_s) + math.log(1.0 - NOISE)
-        if min(s[1] for s in likely) >= bar:
+        if min(s[4] for s in likely) >= bar:
             return Proposal(
                 None,
                 predicted_s=math.exp(best_log),
@@ -165,6 +237,17 @@ def propose(
                 ),
             )
     return Proposal(best, predicted_s=math.exp(best_log))
+
+
+def expected_gain(log_cost: float, sd: float, incumbent_log: float) -> float:
+    """The expected improvement in log cost over the incumbent of a config whose log cost
+    is normal (`log_cost`, `sd`): what probing it buys when nothing can follow."""
+    if sd <= 0.0:
+        return max(0.0, incumbent_log - log_cost)
+    z = (incumbent_log - log_cost) / sd
+    cdf = 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+    pdf = math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    return sd * (z * cdf + pdf)
 
 
 def _bounded(record: TrialRecord, cost: float, incumbent_s: float | None) -> float:
@@ -186,11 +269,13 @@ def next_config(
     fits: Callable[[Candidate], bool],
     concurrent: int,
     objective: Objective,
+    last: bool = False,
 ) -> Proposal:
     """The search's next proposal: the cost selection ranks by, the memory estimate's
     verdict (`fits`: the round's, tuning.memory_verdict), and the incumbent among configs
-    measured alike. Ranking by speed where memory binds nowhere, activation
-    checkpointing is left out (`memory_free`)."""
+    measured alike; `last`: the limits allow no probe after it (`stopping.last_probe`).
+    Ranking by speed where memory binds nowhere, activation checkpointing is left out
+    (`memory_free`)."""
     incumbent = incumbent_cost(
         records,
         fit_limit_bytes=spec.fit_limit_bytes,
@@ -216,6 +301,8 @@ def next_config(
         lambda r: record_cost(r, spec.train_steps, objective),
         fits=fits,
         incumbent_s=incumbent,
+        prior=objective != Objective.EFFICIENCY,  # checkpointing's saving may win per GiB
+        last=last,
     )
 
 

@@ -32,7 +32,13 @@ from autotune.tuning.selection import (
     verdict,
     verified,
 )
-from autotune.tuning.stopping import TimeLeft, change_unconfirmable, probe_cutoff_s, stop_reason
+from autotune.tuning.stopping import (
+    TimeLeft,
+    change_unconfirmable,
+    last_probe,
+    probe_cutoff_s,
+    stop_reason,
+)
 from autotune.tuning.time_plan import plan_parity as planned_parity
 
 
@@ -65,7 +71,8 @@ def explore(
         plan_parity(run, deadline, recs)
         left = TimeLeft.at(deadline, end)
         keep = _keeping_only(run, recs, left)
-        proposal = _proposal(run, recs, busy, over, keep)
+        last = last_probe(run.spec, run.limits, recs, busy, left, rehearses=run.rehearses)
+        proposal = _proposal(run, recs, busy, over, keep, last=last)
         stop = stop_reason(
             run.spec,
             run.limits,
@@ -181,12 +188,14 @@ def _proposal(
     busy: dict[Candidate, int],
     over: Verdictor,
     keep: str = "",
+    *,
+    last: bool = False,
 ) -> Proposal | None:
     """--sampler model: the open config the model of step time finds most promising;
     first, a first guess the estimate ruled out, at a batch that fits (`fitted_guess`),
     then, where the best so far changes the recipe's arithmetic unverified, the same
     config with the recipe's precision and optimizer, which a tie would go to. With
-    `keep`, only configs that keep the arithmetic."""
+    `keep`, only configs that keep the arithmetic; `last`: no probe may follow it."""
     if not run.limits.propose:
         return None
     opened = _open(run, recs, over, busy, keep)
@@ -203,6 +212,7 @@ def _proposal(
         fits=over.fits,
         concurrent=run.limits.concurrent,
         objective=run.limits.objective,
+        last=last,
     )
 
 

@@ -71,6 +71,29 @@ def stop_reason(
     return ""
 
 
+def last_probe(
+    spec: SearchSpec,
+    limits: SearchLimits,
+    records: Sequence[TrialRecord],
+    busy: Mapping[Candidate, int],
+    left: TimeLeft,
+    *,
+    rehearses: bool,
+) -> bool:
+    """Whether the limits allow no probe after the next: --max-trials counts it, or, its
+    expected wall spent, the time budget stops the one after (`_out_of_time`)."""
+    if sum(is_probe(r) for r in records) + len(busy) + 1 >= limits.max_trials:
+        return True
+    wall = probe_wall_s(records)
+    if not wall:
+        return False
+    after = TimeLeft(
+        None if left.explore_s is None else left.explore_s - wall,
+        None if left.end_s is None else left.end_s - wall,
+    )
+    return bool(_out_of_time(spec, limits, records, after, rehearses=rehearses))
+
+
 def _out_of_time(
     spec: SearchSpec,
     limits: SearchLimits,

@@ -6,6 +6,7 @@ import dataclasses
 import math
 import random
 
+import pytest
 from helpers import GIB, cand, rec
 from helpers import SPACE as HSPACE
 from helpers import SPEC as HSPEC
@@ -122,9 +123,18 @@ def test_an_untried_value_is_proposed_before_the_model_is_trusted() -> None:
         lambda r: r.result.step_time_median_s,
     )
     assert proposal.candidate is not None
-    # each of the six varied dimensions moved off the only value seen: the most untried
-    # values in one probe
-    assert sum(v not in dims(plain) for v in dims(proposal.candidate)) == 6
+    # each of the varied dimensions moved off the only value seen, the most untried values
+    # in one probe, but checkpointing: it recomputes the forward, and is expected slower
+    moved = {name for name, value in dims(proposal.candidate) if (name, value) not in dims(plain)}
+    assert moved == {"batch", "precision", "optim", "attn_implementation", "torch_compile"}
+    # a model that knew nothing of step time moved it too
+    blind = propose(
+        records,
+        [c for c in SPACE.candidates(include_fallback=False) if c != plain],
+        lambda r: r.result.step_time_median_s,
+        prior=False,
+    )
+    assert blind.candidate is not None and blind.candidate.activation_checkpointing
 
 
 def test_a_config_the_estimate_says_will_not_fit_comes_last() -> None:
@@ -270,3 +280,114 @@ def test_when_only_checkpointed_configs_are_left_the_search_says_why_it_stops() 
         HSPEC, records, left, fits=lambda c: True, concurrent=0, objective=Objective.EFFICIENCY
     )
     assert efficiency.candidate in left
+
+
+LORA_SPACE = SearchSpace(
+    global_batch_size=16,
+    micro_batches=(8, 16),
+    fallback_batches=(1, 2, 4),
+    precisions=("fp32", "bf16"),
+    checkpointing=(False, True),
+    optimizers=("adamw_torch", "adamw_torch_fused", "adafactor"),
+)
+
+
+def lora_fits(candidate: Candidate) -> bool:
+    """The families' LoRA job at 791 MiB: batch 4 and under fit, and 8 checkpointed."""
+    batch = candidate.per_device_train_batch_size
+    return batch < 8 or (batch == 8 and bool(candidate.activation_checkpointing))
+
+
+def test_where_memory_pins_the_batch_the_batch_that_fits_comes_before_checkpointing() -> None:
+    """The LoRA job's replays: 8x2 out of memory, 4x4 fp32 measured; the searches then
+    probed checkpointing at batches 8, 4, 2 and 1, and never 4x4 bf16 without it, the
+    best. A larger micro-batch is expected faster and checkpointing slower (`expected`):
+    the next probe keeps batch 4 and leaves checkpointing off; a model that knew nothing
+    of step time went to the slow corner."""
+    oom = TrialRecord(
+        0, LORA_SPACE.candidate(8, "fp32", False, "adamw_torch"), TrialResult(Outcome.OOM)
+    )
+    measured = record(1, LORA_SPACE.candidate(4, "fp32", False, "adamw_torch"), 0.235)
+    left = [c for c in LORA_SPACE.candidates() if lora_fits(c) and c != measured.candidate]
+
+    def proposed(prior: bool) -> Candidate:
+        proposal = propose(
+            [oom, measured],
+            left,
+            lambda r: r.result.step_time_median_s,
+            fits=lora_fits,
+            incumbent_s=0.235,
+            prior=prior,
+        )
+        assert proposal.candidate is not None
+        return proposal.candidate
+
+    informed = proposed(prior=True)
+    assert informed.per_device_train_batch_size == 4
+    assert not informed.activation_checkpointing
+    blind = proposed(prior=False)
+    assert blind.activation_checkpointing and blind.per_device_train_batch_size < 4
+
+
+def test_a_dimension_of_one_value_adds_no_uncertainty() -> None:
+    """The levers a space does not vary (9 of them) each made a pair with every value, so
+    many more copies of its effect: a config one optimizer from a measured one read as
+    uncertain (sd 0.54) as a config of untried values, and the proposals explored on. Its
+    uncertainty is now at most the prior's for the values it swaps (the optimizer, and
+    its pairs with the three other dimensions varied) and the measured config's noise."""
+    from autotune.tuning._propose import NOISE_SD, OPTIM_SD, PAIR_SD, features
+
+    measured = [
+        (LORA_SPACE.candidate(4, "bf16", False, "adamw_torch_fused"), 0.2165),
+        (LORA_SPACE.candidate(4, "fp32", False, "adamw_torch"), 0.2353),
+        (LORA_SPACE.candidate(2, "fp32", False, "adamw_torch_fused"), 0.2915),
+    ]
+    model = CostModel(measured, list(LORA_SPACE.candidates()))
+    assert model.varying == {"batch", "precision", "checkpointing", "optim"}
+    neighbour = LORA_SPACE.candidate(4, "bf16", False, "adamw_torch")
+    values = [f for f in features(neighbour, model.varying) if isinstance(f[0], str)]
+    assert {name for name, _ in values} == model.varying
+    _, near = model.predict(neighbour)
+    assert near <= math.sqrt(2 * OPTIM_SD**2 + 6 * PAIR_SD**2) + NOISE_SD
+    _, far = model.predict(LORA_SPACE.candidate(1, "bf16", True, "adafactor"))
+    assert near < far
+
+
+def test_the_last_probe_goes_to_the_greatest_expected_gain() -> None:
+    """The LoRA job's replays, one probe left: the most optimistic bound explores a
+    checkpointed batch 8 that nothing can follow up; the expected gain over the best
+    so far stays with the finalists, one setting from the best (4x4 bf16)."""
+    from autotune.tuning._propose import expected_gain
+
+    oom = TrialRecord(
+        0, LORA_SPACE.candidate(8, "fp32", False, "adamw_torch"), TrialResult(Outcome.OOM)
+    )
+    measured = [
+        record(1, LORA_SPACE.candidate(4, "bf16", False, "adamw_torch_fused"), 16 / 73.9),
+        record(2, LORA_SPACE.candidate(4, "fp32", False, "adamw_torch"), 16 / 68.0),
+        record(3, LORA_SPACE.candidate(2, "bf16", False, "adafactor"), 16 / 68.6),
+        record(4, LORA_SPACE.candidate(2, "fp32", False, "adamw_torch_fused"), 16 / 55.6),
+    ]
+    done = {r.candidate for r in measured}
+    left = [c for c in LORA_SPACE.candidates() if lora_fits(c) and c not in done]
+
+    def proposed(last: bool) -> Candidate:
+        proposal = propose(
+            [oom, *measured],
+            left,
+            lambda r: r.result.step_time_median_s,
+            fits=lora_fits,
+            incumbent_s=16 / 73.9,
+            last=last,
+        )
+        assert proposal.candidate is not None
+        return proposal.candidate
+
+    exploring, last = proposed(last=False), proposed(last=True)
+    assert exploring.activation_checkpointing
+    assert last.per_device_train_batch_size == 4 and not last.activation_checkpointing
+    assert last.precision == "bf16"
+    # a sure config buys its gain, an uncertain one also its chance of more
+    assert expected_gain(-1.0, 0.0, -0.9) == pytest.approx(0.1)
+    assert expected_gain(-0.8, 0.0, -0.9) == 0.0
+    assert expected_gain(-0.8, 0.3, -0.9) > 0.0

@@ -388,6 +388,32 @@ def test_no_probe_starts_that_is_expected_to_end_past_the_whole_time_budget() ->
     assert why == "time budget spent: a probe takes about 35s and 34s is left"
 
 
+def test_the_last_probe_the_limits_allow_is_known_before_it_starts() -> None:
+    """The proposal of the last probe is made for it (`_propose`: the greatest expected
+    gain, as nothing follows): --max-trials counts it and the probes running elsewhere;
+    on the clock, the next is the last where, its expected wall (35 s) spent, the
+    budget would stop the one after."""
+    from autotune.tuning.stopping import last_probe
+
+    probes = [
+        dataclasses.replace(r, result=r.result.replace(phases_s={"wall": wall}))
+        for r, wall in ((rec(0, cand(8)), 30.0), (rec(1, cand(16)), 20.0), (rec(2, cand(32)), 40.0))
+    ]
+
+    def last(limits: SearchLimits, busy: dict[Candidate, int], left: TimeLeft) -> bool:
+        return last_probe(SPEC, limits, probes, busy, left, rehearses=False)
+
+    untimed = TimeLeft(None, None)
+    assert last(SearchLimits(max_trials=4), {}, untimed)
+    assert not last(SearchLimits(max_trials=5), {}, untimed)
+    assert last(SearchLimits(max_trials=5), {cand(64): 3}, untimed)
+    many = SearchLimits(max_trials=50)
+    assert last(many, {}, TimeLeft(1000.0, 60.0))  # 25 s after it: no room for another
+    assert not last(many, {}, TimeLeft(1000.0, 80.0))
+    assert last(many, {}, TimeLeft(20.0, 1000.0))  # the explore share spent after it
+    assert not last(many, {}, TimeLeft(40.0, 1000.0))
+
+
 def test_a_rerun_that_reused_every_fitting_config_plans_its_probes_by_their_walls() -> None:
     """A rerun took its measured configs over from an earlier study of the same job: its
     next probe is planned at their walls (about 30 s), not at 0, so none starts with 20 s
