@@ -52,6 +52,12 @@ class Checkpointing(enum.StrEnum):
         return {Checkpointing.EVERY_4: 4, Checkpointing.EVERY_2: 2}.get(self, 1)
 
     @property
+    def recomputed(self) -> float:
+        """The share of the layers whose forward the backward runs again: none off, every
+        nth layer's, every layer's (offload too)."""
+        return 1.0 / self.every_n_layers if self else 0.0
+
+    @property
     def rank(self) -> int:
         """Its place in the order of memory freed: a higher rank holds no more memory."""
         return list(Checkpointing).index(self)

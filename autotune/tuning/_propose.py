@@ -170,8 +170,7 @@ def expected(candidate: Candidate) -> float:
     a micro-batch's fixed cost (the launches, the Python, a read of every weight) spread
     over its samples, 1 + OVERHEAD/b at a fixed global batch; and the forward's recompute
     of the layers checkpointing covers (every one, or every nth)."""
-    level = candidate.activation_checkpointing
-    recompute = RECOMPUTE / level.every_n_layers if level else 0.0
+    recompute = RECOMPUTE * candidate.activation_checkpointing.recomputed
     return math.log1p(OVERHEAD / candidate.per_device_train_batch_size) + recompute
 
 

@@ -130,3 +130,11 @@ def test_a_job_that_turns_checkpointing_on_itself_is_offered_every_level_but_off
     with pytest.raises(ValueError, match="--checkpointing off: your factory turns"):
         checkpointing.narrowed(levels, why, ("off",), forced=True)
     assert checkpointing.narrowed(levels, why, ("off", "on"), forced=True) == (Checkpointing.ON,)
+
+
+def test_a_level_recomputes_the_share_of_layers_it_checkpoints() -> None:
+    """What the model of step time expects a level to cost (tuning/_propose.expected)."""
+    assert Checkpointing.OFF.recomputed == 0.0
+    assert Checkpointing.EVERY_4.recomputed == 0.25
+    assert Checkpointing.EVERY_2.recomputed == 0.5
+    assert Checkpointing.ON.recomputed == Checkpointing.OFFLOAD.recomputed == 1.0
