@@ -19,6 +19,7 @@ from autotune.core.trial import Candidate, TrialRecord, TrialResult
 from autotune.core.units import format_size
 from autotune.tuning._user_job import narrowest
 from autotune.tuning.estimate import FAR_OVER, PROCESS_BYTES, Breakdown, breakdown, floor_bytes
+from autotune.tuning.selection import fitting
 
 # An out-of-memory run's peak was above this share of the limit at least: the CPU's
 # limit counts reserved data pages, a few percent above the resident set the peaks count
@@ -86,8 +87,19 @@ class EstimateVerdicts:
 def far_over_budget(spec: SearchSpec, recs: Sequence[TrialRecord]) -> EstimateVerdicts:
     """The verdicts with the estimate refined by the study's records so far."""
     predict, for_skip = _predictors(spec, recs)
-    ooms = [predict(r.candidate) for r in recs if r.result.outcome == Outcome.OOM]
-    return EstimateVerdicts(spec, predict, for_skip, tuple(p for p in ooms if p is not None))
+    return EstimateVerdicts(spec, predict, for_skip, _ranked_out(spec, recs, predict))
+
+
+def _ranked_out(
+    spec: SearchSpec, records: Sequence[TrialRecord], predict: Callable[[Candidate], int | None]
+) -> tuple[int, ...]:
+    """The estimates of the configs found out of memory that the estimate ranks above
+    every config measured within the limit: where a probe contradicts its ranking (an
+    OOM estimated under a config that fit), the ranking says nothing near that OOM."""
+    fit = [predict(r.candidate) for r in fitting(records, spec.fit_limit_bytes)]
+    highest = max((p for p in fit if p is not None), default=0)
+    ooms = [predict(r.candidate) for r in records if r.result.outcome == Outcome.OOM]
+    return tuple(p for p in ooms if p is not None and p > highest)
 
 
 Predictor = Callable[[Candidate], int | None]

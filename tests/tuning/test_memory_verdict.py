@@ -153,3 +153,20 @@ def test_a_config_the_estimate_ranks_with_an_out_of_memory_one_is_expected_to_ru
         assert verdicts.fits(space.candidate(2, "fp32", False, "adafactor"))
     # before any OOM, the same estimate says it fits
     assert far_over_budget(spec, [clean]).fits(adafactor)
+
+
+def test_an_oom_the_probes_rank_otherwise_says_nothing_of_its_neighbours() -> None:
+    """An OOM estimated under a config that ran within the limit (something the estimate
+    leaves out set it off) contradicts the estimate's ranking: configs near it by the
+    estimate are not put after the others for it."""
+    space = dataclasses.replace(SPEC.space, optimizers=("adamw_torch", "adafactor"))
+    spec = dataclasses.replace(SPEC, space=space, parameters=10_000_000)
+    small = space.candidate(2, "fp32", False, "adamw_torch")
+    twin = space.candidate(2, "fp32", False, "adafactor")
+    bigger = space.candidate(4, "fp32", False, "adamw_torch")
+    oom = rec(0, small, Outcome.OOM)
+    assert not far_over_budget(spec, [oom]).fits(twin)
+    fit = rec(1, bigger, peak_gib=2.0)
+    verdicts = far_over_budget(spec, [oom, fit])
+    assert verdicts.predict(bigger) > verdicts.predict(small)  # type: ignore[operator]
+    assert verdicts.fits(twin)
