@@ -101,9 +101,10 @@ class Proposal:
 
 
 class CostModel:
-    """Bayesian linear regression of log cost on values and pairs of values: main
-    effects with a broad prior, interactions with a narrow one (they exist where the
-    data shows them), so a few probes fit the main effects and more reveal the pairs."""
+    """Bayesian linear regression of log cost on the values and pairs of values of the
+    dimensions the space varies: main effects about what `expected` says (`prior`; else
+    about nothing) with broader priors, interactions with a narrow one (they exist where
+    the data shows them), so a few probes fit the main effects and more reveal the pairs."""
 
     def __init__(
         self,
