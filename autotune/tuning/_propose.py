@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import statistics
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -52,6 +53,7 @@ PAIR_SD = 0.15  # prior sd of an interaction of two values (15%)
 NOISE_SD = 0.05  # sd of a probe's log cost before the residual says otherwise
 MIN_DOF = 3  # probes beyond the main effects before the residual is trusted
 SLOWEST = 2.0  # a clearly slower probe's cost, at most this x the best so far (_bounded)
+STANDARD = statistics.NormalDist()  # expected_gain's
 # What step time is expected to do before any probe says (`expected`), fitted to the
 # families' grids (benchmarks/families.json, 8 settings of 60 configs on a 2-core CPU):
 OVERHEAD = 1.0  # a micro-batch's fixed cost in one sample's compute: a doubled batch took
@@ -245,9 +247,7 @@ def expected_gain(log_cost: float, sd: float, incumbent_log: float) -> float:
     if sd <= 0.0:
         return max(0.0, incumbent_log - log_cost)
     z = (incumbent_log - log_cost) / sd
-    cdf = 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
-    pdf = math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
-    return sd * (z * cdf + pdf)
+    return sd * (z * STANDARD.cdf(z) + STANDARD.pdf(z))
 
 
 def _bounded(record: TrialRecord, cost: float, incumbent_s: float | None) -> float:
