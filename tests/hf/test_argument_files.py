@@ -167,7 +167,9 @@ def test_a_good_file_is_read_whole(tmp_path: Path) -> None:
 @given(
     key=st.sampled_from(["per_device_train_batch_size", "max_seq_length", "max_steps"]),
     value=st.one_of(
-        st.floats(), st.text(max_size=5), st.integers(max_value=0).filter(lambda v: v != -1)
+        st.floats().filter(lambda v: v != -1),
+        st.text(max_size=5),
+        st.integers(max_value=0).filter(lambda v: v != -1),
     ),
 )
 def test_a_batch_or_length_that_is_no_whole_number_is_named(
