@@ -26,7 +26,9 @@ interpreter, the fork server, and the fork server handing down the model it buil
     python benchmarks/families.py --quick     # one family, a small space, for the suite
     # autotune only, replayed against the recorded grids (same machine), 3 seeds; each
     # setting first re-times two of its configs and says when this host runs them
-    # otherwise than the grid's did (--no-host-check skips it):
+    # otherwise than the grid's did (--no-host-check skips it), and after its searches
+    # times their picks again beside the rule's best, scored as the host runs them now
+    # (--no-verdict skips it):
     python benchmarks/families.py --grid benchmarks/families.json --only "t5), memory free" \
         --keep /tmp/studies
     # every method side by side against the recorded grids (34 min)
@@ -531,18 +533,20 @@ def measure_family(
 
 def replay(args: argparse.Namespace, recorded: dict[str, Any], work: Path) -> Figures:
     """The methods against the grids measured before: no grid probes. A grid's truth
-    holds only on the host it was timed on: the host check says when this one differs."""
+    holds only on the host it was timed on: the host check says when this one differs,
+    and the verdict times each setting's picks again beside the rule's best, right after
+    its searches."""
     names = tuple(args.methods.split(","))
     rows = []
     for row in selected(recorded, args.only):
         model_dir, grid = setting_folder(row, work), recorded_grid(row)
         model = family_model(row["family"], model_dir)
         plain_samplers = bool(set(names) - {"autotune"})  # they probe as the full run does
+        limit = int(row["budget_mib"] * MIB * 0.95)
         methods = {}
         with contextlib.ExitStack() as stack:
             prober = None
             if plain_samplers or args.host_check:
-                limit = int(row["budget_mib"] * MIB * 0.95)
                 prober = stack.enter_context(Prober(model, limit, work))
             if prober is not None and args.host_check:
                 print(f"{row['family']}, {row['budget']}: {host_check(prober, grid)}", flush=True)
@@ -552,7 +556,49 @@ def replay(args: argparse.Namespace, recorded: dict[str, Any], work: Path) -> Fi
                 methods[name] = seeds(name, row, model_dir, work, prober, grid, args, FULL)
         rows.append({**row, "ties": grid["truth"].ties, "methods": methods})
         del rows[-1]["grid"], rows[-1]["truth"]
+        if args.verdict:
+            with Prober(model, limit, work) as prober:
+                rows[-1]["verdict"] = verdict(prober, grid, methods)
     return {"grids_of": recorded["date"], "methods": names, "settings": rows}
+
+
+def verdict(prober: Prober, grid: dict[str, Any], methods: dict[str, list[Any]]) -> dict[str, Any]:
+    """Each pick scored against the rule's best as the host runs them now. A replay's
+    searches run hours after their grid was timed, and this host's bf16 edge moves within
+    the hour (gpt2's fp32 AdamW at 0.83 of bf16 in a grid, 0.96 an hour later): a search
+    that reads a tie in its own rounds and keeps fp32 is right for the host it ran on and
+    scored a miss against the grid. So right after a setting's searches, their picks, the
+    grid's best, its rule's best and its best keeping the arithmetic are timed in
+    interleaved rounds (_truth.measure, as the grid's contenders were), and each pick is
+    scored by the same rule against the best of these now (`now_ratio`, set on each
+    search). This re-times the grid's candidates only: a config no pick and no grid
+    favoured is not searched for again, and the host check still says whether the grid
+    holds here."""
+    started = time.monotonic()
+    picks = [tuple(o["found"]) for outs in methods.values() for o in outs if o["found"]]
+    scores = grid["scores"]
+    keeping = [k for k, v in scores.items() if v > 0 and keeps_arithmetic(k)]
+    rivals = {grid["truth"].best, rule_best(grid)}
+    if keeping:
+        rivals.add(max(keeping, key=lambda k: ratio(k, grid)))
+    keys = sorted(rivals | set(picks))
+    if len(keys) == 1:  # every pick is the rule's best: nothing to time against it
+        for outs in methods.values():
+            for out in outs:
+                out["now_ratio"] = 1.0 if out["found"] else 0.0
+        return {"rule_best": list(keys[0]), "wall_s": 0.0}
+    truth = measure(prober.speed, keys)
+    now = {"scores": {k: statistics.median(v.values()) for k, v in truth.runs.items()}}
+    now["truth"] = truth
+    for outs in methods.values():
+        for out in outs:
+            out["now_ratio"] = round(rule_ratio(out["found"] and tuple(out["found"]), now), 3)
+    print(f"verdict: rule's best now {label(rule_best(now))}", flush=True)
+    return {
+        "rule_best": list(rule_best(now)),
+        "wall_s": round(time.monotonic() - started, 1),
+        **truth_json(truth),
+    }
 
 
 @contextlib.contextmanager
@@ -766,7 +812,9 @@ def report(f: Figures) -> str:
         text += f"\nA co-tenant spun one core {f['co_tenant_s']:g} s of every {2 * f['co_tenant_s']:g}.\n"
     text += (
         "\nCells: mean / worst best-found over the export rule's best (a config tied with it "
-        "counts as found), then over the grid's raw best, then mean probes and wall.\n\n"
+        "counts as found); in a replay, then over the rule's best as the host runs them now "
+        "(the picks timed again beside the grid's candidates right after the setting's "
+        "searches); then over the grid's raw best, then mean probes and wall.\n\n"
     )
     rows = []
     for row in selected(f, f.get("only", "")):
@@ -777,9 +825,11 @@ def report(f: Figures) -> str:
                 cells.append("")
                 continue
             ruled, raw = [o["rule_ratio"] for o in outs], [o["ratio"] for o in outs]
+            now = [o["now_ratio"] for o in outs if "now_ratio" in o]
+            timed = f"now {statistics.mean(now):.3f} / {min(now):.3f}; " if now else ""
             cells.append(
                 f"{statistics.mean(ruled):.3f} / {min(ruled):.3f} "
-                f"(raw {statistics.mean(raw):.3f} / {min(raw):.3f}; "
+                f"({timed}raw {statistics.mean(raw):.3f} / {min(raw):.3f}; "
                 f"{statistics.mean(o['probes'] for o in outs):.1f} probes, "
                 f"{statistics.mean(o['wall_s'] for o in outs):.0f} s)"
             )
@@ -790,7 +840,22 @@ def report(f: Figures) -> str:
         [o["rule_ratio"] for r in selected(f, f.get("only", "")) for o in r["methods"].get(n, [])]
         for n in f["methods"]
     ]
-    cells = (f"{statistics.mean(v):.3f} / {min(v):.3f}" if v else "" for v in means)
+    nows = [
+        [
+            o["now_ratio"]
+            for r in selected(f, f.get("only", ""))
+            for o in r["methods"].get(n, [])
+            if "now_ratio" in o
+        ]
+        for n in f["methods"]
+    ]
+    cells = (
+        f"{statistics.mean(v):.3f} / {min(v):.3f}"
+        + (f" (now {statistics.mean(t):.3f} / {min(t):.3f})" if t and len(t) == len(v) else "")
+        if v
+        else ""
+        for v, t in zip(means, nows, strict=True)
+    )
     rows.append(("all", "", "", *cells))  # a regrid whose budget moved has no searches
     columns = ("family", "budget", "grid", *(LABELS[n] for n in f["methods"]))
     text += harness.table(columns, rows)
@@ -821,6 +886,13 @@ def options(parser: argparse.ArgumentParser) -> None:
         dest="host_check",
         action="store_false",
         help="with --grid: skip re-timing two of each setting's configs first (about 20 s)",
+    )
+    parser.add_argument(
+        "--no-verdict",
+        dest="verdict",
+        action="store_false",
+        help="with --grid: skip timing each setting's picks again beside the rule's best "
+        "after its searches (2-3 minutes a setting)",
     )
     parser.add_argument(
         "--co-tenant",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import sys
 
+import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -134,3 +135,44 @@ def test_the_rules_best_is_the_best_keeping_config_unless_a_change_is_significan
     assert rule_ratio(None, noisy) == 0.0
     # no config keeps the arithmetic that fits: the grid's best
     assert rule_best(_grid({bf16: [100, 101]}, {keep: 0.0})) == bf16
+
+
+class Now:
+    """A host as it runs the configs now, for the verdict: speeds with a little noise."""
+
+    def __init__(self, speeds: dict[tuple[int, str, bool, str], float]) -> None:
+        self.speeds, self.random, self.timed = speeds, random.Random(1), []
+
+    def speed(self, key: tuple[int, str, bool, str]) -> float:
+        self.timed.append(key)
+        return self.speeds[key] * (1 + self.random.uniform(-0.01, 0.01))
+
+
+def test_the_verdict_scores_a_pick_against_the_rules_best_as_the_host_runs_them_now() -> None:
+    """A replay's grid was timed hours before its searches: where the host has lost its
+    bf16 edge since, a search that kept fp32 on a tie is right, and the verdict (the
+    picks timed again beside the grid's candidates) scores it 1 where the grid says it
+    missed; where the edge holds, the miss stays a miss."""
+    from families import rule_ratio, verdict
+
+    keep, bf16, slow = (
+        (8, "fp32", False, "adamw_torch"),
+        (8, "bf16", False, "adafactor"),
+        (4, "fp32", False, "adamw_torch"),
+    )
+    grid = _grid({keep: [100, 98, 101, 99], bf16: [120, 119, 121, 118]}, {slow: 50.0})
+    assert rule_ratio(keep, grid) < 0.9
+    picks = {"autotune": [{"found": list(keep)}, {"found": list(bf16)}, {"found": None}]}
+
+    tied = Now({keep: 100.0, bf16: 101.0})
+    said = verdict(tied, grid, picks)  # type: ignore[arg-type]
+    assert [o["now_ratio"] for o in picks["autotune"]] == [1.0, 1.0, 0.0]
+    assert said["rule_best"] == list(keep)  # the change is no longer significant
+    assert set(tied.timed) == {keep, bf16} and len(tied.timed) >= 2 * ROUNDS
+
+    still = Now({keep: 100.0, bf16: 120.0, slow: 60.0})
+    picks["autotune"].append({"found": list(slow)})
+    verdict(still, grid, picks)  # type: ignore[arg-type]
+    kept, changed, none, slower = (o["now_ratio"] for o in picks["autotune"])
+    assert kept == pytest.approx(100 / 120, abs=0.01) and (changed, none) == (1.0, 0.0)
+    assert slower == pytest.approx(0.5, abs=0.01)  # timed now, though the grid's pass had it
