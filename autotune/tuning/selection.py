@@ -244,20 +244,30 @@ def by_objective(
 
 
 def decided(a: TrialRecord, b: TrialRecord, spec: SearchSpec, objective: Objective) -> bool:
-    """Whether the duel between `a` and `b` (`duel_pair`) is over, by the objective: for
-    two of the same arithmetic, their comparison is settled (`settled`), from their
-    rounds side by side where they have two, else their runs; for a change of it, only
-    paired rounds decide: their interval of its gain leaves out 1 or lies within
-    1 +- `RESOLVED`."""
+    """Whether the duel between `a` and `b` (`duel_pair`) is over, by the objective: once
+    more rounds cannot move the export by more than `RESOLVED`.
+
+    Where `a` changes the recipe's arithmetic unverified and `b` keeps it, `a` is
+    exported only on a significant gain over `b`, and only paired rounds decide: their
+    interval of its gain leaves out 1, or puts the gain at most `RESOLVED`. Else `a` is
+    the export and `b` the rival it would yield to: the duel is over when their
+    comparison is settled (`settled`; for two of the same arithmetic from their runs too
+    where they have no rounds), or their rounds put the rival at most `RESOLVED` ahead.
+    How much the export beats its rival, or the keeping config the change, cannot move
+    the export: a tie read 0.95-1.015x went on to more rounds that could at most find a
+    gain under 2% (issue #68: a confirmation that cannot change the export is not run)."""
+    recipe = recipe_arithmetic(spec)
     gain = paired_gain(a, b, objective, spec.train_steps)
+    if not verified(a, recipe) and Arithmetic.of(b.candidate) == recipe:
+        return gain is not None and (not gain.tie or gain.high <= 1 + RESOLVED)
+    if gain is not None and gain.low >= 1 - RESOLVED:
+        return True
     if Arithmetic.of(a.candidate) == Arithmetic.of(b.candidate):
         return settled(
             gain
             or _by_objective(speed_ratio(a.result, b.result), a, b, objective, spec.train_steps)
         )
-    if gain is None:
-        return False
-    return not gain.tie or (1 - RESOLVED <= gain.low and gain.high <= 1 + RESOLVED)
+    return gain is not None and settled(gain)
 
 
 def paired_gain(

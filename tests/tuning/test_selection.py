@@ -381,6 +381,37 @@ def test_the_duel_is_between_the_export_and_the_config_it_would_yield_to() -> No
     )
 
 
+def test_the_duel_ends_once_more_rounds_cannot_move_the_export_by_2_percent() -> None:
+    """A change is exported only on a significant gain: once its rounds put the gain at
+    most 2% (a tie of 0.95-1.015x), more rounds could only find a gain too small to
+    matter, and the recipe's config is exported. The duel stops there; it goes on while
+    the gain may still be larger. Two of one arithmetic likewise: once the rival is at
+    most 2% better than the export, however much slower it may be."""
+    from autotune.tuning.selection import decided
+
+    spec = dataclasses.replace(SPEC, recipe_settings={"optim": "adamw_torch"})
+    steps = (1.00, 1.02, 0.98, 1.01, 0.99)
+    yours = dataclasses.replace(
+        _timed(0, cand(8), steps, peak_gib=2.0), rounds=_rounds(1.0, 1.0, 1.0, 1.0, 1.0)
+    )
+
+    def change(*step_s: float) -> TrialRecord:
+        return dataclasses.replace(
+            _timed(1, BF16_FUSED, steps, peak_gib=2.0), rounds=_rounds(*step_s)
+        )
+
+    assert decided(change(1.04, 0.99, 1.05, 1.00, 1.03), yours, spec, Objective.THROUGHPUT)
+    assert not decided(change(0.96, 1.04, 0.97, 1.03, 1.00), yours, spec, Objective.THROUGHPUT)
+    # the recipe's config ahead, the change its rival: at most 1% slower than it, and
+    # perhaps 5% faster: a gain the export would yield to, so the duel goes on
+    assert not decided(yours, change(0.96, 1.01, 0.95, 1.00, 0.97), spec, Objective.THROUGHPUT)
+    rival = dataclasses.replace(_timed(2, cand(16), steps, peak_gib=1.0), rounds=yours.rounds)
+    ahead = dataclasses.replace(yours, rounds=_rounds(0.95, 1.01, 0.97, 1.00, 0.98))
+    assert decided(ahead, rival, spec, Objective.THROUGHPUT)  # -1% to +5%: a tie, settled
+    swinging = dataclasses.replace(yours, rounds=_rounds(0.95, 1.06, 0.97, 1.04, 1.00))
+    assert not decided(swinging, rival, spec, Objective.THROUGHPUT)
+
+
 def test_the_duel_goes_to_the_rival_the_objective_names() -> None:
     """For a run of 100 steps, the compiled config is the fastest but the slowest to
     finish (60 s of compilation): the export's rival is the one whose time to finish is
