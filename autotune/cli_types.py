@@ -305,9 +305,10 @@ SEARCH_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         type=click.IntRange(0),
         default=8,
         show_default=True,
-        help="Paired rounds, at most, between the two finalists the export hinges on "
-        "(timed back to back, the order alternating) while their runs cannot tell them "
-        "apart; the first confirmations count as one. Below 2: none.",
+        help="Paired rounds between the two finalists the export hinges on (timed back "
+        "to back, the order alternating) while their runs cannot tell them apart: at most "
+        "this many, twice as many while the rounds read the config that would displace the "
+        "export ahead; the first confirmations count as one. Below 2: none.",
     ),
     click.option(
         "--parity",

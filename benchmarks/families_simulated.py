@@ -70,8 +70,8 @@ TRIALS = 9  # the families' trial budget (15% of the 60-config grid) where unrec
 class GridLauncher:
     """Answers the search's probes from a grid: speeds per config, 0 for out of memory."""
 
-    def __init__(self, speeds: dict[Key, float], rng: random.Random) -> None:
-        self.speeds, self.rng = speeds, rng
+    def __init__(self, speeds: dict[Key, float], rng: random.Random, spell: float = SPELL) -> None:
+        self.speeds, self.rng, self.spell = speeds, rng, spell
         self.spec: Any = None  # the study's SearchSpec, set as the search starts
         self.scale: float | None = None  # of the estimate's activations (`_peak`)
 
@@ -133,7 +133,7 @@ class GridLauncher:
     def _steps(self, config: TrialConfig, step_s: float) -> tuple[list[float], str]:
         """The probe's measured steps, until its own stopping rule closes the window, and
         why it closed."""
-        spell = math.exp(self.rng.gauss(0.0, SPELL))
+        spell = math.exp(self.rng.gauss(0.0, self.spell))
         plan = Measurement(
             warmup_steps=config.warmup_steps,
             measure_steps=config.measure_steps,
@@ -195,11 +195,13 @@ def one_search(
     work: Path,
     *,
     show: bool = False,
+    spell: float = SPELL,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """One search of the setting (`row`, its `grid` as recorded_grid reads it), its
     probes answered from the grid; its pick, scored (`show`: its output printed)."""
     rng = random.Random(f"{row['family']}|{row['budget']}|{seed}")
-    launcher = GridLauncher(speeds_of(grid), rng)
+    launcher = GridLauncher(speeds_of(grid), rng, spell)
     run_dir = Path(tempfile.mkdtemp(dir=work))
     argv = families.search_argv(
         model_dir,
@@ -208,7 +210,7 @@ def one_search(
         seed,
         families.LORA.get(row["family"], ""),
     )
-    argv += ["--no-fork-server", "--no-rehearse"]
+    argv += ["--no-fork-server", "--no-rehearse", *extra]
     before = os.getcwd()
     os.chdir(run_dir)
     out = io.StringIO()
@@ -236,12 +238,24 @@ def one_search(
 
 
 def searches(
-    row: dict[str, Any], grid: dict[str, Any], model_dir: Path, seeds: int, work: Path, jobs: int
+    row: dict[str, Any],
+    grid: dict[str, Any],
+    model_dir: Path,
+    seeds: int,
+    work: Path,
+    jobs: int,
+    spell: float = SPELL,
+    extra: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """The setting's searches, `jobs` at a time; a search still running after
     HUNG_S is a hang of the search itself (no probe here takes time): say which."""
     pool = multiprocessing.get_context("fork").Pool(jobs)
-    pending = [pool.apply_async(one_search, (row, grid, model_dir, s, work)) for s in range(seeds)]
+    pending = [
+        pool.apply_async(
+            one_search, (row, grid, model_dir, s, work), {"spell": spell, "extra": extra}
+        )
+        for s in range(seeds)
+    ]
     outs = []
     for seed, result in enumerate(pending):
         try:
@@ -263,14 +277,18 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     only = "gpt2), memory free" if args.quick else args.only
     print(f"grid of {recorded['date']} on {recorded['machine']}; {seeds} seeds a setting")
     settings = []
+    extra = tuple(args.search_arg)
     started = time.monotonic()
     for row in selected(recorded, only):
         row = {**row, "trial_budget": recorded.get("trial_budget", TRIALS)}
         model_dir, grid = families.setting_folder(row, work), recorded_grid(row)
         if args.show is not None:
-            print(one_search(row, grid, model_dir, args.show, work, show=True))
+            shown = one_search(
+                row, grid, model_dir, args.show, work, show=True, spell=args.spell, extra=extra
+            )
+            print(shown)
             continue
-        outs = searches(row, grid, model_dir, seeds, work, args.jobs)
+        outs = searches(row, grid, model_dir, seeds, work, args.jobs, args.spell, extra)
         ratios = [o["rule_ratio"] for o in outs]
         raw = [o["ratio"] for o in outs]
         missed = {
@@ -290,6 +308,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return {
         "grid": args.grid,
         "seeds": seeds,
+        "spell": args.spell,
+        "search_args": args.search_arg,
         "settings": settings,
         "wall_s": round(time.monotonic() - started),
     }
@@ -308,7 +328,10 @@ def _line(s: dict[str, Any]) -> str:
 
 def report(f: dict[str, Any]) -> str:
     text = header(f, "The search's rules against the families' recorded grids, simulated")
-    text += f"\nGrids: `{f['grid']}`; {f['seeds']} seeds a setting; {f['wall_s']} s.\n\n"
+    text += (
+        f"\nGrids: `{f['grid']}`; {f['seeds']} seeds a setting; a probe's spell sd "
+        f"{f.get('spell', SPELL)}; {f['wall_s']} s.\n\n"
+    )
     rows = [
         (
             s["setting"],
@@ -332,6 +355,21 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grid", default=str(Path(__file__).with_name("families.json")))
     parser.add_argument("--only", default="", help="settings whose 'family, budget' has this")
     parser.add_argument("--seeds", type=int, default=30)
+    parser.add_argument(
+        "--spell",
+        type=float,
+        default=SPELL,
+        help=f"sd of a probe's log time its steps share: how far one run of a config "
+        f"reads from another (default {SPELL})",
+    )
+    parser.add_argument(
+        "--search-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more argument to every search, after families.py's (a rule to try: "
+        "--search-arg=--confirm-rounds=12)",
+    )
     parser.add_argument("--show", type=int, help="print this seed's search of each setting")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="searches at once")
 

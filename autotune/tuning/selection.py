@@ -256,9 +256,8 @@ def decided(a: TrialRecord, b: TrialRecord, spec: SearchSpec, objective: Objecti
     How much the export beats its rival, or the keeping config the change, cannot move
     the export: a tie read 0.95-1.015x went on to more rounds that could at most find a
     gain under 2% (issue #68: a confirmation that cannot change the export is not run)."""
-    recipe = recipe_arithmetic(spec)
     gain = paired_gain(a, b, objective, spec.train_steps)
-    if not verified(a, recipe) and Arithmetic.of(b.candidate) == recipe:
+    if _challenges(a, b, spec):
         return gain is not None and (not gain.tie or gain.high <= 1 + RESOLVED)
     if gain is not None and gain.low >= 1 - RESOLVED:
         return True
@@ -268,6 +267,27 @@ def decided(a: TrialRecord, b: TrialRecord, spec: SearchSpec, objective: Objecti
             or _by_objective(speed_ratio(a.result, b.result), a, b, objective, spec.train_steps)
         )
     return gain is not None and settled(gain)
+
+
+def reads_ahead(a: TrialRecord, b: TrialRecord, spec: SearchSpec, objective: Objective) -> bool:
+    """Whether the rounds of a duel (`duel_pair`) read the config that would displace the
+    export ahead by more than `RESOLVED`, not yet significantly: the change (`a`) ahead
+    of the config keeping the arithmetic, or the rival (`b`) ahead of the export. A gain
+    more rounds may confirm, where a tie's rounds have nothing left to find."""
+    gain = paired_gain(a, b, objective, spec.train_steps)
+    if gain is None or not gain.tie:
+        return False
+    if _challenges(a, b, spec):
+        return gain.value > 1 + RESOLVED
+    return gain.value < 1 - RESOLVED
+
+
+def _challenges(a: TrialRecord, b: TrialRecord, spec: SearchSpec) -> bool:
+    """Whether `a` changes the recipe's arithmetic unverified and `b` keeps it: the duel
+    between them is whether `a`'s gain is significant, where in any other pair `a` is the
+    export and `b` its rival (`duel_pair`)."""
+    recipe = recipe_arithmetic(spec)
+    return not verified(a, recipe) and Arithmetic.of(b.candidate) == recipe
 
 
 def paired_gain(
