@@ -28,6 +28,9 @@ checks the one kept.
 
     python benchmarks/families_simulated.py [--seeds 30] [--only "bert), memory binds"]
     python benchmarks/families_simulated.py --quick  # gpt2 memory free, two seeds
+    # a host whose runs of one config drift 8% (the 2-core hosts' read 4-11%), and a
+    # rule tried against it through the search's own options:
+    python benchmarks/families_simulated.py --spell 0.08 --search-arg=--confirm-rounds=16
 """
 
 from __future__ import annotations
