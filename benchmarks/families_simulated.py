@@ -66,6 +66,7 @@ PROBE_LINE = re.compile(r"^(?:trial|confirm)\s+\d+ (?!running|skipped)", re.MULT
 NOISE = 0.03  # sd of one step's log time
 SPELL = 0.04  # sd of a probe's log time shared by its steps
 UNDER = 0.97  # a fitting config's peak, at most this share of the limit
+IDLE = 0.02  # a change of arithmetic that gains less than this over keeping it is idle
 HUNG_S = 120.0  # a search running this long has hung (no probe here takes time)
 TRIALS = 9  # the families' trial budget (15% of the 60-config grid) where unrecorded
 
@@ -172,6 +173,17 @@ def speeds_of(grid: dict[str, Any]) -> dict[Key, float]:
     return speeds
 
 
+def idle_change(found: Key | None, speeds: dict[Key, float]) -> bool:
+    """Whether the pick changes fp32 AdamW's arithmetic for a gain under IDLE over the
+    fastest config that keeps it, as the simulation's speeds have them: the rule's other
+    error, a change of the user's training a tie does not pay for. The scores cannot show
+    it (a pick tied with the rule's best counts as found)."""
+    if found is None or families.keeps_arithmetic(found):
+        return False
+    keeping = [v for k, v in speeds.items() if v > 0 and families.keeps_arithmetic(k)]
+    return bool(keeping) and speeds.get(found, 0.0) < (1 + IDLE) * max(keeping)
+
+
 @contextlib.contextmanager
 def answered_from(launcher: GridLauncher) -> Any:
     """The search's probes answered by `launcher` (its spec set as each search starts)."""
@@ -234,6 +246,7 @@ def one_search(
     probes = len(PROBE_LINE.findall(out.getvalue()))  # confirmations count, as in families
     return {
         "found": found,
+        "idle_change": idle_change(found, launcher.speeds),
         "ratio": families.ratio(found, grid),
         "rule_ratio": families.rule_ratio(found, grid),
         "probes": probes,
@@ -304,6 +317,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 "ratios": [round(r, 4) for r in ratios],
                 "raw": [round(r, 4) for r in raw],
                 "probes": statistics.mean(o["probes"] for o in outs),
+                "idle_changes": sum(o["idle_change"] for o in outs),
                 "missed_for": sorted(missed),
             }
         )
@@ -324,7 +338,7 @@ def _line(s: dict[str, Any]) -> str:
         f"{s['setting']}: the rule's best {s['rule_best']}; mean {statistics.mean(ratios):.3f}, "
         f"worst {min(ratios):.3f}, under 0.95 in {sum(r < 0.95 for r in ratios)} of "
         f"{len(ratios)}; against the raw best mean {statistics.mean(raw):.3f}, worst "
-        f"{min(raw):.3f}; probes {s['probes']:.1f}"
+        f"{min(raw):.3f}; probes {s['probes']:.1f}; idle changes {s['idle_changes']}"
         + (f"; missed for {', '.join(s['missed_for'])}" if s["missed_for"] else "")
     )
 
@@ -343,14 +357,24 @@ def report(f: dict[str, Any]) -> str:
             sum(r < 0.95 for r in s["ratios"]),
             f"{statistics.mean(s['raw']):.3f} / {min(s['raw']):.3f}",
             f"{s['probes']:.1f}",
+            s.get("idle_changes", ""),
         )
         for s in f["settings"]
     ]
     every = [r for s in f["settings"] for r in s["ratios"]]
     if every:
         under = sum(r < 0.95 for r in every)
-        rows.append(("all", "", f"{statistics.mean(every):.3f}", under, "", ""))
-    columns = ("setting", "rule's best", "mean / worst", "under 0.95", "raw mean / worst", "probes")
+        idle = sum(s.get("idle_changes", 0) for s in f["settings"])
+        rows.append(("all", "", f"{statistics.mean(every):.3f}", under, "", "", idle))
+    columns = (
+        "setting",
+        "rule's best",
+        "mean / worst",
+        "under 0.95",
+        "raw mean / worst",
+        "probes",
+        f"idle changes (gain < {IDLE:.0%})",
+    )
     return text + table(columns, rows)
 
 
