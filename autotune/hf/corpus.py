@@ -53,7 +53,7 @@ def load_source(source: str, *, split: str) -> Any:
                 if split not in loaded:
                     raise UsageError(
                         f"--dataset {source} has no split {split!r}; it has "
-                        f"{', '.join(loaded)}; pass --dataset-split"
+                        f"{_names(loaded)}; pass --dataset-split"
                     )
                 loaded = loaded[split]
             return loaded
@@ -250,7 +250,7 @@ def _token_ids(
     if text_column not in columns:
         raise UsageError(
             f"--dataset {source} has no column {text_column!r}; columns: "
-            f"{', '.join(columns)}; pass --text-column"
+            f"{_names(columns)}; pass --text-column"
         )
     tok = load_tokenizer(tokenizer)
     ids = tok([str(t) for t in table[text_column]], truncation=False)["input_ids"]
@@ -260,7 +260,7 @@ def _token_ids(
         if target_column not in columns:
             raise UsageError(
                 f"seq2seq needs a target column; --dataset {source} has "
-                f"{', '.join(columns)}; pass --target-column"
+                f"{_names(columns)}; pass --target-column"
             )
         texts = [str(t) for t in table[target_column]]
         targets = tok(text_target=texts, truncation=False)["input_ids"]
@@ -314,6 +314,12 @@ def padding_waste(
     return 1.0 - real / fed if fed else 0.0
 
 
+def _names(names: Any) -> str:
+    """Column or split names as an error lists them: a name a line cannot hold as it is
+    (a newline in a JSON key, or none at all) quoted, so the error stays one line."""
+    return ", ".join(n if n and n.isprintable() else repr(n) for n in map(str, names))
+
+
 def _pick(columns: list[str], preferred: tuple[str, ...]) -> str:
     return next((c for c in preferred if c in columns), columns[0])
 
@@ -324,7 +330,7 @@ def _class_labels(table: Any, columns: list[str], column: str | None, source: st
     if column is None or column not in columns:
         raise UsageError(
             f"classification needs a label column; --dataset {source} has "
-            f"{', '.join(columns)}; pass --target-column"
+            f"{_names(columns)}; pass --target-column"
         )
     values = list(table[column])
     # a list, not next(..., None): a missing label (None) is one to refuse

@@ -12,7 +12,7 @@ import pytest
 from bad_files import JSON_VALUES, bad_content, examples, one_line, refused, run_cli
 from conftest import TINY_GPT2, write_model
 from helpers import word_tokenizer
-from hypothesis import assume, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from autotune.core.enums import Task
@@ -81,6 +81,8 @@ def _prepare(path: Path, tokenizer: Path, task: str, out: Path, vocab: int = VOC
 
 @examples(60)
 @given(file=FILES, task=st.sampled_from([Task.CAUSAL_LM, Task.SEQ2SEQ, Task.CLASSIFICATION]))
+# a key that is a newline: the refusal listed the columns as they are, over two lines
+@example(file=(".jsonl", b'{"\\n": null}'), task=Task.CLASSIFICATION)
 def test_a_data_file_is_measured_or_refused_in_one_line(
     tmp_path: Path, tokenizer: Path, file: tuple[str, bytes], task: str
 ) -> None:
