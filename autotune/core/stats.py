@@ -26,10 +26,10 @@ rounds are added where the quartiles of pooled steps do not. The duel reads it a
 every round and stops once it decides: a 95% interval read after each of up to 16 rounds
 holds 1 less often than 95% of the time, so it is widened by `LOOKS` (Pocock's constant
 boundary for repeated looks is 1.23-1.33 times one look's quantile, for 5 to 15 looks).
-Simulated, with rounds whose paired ratio swings 6% or 11% (sd of its log): two configs
-of one speed read a significant gain in 9% of duels of at most 8 rounds and 11% of at
-most 16, unwidened, and 6% widened; a 10% gain was confirmed in 80% and 100% of duels
-widened, with up to 16 rounds (66% and 98% in at most 8, unwidened).
+benchmarks/duel_errors.py runs the real duel on drawn rounds whose paired ratio swings
+6% or 11% (sd of its log): a bf16 change of fp32's speed was exported after 8.6% of
+duels, unwidened and at most 8 rounds, and after 5.3-6.3% now; a 10% gain was
+confirmed in 98% and 66% of duels then, 100% and 79% now.
 """
 
 from __future__ import annotations
