@@ -6,6 +6,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import optuna
+import pytest
+
 from autotune.core.device import DeviceInfo
 from autotune.core.space import SearchSpace
 from autotune.core.spec import SearchSpec
@@ -131,3 +134,17 @@ def loaded_llama(quantized: bool) -> Any:
         else:
             model = LlamaForCausalLM.from_pretrained(folder)
     return get_peft_model(model, LoraConfig(r=4, target_modules="all-linear"))
+
+
+def drop_once(monkeypatch: pytest.MonkeyPatch, owner: object, method: str) -> list[str]:
+    """The owner's next call of `method` fails as a storage restarting does; the calls."""
+    real, calls = getattr(owner, method), []
+
+    def dropped(*args: object, **kwargs: object) -> object:
+        calls.append(method)
+        if len(calls) == 1:
+            raise optuna.exceptions.StorageInternalError("server closed the connection")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, method, dropped)
+    return calls

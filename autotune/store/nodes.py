@@ -51,18 +51,26 @@ class NodeChannel:
     @contextlib.contextmanager
     def present(self, node_rank: int) -> Iterator[None]:
         """This node is present while the block runs (heartbeats), done after it."""
-        trial = self.study.ask()
-        for key, value in _coordination.worker_identity().items():
-            trial.set_user_attr(key, value)
-        trial.set_user_attr("node", node_rank)
-        tid = compat.trial_id(self.storage, self.study, trial.number)
-        compat.record_heartbeat(self.storage, tid)
+        trial, tid = self._arrive(node_rank)
         try:
             with _coordination.heartbeat(self.storage, tid):
                 yield
         finally:
             with contextlib.suppress(Exception):  # a storage away: its heartbeats lapse
                 self.study.tell(trial, 0.0)  # complete (a channel's trials hold no value)
+
+    @transient_retry
+    def _arrive(self, node_rank: int) -> tuple[optuna.Trial, int]:
+        """A presence of this node, its first heartbeat recorded: the trial and its id.
+        A retry after a half-written one leaves that one behind, superseded: the latest
+        presence of a rank is its state."""
+        trial = self.study.ask()
+        for key, value in _coordination.worker_identity().items():
+            trial.set_user_attr(key, value)
+        trial.set_user_attr("node", node_rank)
+        tid = compat.trial_id(self.storage, self.study, trial.number)
+        compat.record_heartbeat(self.storage, tid)
+        return trial, tid
 
     @transient_retry
     def nodes(self) -> dict[int, str]:

@@ -59,6 +59,7 @@ class StudyQueue:
         self.url = url
         self.spec = spec
         self._record = record
+        self._ids: dict[int, int] = {}  # trial number -> the storage's id, which never changes
 
     @transient_retry
     def in_flight(self, exclude: int = -1) -> dict[Candidate, int]:
@@ -172,8 +173,13 @@ class StudyQueue:
             return  # another worker already failed and re-queued it
         self.enqueue(candidate)  # retried on its own: a lost re-queue would lose the config
 
+    @transient_retry
     def _id(self, number: int) -> int:
-        return compat.trial_id(self.storage, self.study, number)
+        """The storage's id of a trial: looked up once (a storage away is waited out, as
+        the heartbeat's start may be the first call after a restart), then remembered."""
+        if number not in self._ids:
+            self._ids[number] = compat.trial_id(self.storage, self.study, number)
+        return self._ids[number]
 
 
 class TrialLost(Exception):

@@ -27,6 +27,7 @@ from autotune.core.errors import StudyError
 from autotune.core.parity_state import ParityState
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord, TrialResult
+from autotune.store._retry import transient_retry
 from autotune.store.keys import StudyAttr
 from autotune.store.store import StudyStore
 
@@ -69,6 +70,7 @@ class Reuse:
                 self.parity.append((source.name, source.parity.retrying()))
 
     @classmethod
+    @transient_retry  # read-only: a storage away is waited out and the whole read again
     def gather(
         cls, store: StudyStore, *, concurrent: int = 1, whole_windows: bool = False
     ) -> Reuse:

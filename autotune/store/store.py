@@ -216,20 +216,25 @@ class StudyStore:
         SQLite under the ask lock, so two workers starting together add each once."""
         taken = []
         with _coordination.sqlite_turn(self.url):
-            # running first (claimed or only asked for), so a probe that ends meanwhile
-            # is seen in the records; on a server without the lock, records() keeps one
-            # record per config where two workers still raced
-            running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            known = {
-                candidate_of(self.spec.space, t.params) for t in running if has_candidate(t.params)
-            }
-            known |= {r.candidate for r in self.records()}
+            known = self._known()
             space = set(self.spec.space.candidates())
             for candidate, result in found.items():
                 if candidate in space and candidate not in known:
                     number = self._add_finished(candidate, result, judge(result))
                     taken.append((number, candidate, result))
         return taken
+
+    @transient_retry
+    def _known(self) -> set[Candidate]:
+        """Configs this study has measured or is probing. Running first (claimed or only
+        asked for), so a probe that ends meanwhile is seen in the records; on a server
+        without the ask lock, records() keeps one record per config where two workers
+        still raced."""
+        running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        known = {
+            candidate_of(self.spec.space, t.params) for t in running if has_candidate(t.params)
+        }
+        return known | {r.candidate for r in self.records()}
 
     @transient_retry
     def _add_finished(self, candidate: Candidate, result: TrialResult, verdict: Verdict) -> int:

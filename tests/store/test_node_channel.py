@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import drop_once
 
 from autotune.store import _coordination
 from autotune.store.keys import Attr
@@ -34,6 +35,16 @@ def test_a_node_is_alive_while_its_search_runs_done_after_and_gone_when_it_died(
     dead.set_user_attr(Attr.WORKER, f"{_coordination.HOST}|{ns}|999999999|gone")
     dead.set_user_attr("node", 2)
     assert head.nodes()[2] == GONE
+
+
+def test_a_node_that_arrives_as_the_storage_restarts_is_present(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    head = NodeChannel.open(url, "s")
+    calls = drop_once(monkeypatch, head.study, "ask")
+    with head.present(0):
+        assert NodeChannel.open(url, "s").nodes() == {0: ALIVE}
+    assert head.nodes() == {0: DONE} and len(calls) == 2
 
 
 def test_a_run_is_announced_joined_reported_and_closed(url: str) -> None:

@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import SPEC, cand
+from helpers import SPEC, cand, drop_once
 from optuna.trial import TrialState
 
 from autotune.core.enums import Outcome
@@ -206,7 +206,7 @@ def test_a_worker_whose_trial_was_taken_over_drops_it(storage: str) -> None:
 
 CONTEND = """
 import sys, time
-from helpers import SPEC, cand
+from helpers import SPEC, cand, drop_once
 from autotune.core.enums import Outcome
 from autotune.core.trial import TrialResult, Verdict
 from autotune.store.samplers import make_sampler
@@ -310,3 +310,32 @@ def test_confirmation_runs_keep_their_rounds_for_paired_comparison(tmp_path: Pat
     assert store.next_round() == 1
     (record,) = store.records()
     assert record.runs == 3 and record.rounds == ((0, 0.9),)
+
+
+def test_a_probe_that_starts_as_the_storage_restarts_still_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen on CI: the restart fell between a trial's claim and its heartbeat's start."""
+    store = worker(f"sqlite:///{tmp_path / 'studies.db'}", "restart")
+    store.queue.enqueue(cand(8))
+    asked = store.queue.ask()
+    calls = drop_once(monkeypatch, store.queue.storage, "get_study_id_from_name")
+    with store.queue.heartbeat(asked):
+        pass
+    assert calls == ["get_study_id_from_name"] * 2  # dropped, then waited out
+    assert store.queue.claim(asked, 10, "trials/x") is None
+    with store.queue.heartbeat(asked):  # its id is known: the storage is not asked again
+        pass
+    assert len(calls) == 2
+
+
+def test_taking_over_rides_out_a_storage_restart_and_adds_each_config_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = worker(f"sqlite:///{tmp_path / 'studies.db'}", "restart")
+    measured = TrialResult(Outcome.OK, samples_per_s=16.0, peak_memory_bytes=1 << 30)
+    verdict = Verdict((16.0, 1.0), -1.0)
+    drop_once(monkeypatch, store.study, "get_trials")
+    taken = store.take_over({cand(8): measured, cand(16): measured}, lambda _: verdict)
+    assert sorted(c.per_device_train_batch_size for _, c, _ in taken) == [8, 16]
+    assert sorted(r.candidate.per_device_train_batch_size for r in store.records()) == [8, 16]
