@@ -348,7 +348,7 @@ def library_logs(*, debug: bool) -> None:
 
     root = logging.getLogger()
     if not any(getattr(h, "autotune", False) for h in root.handlers):  # once a process
-        handler = logging.StreamHandler() if debug else logging.NullHandler()
+        handler: logging.Handler = logging.StreamHandler() if debug else logging.NullHandler()
         handler.autotune = True  # type: ignore[attr-defined]
         root.addHandler(handler)
 

@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from autotune.core.checkpointing import Checkpointing
 from autotune.core.device import DeviceInfo, supported_precisions
 from autotune.core.enums import DeviceKind, Outcome, Precision, Task
 from autotune.core.optimizers import PLAIN as PLAIN_OPTIMIZER
@@ -103,7 +104,7 @@ class Doctor:
     def plain(
         self, batch: int = 8, precision: str = "fp32", optim: str = PLAIN_OPTIMIZER
     ) -> Candidate:
-        return Candidate(batch, 1, Precision(precision), False, optim)
+        return Candidate(batch, 1, Precision(precision), Checkpointing.OFF, optim)
 
     def run(self, optimizers: tuple[str, ...]) -> Iterator[Check]:
         """Each check as it ends (a dozen probes: on a GPU each starts CUDA afresh, and

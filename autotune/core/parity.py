@@ -101,8 +101,8 @@ def changes(reference: Candidate, candidate: Candidate) -> list[Change]:
     if split != ref_split:
         found.append(Change("batch split", ref_split, split, True))
     if candidate.activation_checkpointing != reference.activation_checkpointing:
-        before, after = reference.activation_checkpointing, candidate.activation_checkpointing
-        found.append(Change("checkpointing", str(before), str(after), True))
+        was, now = reference.activation_checkpointing, candidate.activation_checkpointing
+        found.append(Change("checkpointing", str(was), str(now), True))
     if candidate.train_sampling_strategy != reference.train_sampling_strategy:
         found.append(
             Change(

@@ -10,8 +10,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.core.checkpointing import Checkpointing
+from autotune.core.enums import Precision
 from autotune.core.optimizers import PLAIN
-from autotune.core.precisions import Precision, from_fields
+from autotune.core.precisions import from_fields
 
 
 @dataclasses.dataclass(frozen=True)

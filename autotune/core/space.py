@@ -187,7 +187,7 @@ def derive_space(
         micro_batches=regular,
         fallback_batches=fallback,
         precisions=chosen_prec,
-        checkpointing=tuple(checkpointing or (Checkpointing.OFF, Checkpointing.ON)),
+        checkpointing=tuple(Checkpointing.of(c) for c in checkpointing or (False, True)),
         optimizers=chosen_opt,
         samplings=tuple(samplings),
         levers=tuple((name, tuple(values)) for name, values in levers),

@@ -150,7 +150,7 @@ class SearchSpec:
     def _job_identity(self) -> dict[str, Any]:
         """A LoRA stand-in's adapter, a user's factory, its arguments class and what it
         built: named only when there is one, so a study of a plain --model still resumes."""
-        job = {"adapter": self.model.adapter, "trainer": self.model.trainer}
+        job: dict[str, Any] = {"adapter": self.model.adapter, "trainer": self.model.trainer}
         job["args_class"] = self.model.args_class
         job["job"] = self.job_profile
         job["packed_len"] = self.packed_len

@@ -75,7 +75,7 @@ class Candidate:
     def keeping_samples(self) -> Candidate:
         """The same config, its steps training the recipe's samples (no rows packed)."""
         plain = {lever.name: lever.plain for lever, _ in self.levers if lever.changes_samples}
-        return dataclasses.replace(self, **plain)  # type: ignore[arg-type]
+        return dataclasses.replace(self, **plain)
 
     @property
     def flash_attention(self) -> bool:

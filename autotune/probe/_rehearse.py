@@ -118,7 +118,7 @@ def _rows(kept: Any) -> int:
         return next((r for k in kept if (r := _rows(k))), 0)
     if isinstance(kept, dict):
         return next((r for k in kept.values() if (r := _rows(k))), 0)
-    shape = getattr(kept, "shape", ())
+    shape: tuple[int, ...] = tuple(getattr(kept, "shape", ()))
     return int(shape[0]) if len(shape) else 0
 
 

@@ -121,7 +121,7 @@ def setup_bytes(device_kind: str, index: int, baseline: dict[str, Any], model: A
     tensors = [getattr(t, "ds_tensor", t) for t in (*model.parameters(), *model.buffers())]
     unique = {id(t): t for t in tensors}.values()
     model_bytes = sum(t.numel() * t.element_size() for t in unique if t.device.type == kind)
-    return max(0, footprint(device_kind, index) - int(held) - model_bytes)
+    return max(0, footprint(device_kind, index) - int(held) - int(model_bytes))
 
 
 def synchronize(device_kind: str) -> None:

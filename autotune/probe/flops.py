@@ -213,4 +213,4 @@ def _linear_flops(x: Any, weight: Any, seconds: float, device_kind: str) -> floa
         synchronize(device_kind)
         elapsed = time.perf_counter() - started
         if elapsed >= seconds:
-            return 2.0 * x.shape[0] * x.shape[1] * weight.shape[0] * runs / elapsed
+            return float(2.0 * x.shape[0] * x.shape[1] * weight.shape[0] * runs / elapsed)

@@ -62,7 +62,7 @@ def survey(request: dict[str, Any]) -> dict[str, Any]:
 
     factory = load_factory(request["trainer"])
     cls = args_class_of(factory, request.get("args_class"))
-    known = {f for f in cls.__dataclass_fields__ if cls.__dataclass_fields__[f].init}
+    known = {f.name for f in dataclasses.fields(cls) if f.init}
     fields = {k: v for k, v in request["fields"].items() if k in known}
     ckpt = checkpointing_field()
     with tempfile.TemporaryDirectory(prefix="autotune-survey-") as scratch:

@@ -201,6 +201,8 @@ def tokenize(
 ) -> tuple[DataSpec, int, int]:
     """Tokenize the user's data once (the plan's first write); its lengths set those the
     user did not give."""
+    model = o.model
+    assert model is not None, "a --dataset feeds only the --model stand-in (survey refuses it)"
     data, seq_len, data_target_len = prepare(
         source=dataset.source,
         split=dataset.split,
@@ -208,7 +210,7 @@ def tokenize(
         text_column=dataset.text_column,
         target_column=dataset.target_column,
         tokenizer=dataset.tokenizer,
-        model_name=o.model,
+        model_name=model,
         vocab_size=facts.model.vocab_size,
         seq_len=o.seq_len or facts.base.seq_len,
         target_len=o.target_len or facts.base.target_len,
