@@ -24,12 +24,12 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from autotune.core.stats import t_quantile
+
 K = TypeVar("K", bound=Hashable)
 ROUNDS = 5
 MAX_ROUNDS = 8
 RESOLVE = 0.02  # a tie this far below the best is worth more rounds to settle
-# Student's t at 97.5% (a two-sided 95% interval) by degrees of freedom, 1 to 9.
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262)
 
 
 Rounds = dict[int, float]  # round number -> samples/s (0: did not fit or failed)
@@ -58,7 +58,8 @@ def round_ratio(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, f
     mean = statistics.fmean(logs)
     if len(logs) < 2:
         return math.exp(mean), math.exp(mean), math.exp(mean)
-    half = T975[min(len(logs) - 2, len(T975) - 1)] * statistics.stdev(logs) / math.sqrt(len(logs))
+    # a grid's rounds are read once, when all have run: one look's 95%
+    half = t_quantile(0.05, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
@@ -94,8 +95,7 @@ def _against(runs: dict[K, Rounds], best: K) -> Truth[K]:
             halves[key] = math.inf if logs else 0.0
             continue
         mean = statistics.mean(logs)
-        t = T975[min(len(logs) - 2, len(T975) - 1)]  # past 10 rounds: a wider interval
-        half = t * statistics.stdev(logs) / math.sqrt(len(logs))
+        half = t_quantile(0.05, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
         ratios[key], halves[key] = math.exp(mean), math.expm1(half)
         if mean + half >= 0:
             ties.append(key)

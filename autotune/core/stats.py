@@ -21,20 +21,23 @@ also depends on its batch, so the median ranks there.
 
 Two configs measured in the same rounds (confirmation runs made back to back, the order
 alternating from round to round) compare round by round: the ratio is the geometric mean
-of the paired ratios, with a 95% interval (Student's t over the rounds), which narrows as
-rounds are added where the quartiles of pooled steps do not. The duel reads it after
-every round and stops once it decides: a 95% interval read after each of up to 16 rounds
-holds 1 less often than 95% of the time, so it is widened by `LOOKS` (Pocock's constant
-boundary for repeated looks is 1.23-1.33 times one look's quantile, for 5 to 15 looks).
+of the paired ratios, with an interval from Student's t over the rounds, which narrows
+as rounds are added where the quartiles of pooled steps do not. The duel reads it after
+every round and stops once it decides, so the interval is a repeated confidence interval
+(Jennison and Turnbull): each look's is Student's at Pocock's nominal level for 15 looks
+(`NOMINAL`, 0.86% two-sided), so that all of up to 16 rounds' hold the true ratio 95% of
+the time together. Student's 95% widened by a constant (Pocock's 1.3 for the normal)
+was too narrow at the few rounds of a duel's first looks, where t's tails are heavy.
 benchmarks/duel_errors.py runs the real duel on drawn rounds whose paired ratio swings
-6% or 11% (sd of its log): a bf16 change of fp32's speed was exported after 8.6% of
-duels, unwidened and at most 8 rounds, and after 5.3-6.3% now; a 10% gain was
-confirmed in 98% and 66% of duels then, 100% and 79% now.
+6% or 11% (sd of its log): a bf16 change of fp32's speed was exported after 12% of
+duels with one look's 95%, 5.3-6.3% with it widened 1.3x, and 2.2-2.9% now; a 10%
+gain is confirmed in 99.8% and 74% of duels (79% widened, paid for in false changes).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 from collections.abc import Sequence
@@ -134,7 +137,7 @@ class SpeedRatio:
     value: float
     low: float
     high: float
-    rounds: int = 0  # >0: from this many paired rounds (`paired_ratio`), a 95% interval
+    rounds: int = 0  # >0: from this many paired rounds (`paired_ratio`), a repeated 95%
 
     @property
     def tie(self) -> bool:
@@ -158,25 +161,53 @@ def speed_ratio(faster: TrialResult, slower: TrialResult) -> SpeedRatio | None:
     return SpeedRatio(value, slow_low / fast_high, slow_high / fast_low)
 
 
-# Student's t at 97.5% (a two-sided 95% interval) by degrees of freedom, 1 to 9; past
-# that the 9's (a slightly wider interval)
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262)
-LOOKS = 1.3  # the paired rounds' interval, read after every round (module docstring)
+# Pocock's nominal two-sided level for each of 15 looks at an overall 5% (the paired
+# rounds' interval is read after each of rounds 2 to 16: module docstring)
+NOMINAL = 0.0086
+# The paired rounds a decision takes at the least where rounds swing 4-11% (this
+# project's 2-core hosts): at two, t at one degree of freedom is 74 at that level, and
+# only rounds that agree within a fraction of a percent decide.
+ROUNDS_TO_DECIDE = 3
 Rounds = tuple[tuple[int, float], ...]  # (round, the run's quiet step time), a config's
 
 
 def paired_ratio(faster: Rounds, slower: Rounds) -> SpeedRatio | None:
     """`faster`'s speed over `slower`'s from the rounds both ran in: the geometric mean
-    of the paired ratios of their step times, with its 95% interval. None with fewer
-    than two such rounds (no interval)."""
+    of the paired ratios of their step times, with its 95% repeated confidence interval
+    (module docstring). None with fewer than two such rounds (no interval)."""
     fast, slow = dict(faster), dict(slower)
     logs = [math.log(slow[r] / fast[r]) for r in sorted(fast.keys() & slow.keys()) if fast[r] > 0]
     if len(logs) < 2:
         return None
     mean = statistics.mean(logs)
-    t = LOOKS * T975[min(len(logs) - 2, len(T975) - 1)]
-    half = t * statistics.stdev(logs) / math.sqrt(len(logs))
+    half = t_quantile(NOMINAL, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
     return SpeedRatio(math.exp(mean), math.exp(mean - half), math.exp(mean + half), len(logs))
+
+
+@functools.cache
+def t_quantile(two_sided: float, df: int) -> float:
+    """Student's t beyond which a two-sided tail of `two_sided` lies, at `df` degrees of
+    freedom: bisection on the t distribution's closed form for whole degrees of freedom."""
+    low, high = 0.0, 1e6
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if _two_sided_tail(mid, df) > two_sided else (low, mid)
+    return high
+
+
+def _two_sided_tail(t: float, df: int) -> float:
+    """P(|T| > t) for Student's T at whole `df` (Abramowitz and Stegun 26.7.3-4)."""
+    theta = math.atan(t / math.sqrt(df))
+    cos2, term, total = math.cos(theta) ** 2, 1.0, 1.0
+    first = 2 if df % 2 else 1  # the series' first power of cos^2: odd df, even df
+    for k in range(first, df - 1, 2):
+        term *= cos2 * k / (k + 1)
+        total += term
+    if df % 2 == 0:
+        return 1.0 - math.sin(theta) * total
+    if df == 1:
+        return 1.0 - 2 * theta / math.pi
+    return 1.0 - 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
 
 
 def _quartiles(times: Sequence[float]) -> tuple[float, float]:

@@ -72,8 +72,9 @@ def duel(run: RunContext, deadline: Deadline) -> int:
     the config that would displace the export ahead (`reads_ahead`), and as far as the
     time budget allows. On a host whose runs of one config drift 8%, bf16's 11-20% gain
     was often not yet significant after 8 rounds: 59 of 240 simulated searches scored
-    under 0.95 of the best the rule allows, 18 with up to 16 rounds (29 with the interval
-    widened for its repeated looks, core/stats.LOOKS)."""
+    under 0.95 of the best the rule allows, 18 with up to 16 rounds (40 once the interval
+    held at every look, core/stats.NOMINAL: the price of a tie exported as a change in
+    2-3% of duels, not 12%)."""
     spec, limits = run.spec, run.limits
     runs, most = 0, limits.confirm_rounds
     for _ in range(2 * most + 1 if most >= 2 else 0):  # a pair that changes: bounded too

@@ -13,6 +13,7 @@ from autotune.core.enums import Outcome
 from autotune.core.parity import Arithmetic
 from autotune.core.parity_state import ParityState
 from autotune.core.spec import SearchSpec
+from autotune.core.stats import ROUNDS_TO_DECIDE
 from autotune.core.trial import Candidate, TrialRecord
 from autotune.core.units import format_duration
 from autotune.tuning._skips import Verdictor, open_candidates
@@ -161,9 +162,10 @@ def kept_for_rounds(
 def rounds_s(spec: SearchSpec, limits: SearchLimits, records: Sequence[TrialRecord]) -> float:
     """What the paired rounds that would confirm a change of the recipe's arithmetic are
     expected to take (DESIGN invariant 14: a check, kept from exploring like the
-    rehearsal): where the leader changes it unverified, the two rounds of it and the
-    best config that keeps it that the fewest can decide, less those they ran together;
-    0 where no such change leads, it is decided, or rounds are off."""
+    rehearsal): where the leader changes it unverified, the rounds of it and the best
+    config that keeps it that the fewest can decide (core/stats.ROUNDS_TO_DECIDE, or
+    --confirm-rounds where fewer), less those they ran together; 0 where no such
+    change leads, it is decided, or rounds are off."""
     if not limits.confirm_top or limits.confirm_rounds < 2:
         return 0.0
     pool = [r for r in fitting(records, spec.fit_limit_bytes) if exportable(r)]
@@ -175,7 +177,8 @@ def rounds_s(spec: SearchSpec, limits: SearchLimits, records: Sequence[TrialReco
     if same or decided(a, b, spec, limits.objective):
         return 0.0
     together = len(dict(a.rounds).keys() & dict(b.rounds).keys())
-    return max(0, 2 - together) * (confirm_s(spec, limits, a) + confirm_s(spec, limits, b))
+    fewest = min(ROUNDS_TO_DECIDE, limits.confirm_rounds)
+    return max(0, fewest - together) * (confirm_s(spec, limits, a) + confirm_s(spec, limits, b))
 
 
 def change_unconfirmable(
@@ -183,9 +186,9 @@ def change_unconfirmable(
 ) -> str:
     """Why no change of the recipe's precision or optimizer could be exported any more
     ('' where one could), the clock's reason: no parity runs that verify are planned, and
-    the paired rounds such a change needs (two rounds of it and of a config that keeps
-    the arithmetic, each run at least the quickest confirmation of a config measured so
-    far) take longer than `left_s`, what is left of the whole budget (time runs down; a
+    the paired rounds such a change needs (the fewest that decide, of it and of a config
+    that keeps the arithmetic, each run at least the quickest confirmation of a config
+    measured so far) take longer than `left_s`, what is left of the whole budget (time runs down; a
     quicker config measured later may shorten them). Exploring then probes only configs
     that keep the arithmetic, the ones the export may pick (a one-minute NeoX search
     spent two of its five probes on bf16 configs it could never confirm, and exported
@@ -198,7 +201,8 @@ def change_unconfirmable(
     measured = fitting(records, spec.fit_limit_bytes)
     if not measured:
         return ""
-    rounds = 4 * min(confirm_s(spec, limits, r) for r in measured)
+    fewest = min(ROUNDS_TO_DECIDE, limits.confirm_rounds)
+    rounds = 2 * fewest * min(confirm_s(spec, limits, r) for r in measured)
     if rounds <= left_s:
         return ""
     return (

@@ -162,3 +162,34 @@ def test_paired_rounds_give_an_interval_that_narrows_as_rounds_are_added() -> No
     assert paired_ratio(a[:1], b) is None  # one round: no interval
     two = paired_ratio(a[:2], b)
     assert two is not None and two.high - two.low > three.high - three.low
+
+
+def test_student_t_matches_the_printed_tables() -> None:
+    from autotune.core.stats import t_quantile
+
+    printed = {(0.05, 1): 12.706, (0.05, 2): 4.303, (0.05, 9): 2.262, (0.01, 5): 4.032}
+    printed |= {(0.01, 30): 2.750, (0.05, 120): 1.980}
+    for (level, df), t in printed.items():
+        assert t_quantile(level, df) == pytest.approx(t, abs=5e-4)
+
+
+def test_the_paired_interval_read_after_every_round_holds_the_truth_95_percent_of_the_time() -> (
+    None
+):
+    """The duel reads the interval after each of up to 16 rounds and stops at the first
+    that decides: the truth must lie in every one of them in 95% of duels, not in each."""
+    import random
+
+    from autotune.core.stats import paired_ratio
+
+    rng, missed, duels = random.Random(0), 0, 2000
+    for _ in range(duels):
+        fast = tuple((r, math.exp(rng.gauss(0.0, 0.08))) for r in range(16))
+        slow = tuple((r, 1.0) for r in range(16))
+        for looks in range(2, 17):
+            ratio = paired_ratio(fast[:looks], slow[:looks])
+            assert ratio is not None
+            if not ratio.low <= 1.0 <= ratio.high:
+                missed += 1
+                break
+    assert 0.03 < missed / duels < 0.07

@@ -284,10 +284,11 @@ def test_a_confirmation_expected_to_end_past_the_time_budget_does_not_start() ->
 
 def test_the_paired_rounds_a_change_of_arithmetic_needs_are_kept_from_the_clock() -> None:
     """bf16 leads the fp32 recipe unverified: the export hinges on paired rounds of the
-    two (DESIGN invariant 14). Exploring keeps their time, two rounds of both, as it
-    keeps the rehearsal's, and the finalists' plain confirmations leave it to them: the
-    rounds go first. Rounds that cannot run in what is left keep nothing (the change is
-    not exported then), nor where the leader keeps the recipe's arithmetic."""
+    two (DESIGN invariant 14). Exploring keeps their time, the three rounds of both that
+    decide at the least (core/stats.ROUNDS_TO_DECIDE), as it keeps the rehearsal's, and
+    the finalists' plain confirmations leave it to them: the rounds go first. Rounds
+    that cannot run in what is left keep nothing (the change is not exported then), nor
+    where the leader keeps the recipe's arithmetic."""
     from types import SimpleNamespace
 
     from autotune.core.enums import Outcome
@@ -296,23 +297,23 @@ def test_the_paired_rounds_a_change_of_arithmetic_needs_are_kept_from_the_clock(
     limits = SearchLimits(max_trials=50, confirm_top=1, confirm_steps=4)
     bf16, recipe = RECORDS[1], RECORDS[0]
     pair = confirm_s(SPEC, limits, bf16) + confirm_s(SPEC, limits, recipe)
-    assert rounds_s(SPEC, limits, RECORDS) == pytest.approx(2 * pair)
+    assert rounds_s(SPEC, limits, RECORDS) == pytest.approx(3 * pair)
     keeping = [r for r in RECORDS if r.candidate.precision == "fp32"]
     assert rounds_s(SPEC, limits, keeping) == 0.0
     assert rounds_s(SPEC, dataclasses.replace(limits, confirm_rounds=0), RECORDS) == 0.0
     clock = Clock()
     explore = Deadline.after(1000.0, clock)
-    assert stops(limits, RECORDS, {}, explore, end=Deadline.after(2 * pair + 1, clock)) == ""
+    assert stops(limits, RECORDS, {}, explore, end=Deadline.after(3 * pair + 1, clock)) == ""
     probes = [
         dataclasses.replace(r, result=r.result.replace(phases_s={**r.result.phases_s, "wall": 8.0}))
         for r in RECORDS
     ]
-    left = 2 * pair + 4  # the rounds fit, but not after another 8 s probe
+    left = 3 * pair + 4  # the rounds fit, but not after another 8 s probe
     why = stops(limits, probes, {}, explore, end=Deadline.after(left, clock))
     assert why.startswith("time budget spent: a probe and the paired rounds take about")
     # rounds that cannot run in what is left keep nothing: the change is not exported,
     # and exploring may still find a better config that keeps the arithmetic
-    assert stops(limits, probes, {}, explore, end=Deadline.after(2 * pair - 1, clock)) == ""
+    assert stops(limits, probes, {}, explore, end=Deadline.after(3 * pair - 1, clock)) == ""
 
     ran: list[Candidate] = []
     store = SimpleNamespace(
@@ -323,7 +324,7 @@ def test_the_paired_rounds_a_change_of_arithmetic_needs_are_kept_from_the_clock(
     )
     observer = SimpleNamespace(on_confirm=lambda *a: None, on_plan=lambda *a: None)
     search = faked(store, limits, observer, launcher)
-    search.confirm(Deadline(clock.now + 2 * pair + 1, clock))
+    search.confirm(Deadline(clock.now + 3 * pair + 1, clock))
     assert ran[:2] == [bf16.candidate, recipe.candidate]  # a paired round, not a lone run
     ran.clear()  # with no time for the rounds, the recipe (the export then) is confirmed
     one = confirm_s(SPEC, limits, recipe)
@@ -588,8 +589,9 @@ def test_time_kept_for_a_confirmation_that_cannot_start_goes_to_exploring() -> N
 
 def test_where_the_rounds_cannot_fit_a_change_of_arithmetic_is_not_probed(tmp_path: Path) -> None:
     """A one-minute NeoX search: the recipe (fp32 AdamW) probed at 5 s a step, a run
-    starting in 1 s. The rounds a bf16 change needs (two of it and of a config keeping
-    fp32 AdamW, each 3 warm-up and 4 timed steps: 4 x 36 s) cannot end in the 40 s left,
+    starting in 1 s. The rounds a bf16 change needs (the three that decide, of it and of
+    a config keeping fp32 AdamW, each 3 warm-up and 4 timed steps: 6 x 36 s) cannot end
+    in the 40 s left,
     so nothing could export a change: a queued bf16 config is skipped with the reason,
     and a config that keeps the arithmetic is probed. With the time for the rounds, or
     parity runs that verify, or the rounds turned off by the user, nothing is held back."""
@@ -607,9 +609,9 @@ def test_where_the_rounds_cannot_fit_a_change_of_arithmetic_is_not_probed(tmp_pa
     keep = change_unconfirmable(SPEC, limits, [recipe], 40.0)
     assert keep == (
         "the paired rounds that would confirm a change of your precision or optimizer "
-        "take about 2m24s and 40s is left"
+        "take about 3m36s and 40s is left"
     )
-    assert change_unconfirmable(SPEC, limits, [recipe], 4 * run_s) == ""
+    assert change_unconfirmable(SPEC, limits, [recipe], 6 * run_s) == ""
     assert change_unconfirmable(SPEC, limits, [recipe], None) == ""  # no budget
     assert change_unconfirmable(SPEC, limits, [], 40.0) == ""  # nothing measured yet
     for other in ({"parity_steps": 20}, {"parity_auto": True}, {"confirm_rounds": 0}):
