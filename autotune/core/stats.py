@@ -25,9 +25,11 @@ of the paired ratios, with an interval from Student's t over the rounds, which n
 as rounds are added where the quartiles of pooled steps do not. The duel reads it after
 every round and stops once it decides, so the interval is a repeated confidence interval
 (Jennison and Turnbull): each look's is Student's at Pocock's nominal level for 15 looks
-(`NOMINAL`, 0.86% two-sided), so that all of up to 16 rounds' hold the true ratio 95% of
-the time together. Student's 95% widened by a constant (Pocock's 1.3 for the normal)
-was too narrow at the few rounds of a duel's first looks, where t's tails are heavy.
+(`NOMINAL`, 0.86% two-sided), so that all of up to 16 rounds' (twice the default
+--confirm-rounds; more rounds, more looks, and a little more error) hold the true ratio
+95% of the time together. Student's 95% widened by a constant (Pocock's 1.3 for the
+normal) was too narrow at the few rounds of a duel's first looks, where t's tails are
+heavy.
 benchmarks/duel_errors.py runs the real duel on drawn rounds whose paired ratio swings
 6% or 11% (sd of its log): a bf16 change of fp32's speed was exported after 12% of
 duels with one look's 95%, 5.3-6.3% with it widened 1.3x, and 2.2-2.9% now; a 10%
@@ -188,6 +190,7 @@ def paired_ratio(faster: Rounds, slower: Rounds) -> SpeedRatio | None:
 def t_quantile(two_sided: float, df: int) -> float:
     """Student's t beyond which a two-sided tail of `two_sided` lies, at `df` degrees of
     freedom: bisection on the t distribution's closed form for whole degrees of freedom."""
+    assert 1e-6 < two_sided < 1 and df >= 1, (two_sided, df)
     low, high = 0.0, 1e6
     for _ in range(200):
         mid = (low + high) / 2

@@ -62,7 +62,8 @@ def survey(request: dict[str, Any]) -> dict[str, Any]:
 
     factory = load_factory(request["trainer"])
     cls = args_class_of(factory, request.get("args_class"))
-    known = {f.name for f in dataclasses.fields(cls) if f.init}
+    fields_of: dict[str, dataclasses.Field[Any]] = cls.__dataclass_fields__  # type: ignore[attr-defined]
+    known = {name for name, f in fields_of.items() if f.init}  # InitVars too
     fields = {k: v for k, v in request["fields"].items() if k in known}
     ckpt = checkpointing_field()
     with tempfile.TemporaryDirectory(prefix="autotune-survey-") as scratch:

@@ -159,10 +159,17 @@ class StudyQueue:
 
         return record
 
-    @transient_retry
     def fail_and_requeue(self, asked: Asked, why: str) -> None:
-        """A trial stopped by its own search (Ctrl-C, a full disk): failed, config re-queued."""
-        trial, candidate = asked.trial, asked.candidate
+        """A trial stopped by its own search (Ctrl-C, a full disk): failed, config re-queued.
+        Two calls, each retried on its own: retried as one, a storage away at the re-queue
+        would retry the fail, find the trial finished and lose the config."""
+        if self._fail(asked, why):
+            self.enqueue(asked.candidate)
+
+    @transient_retry
+    def _fail(self, asked: Asked, why: str) -> bool:
+        """Fail the trial; False where another worker already failed (and re-queued) it."""
+        trial = asked.trial
         try:
             trial.set_user_attr(Attr.OUTCOME, "error")
             trial.set_user_attr(Attr.REASON, f"{why}; re-queued")
@@ -170,8 +177,8 @@ class StudyQueue:
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as exc:
             if not already_finished(exc):
                 raise
-            return  # another worker already failed and re-queued it
-        self.enqueue(candidate)  # retried on its own: a lost re-queue would lose the config
+            return False
+        return True
 
     @transient_retry
     def _id(self, number: int) -> int:

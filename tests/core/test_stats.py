@@ -149,7 +149,7 @@ def test_a_ratio_whose_range_holds_one_is_a_tie() -> None:
 
 
 def test_paired_rounds_give_an_interval_that_narrows_as_rounds_are_added() -> None:
-    """Each round's pair is one ratio; their geometric mean has a 95% interval over the
+    """Each round's pair is one ratio; their geometric mean has a repeated 95% interval over the
     rounds. The pooled quartiles of the same steps do not narrow with more of them."""
     from autotune.core.stats import paired_ratio
 
@@ -167,8 +167,9 @@ def test_paired_rounds_give_an_interval_that_narrows_as_rounds_are_added() -> No
 def test_student_t_matches_the_printed_tables() -> None:
     from autotune.core.stats import t_quantile
 
-    printed = {(0.05, 1): 12.706, (0.05, 2): 4.303, (0.05, 9): 2.262, (0.01, 5): 4.032}
-    printed |= {(0.01, 30): 2.750, (0.05, 120): 1.980}
+    printed = {(0.05, 1): 12.706, (0.05, 2): 4.303, (0.05, 3): 3.182, (0.05, 4): 2.776}
+    printed |= {(0.05, 9): 2.262, (0.01, 5): 4.032, (0.01, 30): 2.750, (0.05, 120): 1.980}
+    printed |= {(0.0086, 1): 74.021}  # the repeated interval's first look: two rounds
     for (level, df), t in printed.items():
         assert t_quantile(level, df) == pytest.approx(t, abs=5e-4)
 

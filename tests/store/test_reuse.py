@@ -6,7 +6,9 @@ import dataclasses
 import functools
 from pathlib import Path
 
-from helpers import DIMENSIONS, GIB, SPACE, SPEC, cand
+import optuna
+import pytest
+from helpers import DIMENSIONS, GIB, SPACE, SPEC, cand, drop_once
 
 from autotune.core.device import measuring_environment
 from autotune.core.enums import Outcome
@@ -268,3 +270,18 @@ def test_parity_runs_are_reused_only_when_made_alike_with_the_same_versions(
     study(alone, "failed", SPEC, {16: measured(1.0)}).settings.save_parity(unfinished)
     reuse = Reuse.gather(study(alone, "newer", SPEC, {}))
     assert reuse.found.get(cand(16)) is not None and reuse.parity_runs(wanted) is None
+
+
+def test_gathering_rides_out_a_storage_restart_and_drops_no_study(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A storage away while the other studies are read is waited out and the whole read
+    again; before, a study whose records could not be read then was passed over."""
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    study(url, "first", SPEC, {8: measured(1.0)})
+    new = study(url, "new", SPEC, {})
+    summaries = drop_once(monkeypatch, optuna, "get_all_study_summaries")
+    trials = drop_once(monkeypatch, optuna.study.Study, "get_trials")
+    found = Reuse.gather(new).found
+    assert list(found) == [cand(8)]
+    assert len(summaries) >= 2 and len(trials) >= 2  # each dropped once, the read redone

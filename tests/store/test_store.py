@@ -206,7 +206,7 @@ def test_a_worker_whose_trial_was_taken_over_drops_it(storage: str) -> None:
 
 CONTEND = """
 import sys, time
-from helpers import SPEC, cand, drop_once
+from helpers import SPEC, cand
 from autotune.core.enums import Outcome
 from autotune.core.trial import TrialResult, Verdict
 from autotune.store.samplers import make_sampler
@@ -335,7 +335,21 @@ def test_taking_over_rides_out_a_storage_restart_and_adds_each_config_once(
     store = worker(f"sqlite:///{tmp_path / 'studies.db'}", "restart")
     measured = TrialResult(Outcome.OK, samples_per_s=16.0, peak_memory_bytes=1 << 30)
     verdict = Verdict((16.0, 1.0), -1.0)
-    drop_once(monkeypatch, store.study, "get_trials")
+    calls = drop_once(monkeypatch, store.study, "get_trials")
     taken = store.take_over({cand(8): measured, cand(16): measured}, lambda _: verdict)
     assert sorted(c.per_device_train_batch_size for _, c, _ in taken) == [8, 16]
     assert sorted(r.candidate.per_device_train_batch_size for r in store.records()) == [8, 16]
+    assert len(calls) >= 2  # dropped, then read again
+
+
+def test_a_stopped_trials_config_is_requeued_though_the_storage_drops_the_requeue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retried as one call, a drop at the re-queue retried the fail, which found the
+    trial finished and returned: the config was lost."""
+    store = worker(f"sqlite:///{tmp_path / 'studies.db'}", "restart")
+    store.queue.enqueue(cand(8))
+    asked = store.queue.ask()
+    calls = drop_once(monkeypatch, store.study, "enqueue_trial")
+    store.queue.fail_and_requeue(asked, "interrupted")
+    assert len(calls) == 2 and store.queue.waiting() == 1

@@ -482,8 +482,9 @@ def test_a_parity_run_expected_to_end_past_the_time_budget_does_not_start() -> N
 def test_close_finalists_are_timed_in_alternating_paired_rounds_until_they_separate() -> None:
     """fp32 AdamW (the recipe) and bf16 read alike from pooled steps: the host was 30%
     slower in every other round, and bf16's 10% gain hides in that. Timed beside each
-    other, the order alternating, each round's pair shows the gain: two rounds settle
-    it, no more run, and the bf16 change is exported for a gain that holds."""
+    other, the order alternating, each round's pair shows the same gain: two rounds
+    that agree exactly settle it (its interval 1.11-1.11x), no more run, and the bf16
+    change is exported for a gain that holds."""
     from types import SimpleNamespace
 
     from autotune.core.enums import Outcome
