@@ -159,6 +159,15 @@ def kept_for_rounds(
     return 0.0 if left_s is not None and rounds > left_s else rounds
 
 
+def fewest_rounds(limits: SearchLimits) -> int:
+    """The fewest paired rounds that can decide a change of the recipe's arithmetic
+    (core/stats.ROUNDS_TO_DECIDE, or --confirm-rounds where fewer); 0 where the user
+    turned the rounds off (--confirm-rounds under 2, --confirm-top 0)."""
+    if not limits.confirm_top or limits.confirm_rounds < 2:
+        return 0
+    return min(ROUNDS_TO_DECIDE, limits.confirm_rounds)
+
+
 def rounds_s(spec: SearchSpec, limits: SearchLimits, records: Sequence[TrialRecord]) -> float:
     """What the paired rounds that would confirm a change of the recipe's arithmetic are
     expected to take (DESIGN invariant 14: a check, kept from exploring like the
@@ -166,7 +175,8 @@ def rounds_s(spec: SearchSpec, limits: SearchLimits, records: Sequence[TrialReco
     config that keeps it that the fewest can decide (core/stats.ROUNDS_TO_DECIDE, or
     --confirm-rounds where fewer), less those they ran together; 0 where no such
     change leads, it is decided, or rounds are off."""
-    if not limits.confirm_top or limits.confirm_rounds < 2:
+    fewest = fewest_rounds(limits)
+    if not fewest:
         return 0.0
     pool = [r for r in fitting(records, spec.fit_limit_bytes) if exportable(r)]
     pair = duel_pair(spec, pool, limits.objective)
@@ -177,7 +187,6 @@ def rounds_s(spec: SearchSpec, limits: SearchLimits, records: Sequence[TrialReco
     if same or decided(a, b, spec, limits.objective):
         return 0.0
     together = len(dict(a.rounds).keys() & dict(b.rounds).keys())
-    fewest = min(ROUNDS_TO_DECIDE, limits.confirm_rounds)
     return max(0, fewest - together) * (confirm_s(spec, limits, a) + confirm_s(spec, limits, b))
 
 
@@ -196,12 +205,10 @@ def change_unconfirmable(
     the probes still say what a change reads."""
     if left_s is None or limits.parity_auto or limits.parity_steps:
         return ""
-    if not limits.confirm_top or limits.confirm_rounds < 2:
-        return ""
+    fewest = fewest_rounds(limits)
     measured = fitting(records, spec.fit_limit_bytes)
-    if not measured:
+    if not fewest or not measured:
         return ""
-    fewest = min(ROUNDS_TO_DECIDE, limits.confirm_rounds)
     rounds = 2 * fewest * min(confirm_s(spec, limits, r) for r in measured)
     if rounds <= left_s:
         return ""
