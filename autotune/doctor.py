@@ -22,7 +22,7 @@ from autotune.core.trial import Candidate, ModelSpec, TrialConfig, TrialResult
 from autotune.core.units import format_size
 from autotune.launch.forkserver import ForkServer
 from autotune.launch.runner import run_trial
-from autotune.probe.flops import measure_peak_flops
+from autotune.probe.flops import measure_peak_flops, subnormal_slowdown
 from autotune.system.devices import cuda_device_count, process_data_limit
 
 MIB = 2**20
@@ -46,6 +46,7 @@ DATASHEET = {
 # segment far above the resident set; a few hundred MiB is thread stacks and arenas.
 RESERVATION_SLACK = 512 * MIB
 PEAK_AGREEMENT = 0.10
+SUBNORMAL_SLOW = 1.5  # subnormal inputs this many times slower: worth the user's knowing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +121,7 @@ class Doctor:
         yield from self.precisions()
         yield from self.optimizers(optimizers)
         yield from self.matmul_peaks()
+        yield self.subnormals()
         yield self.ddp()
 
     def baseline(self) -> Check:
@@ -239,6 +241,27 @@ class Doctor:
                 f"({100 * measured / known:.0f}%)",
                 "far below the datasheet: clocks, power cap, or a shared GPU",
             )
+
+    def subnormals(self) -> Check:
+        """What this CPU pays for arithmetic on subnormal numbers. A stand-in's random
+        weights can make them where the trained checkpoint does not (mt5-small's: a
+        twice slower fp32 step on an Intel Xeon), and Adam's state gathers more as a run
+        goes, so its later steps slow down where a probe times its first ones."""
+        name = "subnormal numbers"
+        if self.device.kind == DeviceKind.CUDA:
+            return Check(name, None, "a GPU adds and multiplies them at full speed; not timed")
+        slowdown = subnormal_slowdown()
+        figures = f"an fp32 matmul of subnormal inputs takes {slowdown:.1f}x as long"
+        if slowdown < SUBNORMAL_SLOW:
+            return Check(name, None, figures)
+        return Check(
+            name,
+            None,
+            figures,
+            "fp32 steps that make subnormal numbers run slower here, and slow further as "
+            "Adam's state gathers them: torch.set_flush_denormal(True) at your script's "
+            "start flushes them to zero",
+        )
 
     def ddp(self) -> Check:
         devices = _gpus() if self.device.kind == DeviceKind.CUDA else len(os.sched_getaffinity(0))

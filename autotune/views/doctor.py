@@ -38,7 +38,7 @@ def print_report(report: DoctorReport, fmt: str = "table") -> None:
             MARK[check.passed],
             check.name,
             check.figures,
-            check.advice if check.passed is False else "",
+            check.advice if check.passed is not True else "",
         )
     console.print(table)
     failed = report.failed

@@ -222,3 +222,13 @@ def test_a_probes_mfu_is_taken_against_the_peak_of_the_precision_it_trained_in(
     peaks = {"fp32": 1e9, "tf32": 2e9, "bf16": 4e9, "fp16": 5e9}
     monkeypatch.setattr(main, "measure_peak_flops", lambda device, p, **kw: peaks[p])
     assert peak_flops(Precision(precision), DeviceKind.CPU) == peaks.get(precision)
+
+
+def test_the_subnormal_inputs_are_subnormal_and_their_cost_a_ratio() -> None:
+    """The doctor's subnormal check times what it says: every input nonzero and below
+    float32's smallest normal number."""
+    from autotune.probe.flops import SUBNORMAL_SCALE, subnormal_slowdown
+
+    x = torch.randn(10_000) * SUBNORMAL_SCALE
+    assert bool((x != 0).all()) and float(x.abs().max()) < torch.finfo(torch.float32).tiny
+    assert 0 < subnormal_slowdown(seconds=0.05, size=64) < float("inf")

@@ -1,0 +1,115 @@
+#!/usr/bin/env python
+"""Does a random-weight stand-in's fp32 training slow down on subnormal numbers on this
+CPU, and more as it trains?
+
+mt5-small built from its preset with random weights (an LM head of std 1: logits of std
+24), trained with fp32 AdamW on random tokens, each step timed, in two fresh processes:
+as a script runs it, and with `torch.set_flush_denormal(True)` (subnormal inputs and
+results flushed to zero). At the first and last step: the share of the softmax over the
+vocabulary that is subnormal, and the subnormal entries of Adam's state. The losses of
+both runs are printed beside each other: flushing values under 1.2e-38 should not move
+them. `autotune doctor` times the same cost on one matmul.
+
+    python benchmarks/subnormals.py --record    # 20 steps a run: 4-5 minutes on 2 cores
+    python benchmarks/subnormals.py --quick     # 3 steps a run, t5-small
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import Benchmark, Figures, header, run, table
+
+BATCH, SOURCE, TARGET = 8, 64, 16
+
+
+def train(model_name: str, steps: int, flush: bool) -> Figures:
+    """One run in this (fresh) process: each step's seconds and loss, and the
+    subnormals at the first and last step."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+    from autotune.hf.models import resolve_model
+
+    torch.set_flush_denormal(flush)
+    torch.manual_seed(0)
+    values = dict(resolve_model(model_name).config)
+    config = AutoConfig.for_model(values.pop("model_type"), **values)
+    model = AutoModelForSeq2SeqLM.from_config(config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5)
+    tiny = torch.finfo(torch.float32).tiny
+
+    def subnormal(t: Any) -> int:
+        a = t.detach().abs()
+        return int(((a > 0) & (a < tiny)).sum())
+
+    tokens = torch.Generator().manual_seed(1)
+    seconds, losses, seen = [], [], {}
+    for step in range(steps):
+        ids = torch.randint(0, config.vocab_size, (BATCH, SOURCE), generator=tokens)
+        labels = torch.randint(0, config.vocab_size, (BATCH, TARGET), generator=tokens)
+        started = time.perf_counter()
+        out = model(input_ids=ids, labels=labels)
+        out.loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        seconds.append(round(time.perf_counter() - started, 2))
+        losses.append(round(out.loss.item(), 3))
+        if step in (0, steps - 1):
+            with torch.no_grad():
+                softmax = torch.softmax(out.logits.detach(), -1)
+                state = optimizer.state.values()
+                seen[f"step {step + 1}"] = {
+                    "softmax_subnormal": round(subnormal(softmax) / softmax.numel(), 4),
+                    "adam_state_subnormal": sum(
+                        subnormal(s["exp_avg"]) + subnormal(s["exp_avg_sq"]) for s in state
+                    ),
+                }
+    return {"flush": flush, "step_s": seconds, "losses": losses, "subnormals": seen}
+
+
+def measure(args: argparse.Namespace, work: Path) -> Figures:
+    model, steps = ("t5-small", 3) if args.quick else ("google/mt5-small", 20)
+    spawn = multiprocessing.get_context("spawn")
+    runs = []
+    for flush in (False, True):
+        with spawn.Pool(1) as pool:
+            runs.append(pool.apply(train, (model, steps, flush)))
+    return {"model": model, "steps": steps, "batch": [BATCH, SOURCE, TARGET], "runs": runs}
+
+
+def report(f: Figures) -> str:
+    rows = []
+    for r in f["runs"]:
+        s = r["step_s"]
+        first, last = r["subnormals"].values()
+        rows.append(
+            (
+                "flushed" if r["flush"] else "as a script runs",
+                f"{statistics.median(s[1:4] or s):.2f}",
+                f"{statistics.median(s[-3:]):.2f}",
+                f"{first['softmax_subnormal']:.1%} -> {last['softmax_subnormal']:.1%}",
+                f"{first['adam_state_subnormal']:,} -> {last['adam_state_subnormal']:,}",
+            )
+        )
+    same = f["runs"][0]["losses"] == f["runs"][1]["losses"]
+    return (
+        header(f, "What subnormal numbers cost a random-weight stand-in's fp32 steps")
+        + f"\n{f['model']}, {f['batch'][0]} x {f['batch'][1]}/{f['batch'][2]} tokens, "
+        + f"fp32 AdamW, {f['steps']} steps a run. Seconds a step: the median of steps 2-4, "
+        + "then of the last three.\n\n"
+        + table(
+            ("run", "steps 2-4", "last 3", "softmax subnormal", "Adam state subnormal"),
+            rows,
+        )
+        + f"\nThe two runs' losses {'are identical' if same else 'differ'} at every step.\n"
+    )
+
+
+if __name__ == "__main__":
+    run(Benchmark("subnormals", __doc__, measure, report))
