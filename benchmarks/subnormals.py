@@ -6,9 +6,10 @@ mt5-small built from its preset with random weights (an LM head of std 1: logits
 24), trained with fp32 AdamW on random tokens, each step timed, in two fresh processes:
 as a script runs it, and with `torch.set_flush_denormal(True)` (subnormal inputs and
 results flushed to zero). At the first and last step: the share of the softmax over the
-vocabulary that is subnormal, and the subnormal entries of Adam's state. The losses of
-both runs are printed beside each other: flushing values under 1.2e-38 should not move
-them. `autotune doctor` times the same cost on one matmul.
+vocabulary that is subnormal, and the subnormal entries of Adam's state (in the flushed
+run none can be counted: it reads them as zero). Whether the two runs' losses are the
+same: flushing values under 1.2e-38 should not move them. First, `autotune doctor`'s
+check: an fp32 matmul of subnormal inputs against normal ones.
 
     python benchmarks/subnormals.py --record    # 20 steps a run: 4-5 minutes on 2 cores
     python benchmarks/subnormals.py --quick     # 3 steps a run, t5-small
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from harness import Benchmark, Figures, header, run, table
+
+from autotune.probe.flops import subnormal_slowdown
 
 BATCH, SOURCE, TARGET = 8, 64, 16
 
@@ -60,7 +63,7 @@ def train(model_name: str, steps: int, flush: bool) -> Figures:
         optimizer.zero_grad(set_to_none=True)
         seconds.append(round(time.perf_counter() - started, 2))
         losses.append(round(out.loss.item(), 3))
-        if step in (0, steps - 1):
+        if step in (0, steps - 1) and not flush:
             with torch.no_grad():
                 softmax = torch.softmax(out.logits.detach(), -1)
                 state = optimizer.state.values()
@@ -75,34 +78,48 @@ def train(model_name: str, steps: int, flush: bool) -> Figures:
 
 def measure(args: argparse.Namespace, work: Path) -> Figures:
     model, steps = ("t5-small", 3) if args.quick else ("google/mt5-small", 20)
+    slowdown = subnormal_slowdown()
     spawn = multiprocessing.get_context("spawn")
     runs = []
     for flush in (False, True):
         with spawn.Pool(1) as pool:
             runs.append(pool.apply(train, (model, steps, flush)))
-    return {"model": model, "steps": steps, "batch": [BATCH, SOURCE, TARGET], "runs": runs}
+    return {
+        "model": model,
+        "steps": steps,
+        "batch": [BATCH, SOURCE, TARGET],
+        "matmul_slowdown": [round(x, 1) for x in slowdown],
+        "runs": runs,
+    }
 
 
 def report(f: Figures) -> str:
     rows = []
     for r in f["runs"]:
         s = r["step_s"]
-        first, last = r["subnormals"].values()
+        counts = ("not countable: read as zero",) * 2
+        if r["subnormals"]:
+            first, last = r["subnormals"].values()
+            counts = (
+                f"{first['softmax_subnormal']:.1%} -> {last['softmax_subnormal']:.1%}",
+                f"{first['adam_state_subnormal']:,} -> {last['adam_state_subnormal']:,}",
+            )
         rows.append(
             (
                 "flushed" if r["flush"] else "as a script runs",
                 f"{statistics.median(s[1:4] or s):.2f}",
                 f"{statistics.median(s[-3:]):.2f}",
-                f"{first['softmax_subnormal']:.1%} -> {last['softmax_subnormal']:.1%}",
-                f"{first['adam_state_subnormal']:,} -> {last['adam_state_subnormal']:,}",
+                *counts,
             )
         )
+    median, low, high = f["matmul_slowdown"]
     same = f["runs"][0]["losses"] == f["runs"][1]["losses"]
     return (
         header(f, "What subnormal numbers cost a random-weight stand-in's fp32 steps")
         + f"\n{f['model']}, {f['batch'][0]} x {f['batch'][1]}/{f['batch'][2]} tokens, "
         + f"fp32 AdamW, {f['steps']} steps a run. Seconds a step: the median of steps 2-4, "
-        + "then of the last three.\n\n"
+        + "then of the last three. An fp32 256x256 matmul of subnormal inputs took "
+        + f"{median}x as long as of normal ones ({low}-{high}x: `autotune doctor`'s check).\n\n"
         + table(
             ("run", "steps 2-4", "last 3", "softmax subnormal", "Adam state subnormal"),
             rows,

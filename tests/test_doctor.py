@@ -54,7 +54,7 @@ def test_a_cpu_slow_on_subnormal_numbers_is_told_how_to_flush_them(
     """Information, not a failure: the search still holds, but a stand-in's fp32 steps
     (random weights can make subnormals a trained checkpoint does not) and a long run's
     later steps are slower than they need be, and the user can flush them."""
-    monkeypatch.setattr(doctor, "subnormal_slowdown", lambda: slowdown)
+    monkeypatch.setattr(doctor, "subnormal_slowdown", lambda: (slowdown, slowdown, slowdown))
     device = DeviceInfo("cpu", None, "test cpu", 2**30)
     check = doctor.Doctor(device, Path(".")).subnormals()
     assert check.passed is None and f"{slowdown:.1f}x" in check.figures

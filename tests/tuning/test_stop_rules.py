@@ -26,7 +26,7 @@ from autotune.tuning.deadline import Deadline
 from autotune.tuning.limits import SearchLimits
 from autotune.tuning.parity import reserved_s
 from autotune.tuning.run import SearchRun
-from autotune.tuning.stopping import TimeLeft, confirm_s, rounds_s, stop_reason
+from autotune.tuning.stopping import TimeLeft, confirm_s, fewest_rounds, rounds_s, stop_reason
 
 
 class Clock:
@@ -793,3 +793,17 @@ def test_a_one_minute_search_probes_what_it_may_export_and_ends_within_its_minut
     said = [line for line in observer.lines if "probing only configs that keep" in line]
     assert len(said) == 1
     assert clock.now - 1000.0 <= 60.0 and why.startswith(("time budget spent", "every config"))
+
+
+@pytest.mark.parametrize(
+    ("confirm_top", "confirm_rounds", "fewest"),
+    [(3, 8, 3), (3, 3, 3), (3, 2, 2), (3, 1, 0), (3, 0, 0), (0, 8, 0)],
+)
+def test_the_fewest_rounds_that_decide_a_change(
+    confirm_top: int, confirm_rounds: int, fewest: int
+) -> None:
+    """Three rounds decide (two: t at one degree of freedom is 74), or the user's
+    --confirm-rounds where fewer; none where the user turned the rounds off, so no time
+    is kept for them."""
+    limits = SearchLimits(confirm_top=confirm_top, confirm_rounds=confirm_rounds)
+    assert fewest_rounds(limits) == fewest
