@@ -18,11 +18,13 @@ from autotune.core.checkpointing import Checkpointing
 from autotune.core.device import DeviceInfo, supported_precisions
 from autotune.core.enums import DeviceKind, Outcome, Precision, Task
 from autotune.core.optimizers import PLAIN as PLAIN_OPTIMIZER
+from autotune.core.subnormals import SLOW
 from autotune.core.trial import Candidate, ModelSpec, TrialConfig, TrialResult
 from autotune.core.units import format_size
 from autotune.launch.forkserver import ForkServer
 from autotune.launch.runner import run_trial
-from autotune.probe.flops import measure_peak_flops, subnormal_slowdown
+from autotune.probe import subnormals
+from autotune.probe.flops import measure_peak_flops
 from autotune.system.devices import cuda_device_count, process_data_limit
 
 MIB = 2**20
@@ -46,7 +48,6 @@ DATASHEET = {
 # segment far above the resident set; a few hundred MiB is thread stacks and arenas.
 RESERVATION_SLACK = 512 * MIB
 PEAK_AGREEMENT = 0.10
-SUBNORMAL_SLOW = 1.5  # subnormal inputs this many times slower: worth the user's knowing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,12 +252,12 @@ class Doctor:
         name = "subnormal numbers"
         if self.device.kind == DeviceKind.CUDA:
             return Check(name, None, "a GPU adds and multiplies them at full speed; not timed")
-        slowdown, low, high = subnormal_slowdown()
+        slowdown, low, high = subnormals.slowdown()
         figures = (
             f"an fp32 matmul of subnormal inputs takes {slowdown:.1f}x as long "
             f"({low:.1f}-{high:.1f}x)"
         )
-        if slowdown < SUBNORMAL_SLOW:
+        if slowdown < SLOW:
             return Check(name, None, figures)
         return Check(
             name,

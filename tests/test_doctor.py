@@ -54,17 +54,17 @@ def test_a_cpu_slow_on_subnormal_numbers_is_told_how_to_flush_them(
     """Information, not a failure: the search still holds, but a stand-in's fp32 steps
     (random weights can make subnormals a trained checkpoint does not) and a long run's
     later steps are slower than they need be, and the user can flush them."""
-    monkeypatch.setattr(doctor, "subnormal_slowdown", lambda: (slowdown, slowdown, slowdown))
+    monkeypatch.setattr(doctor.subnormals, "slowdown", lambda: (slowdown, slowdown, slowdown))
     device = DeviceInfo("cpu", None, "test cpu", 2**30)
     check = doctor.Doctor(device, Path(".")).subnormals()
     assert check.passed is None and f"{slowdown:.1f}x" in check.figures
-    assert ("set_flush_denormal(True)" in check.advice) == (slowdown >= doctor.SUBNORMAL_SLOW)
+    assert ("set_flush_denormal(True)" in check.advice) == (slowdown >= doctor.SLOW)
     print_report(doctor.DoctorReport(device, {}, (check,)))
     shown = " ".join(capsys.readouterr().out.split())
-    assert ("set_flush_denormal" in shown) == (slowdown >= doctor.SUBNORMAL_SLOW)
+    assert ("set_flush_denormal" in shown) == (slowdown >= doctor.SLOW)
 
 
 def test_a_gpu_does_not_time_subnormal_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(doctor, "subnormal_slowdown", lambda: pytest.fail("timed on a GPU"))
+    monkeypatch.setattr(doctor.subnormals, "slowdown", lambda: pytest.fail("timed on a GPU"))
     device = DeviceInfo("cuda", 0, "H100", 80 * 2**30, (9, 0))
     assert doctor.Doctor(device, Path(".")).subnormals().passed is None

@@ -271,6 +271,11 @@ class TrialResult:
     # The memory limit the probe ran under, read back from where it is enforced
     # (probe/device.limit_in_force); None: none was set, or the run failed before it
     memory_limit_bytes: int | None = None
+    # A CPU probe: the share of its optimizer's state that was subnormal after its steps
+    # (sampled), and where that share counts (core/subnormals.py), how many times slower
+    # this CPU multiplies such numbers. None: not measured (a GPU, a failed run).
+    subnormal_share: float | None = None
+    subnormal_slowdown: float | None = None
 
     def to_json(self) -> str:
         raw = dataclasses.asdict(self)

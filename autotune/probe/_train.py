@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.core.enums import Outcome
+from autotune.core.enums import DeviceKind, Outcome
 from autotune.core.outcomes import loss_outcome
 from autotune.core.parity import PARITY_LR
 from autotune.core.schedule import Schedule
@@ -19,6 +19,7 @@ from autotune.core.stats import StepStats
 from autotune.core.trial import Candidate, TrialResult
 from autotune.hf.job import longest_samples
 from autotune.probe import device as hardware
+from autotune.probe import subnormals
 from autotune.probe._inputs import Measurement, Site, TheirData, Workload
 from autotune.probe.job import factory_trainer
 
@@ -82,11 +83,22 @@ def worst_case(
         warmup_steps=timer.warmup_steps,
         measure_stop=timer.stop_reason,
     )
+    if site.kind == DeviceKind.CPU and result.outcome == Outcome.OK:
+        result = _with_subnormals(result, trainer, phases)
     if data.own_batches and result.outcome == Outcome.OK:
         trainer.remove_callback(timer)
         measure_steps, sample_tokens = plan.measure_steps, data.sample_tokens
         result = own_batches(work, measure_steps, sample_tokens, site, trainer, own, result)
     return result, model
+
+
+def _with_subnormals(result: TrialResult, trainer: Any, phases: dict[str, float]) -> TrialResult:
+    """The share of the trained optimizer's state that is subnormal, and where it counts,
+    what this CPU pays for such numbers (probe/subnormals.py): outside the timed steps."""
+    tick = time.perf_counter()
+    share, slowdown = subnormals.in_optimizer(trainer)
+    phases["subnormals"] = time.perf_counter() - tick
+    return result.replace(subnormal_share=share, subnormal_slowdown=slowdown)
 
 
 def refuse_dropped_fsdp(fields: dict[str, Any], trainer: Any) -> None:

@@ -30,7 +30,6 @@ the figure is model FLOP utilisation (MFU), not hardware FLOPs.
 from __future__ import annotations
 
 import contextlib
-import statistics
 import time
 from typing import Any
 
@@ -215,45 +214,3 @@ def _linear_flops(x: Any, weight: Any, seconds: float, device_kind: str) -> floa
         elapsed = time.perf_counter() - started
         if elapsed >= seconds:
             return float(2.0 * x.shape[0] * x.shape[1] * weight.shape[0] * runs / elapsed)
-
-
-# N(0, 1) times this lies below float32's smallest normal number (1.18e-38): subnormal
-SUBNORMAL_SCALE = 1e-39
-
-
-def subnormal_slowdown(seconds: float = 0.5, size: int = 256) -> tuple[float, float, float]:
-    """How many times longer this CPU takes for an fp32 matmul whose inputs are
-    subnormal than for the same matmul at a normal scale: the median, lowest and highest
-    of interleaved pairs, at least three and more while `seconds` last, each side timed
-    over about 10 ms of its own calls. x86 cores without flush-to-zero take a microcode
-    assist for an operation on a subnormal; what that costs differs by core.
-
-    Training makes them where values underflow: a random-weight mt5-small (an LM head of
-    std 1, logits of std 24) left 4% of its softmax over 250k tokens subnormal at its
-    first step and 22% at its 20th. On the 2-core Intel Xeon its fp32 steps took 6.5-8.1 s
-    at first and 12.5-14.5 s by then (two runs), and 3-4 s under
-    `torch.set_flush_denormal`, which flushes them to zero, with the same losses
-    (benchmarks/subnormals.py). NVIDIA GPUs add and multiply them at full speed."""
-    import torch
-
-    weight = torch.randn(size, size)
-    normal = torch.randn(size, size)
-    subnormal = normal * SUBNORMAL_SCALE
-
-    def per_call(x: Any, runs: int) -> float:
-        started = time.perf_counter()
-        for _ in range(runs):
-            torch.nn.functional.linear(x, weight)
-        return (time.perf_counter() - started) / runs
-
-    with torch.no_grad():
-        per_call(normal, 3)  # warm-up: the kernel, the caches
-        normal_runs, subnormal_runs = (
-            max(1, int(0.01 / max(per_call(x, 3), 1e-9))) for x in (normal, subnormal)
-        )
-        ratios: list[float] = []
-        deadline = time.perf_counter() + seconds
-        while len(ratios) < 3 or time.perf_counter() < deadline:
-            slow = per_call(subnormal, subnormal_runs)
-            ratios.append(slow / per_call(normal, normal_runs))
-    return statistics.median(ratios), min(ratios), max(ratios)

@@ -193,7 +193,8 @@ def expected_s(record: TrialRecord, spec: SearchSpec) -> float:
     rehearsal at the imports alone, 4 s, and the budget cut it at the resume.)"""
     phases = record.result.phases_s
     wall = phases.get("wall", 0.0) or phases.get("total", 0.0)
-    timed = sum(phases.get(k, 0.0) for k in ("measured_steps", "real_batches", "peak_flops"))
+    measured_only = ("measured_steps", "real_batches", "peak_flops", "subnormals")
+    timed = sum(phases.get(k, 0.0) for k in measured_only)
     warmup = phases.get("warmup", 2 * (record.result.step_time_median_s or 0.0))
     save = 2 * checkpoint_bytes(spec, record.candidate) / SAVE_BYTES_PER_S
     evaluation = wall if RunEvents.of(spec).evaluate else 0.0

@@ -18,12 +18,7 @@ from conftest import TINY_GPT2
 from torch.utils.flop_counter import FlopCounterMode
 
 from autotune.hf.models import PRESET_DIR
-from autotune.probe.flops import (
-    SUBNORMAL_SCALE,
-    flops_per_sample,
-    measure_peak_flops,
-    subnormal_slowdown,
-)
+from autotune.probe.flops import flops_per_sample, measure_peak_flops
 
 TINY = {"vocab_size": 512, "max_position_embeddings": 256}
 # name: (task, config, source length, target length)
@@ -227,12 +222,3 @@ def test_a_probes_mfu_is_taken_against_the_peak_of_the_precision_it_trained_in(
     peaks = {"fp32": 1e9, "tf32": 2e9, "bf16": 4e9, "fp16": 5e9}
     monkeypatch.setattr(main, "measure_peak_flops", lambda device, p, **kw: peaks[p])
     assert peak_flops(Precision(precision), DeviceKind.CPU) == peaks.get(precision)
-
-
-def test_the_subnormal_inputs_are_subnormal_and_their_cost_a_ratio() -> None:
-    """The doctor's subnormal check times what it says: every input nonzero and below
-    float32's smallest normal number."""
-    x = torch.randn(10_000, generator=torch.Generator().manual_seed(0)) * SUBNORMAL_SCALE
-    assert bool((x != 0).all()) and float(x.abs().max()) < torch.finfo(torch.float32).tiny
-    median, low, high = subnormal_slowdown(seconds=0.05, size=64)
-    assert 0 < low <= median <= high < float("inf")

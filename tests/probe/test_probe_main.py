@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY_GPT2, write_model
 
+from autotune.core.subnormals import SHARE
 from autotune.core.trial import Candidate, Outcome, TrialConfig
 from autotune.hf.models import resolve_model
 from autotune.launch.runner import run_trial
@@ -49,6 +50,8 @@ def test_probe_measures_whole_optimizer_steps(tmp_path: Path, tiny_t5: Path) -> 
     # Figures against the hardware: a matrix multiply at bf16 on this CPU is the peak.
     assert result.peak_flops_per_s is not None and result.peak_flops_per_s > 1e8
     assert result.mfu is not None and 0 < result.mfu < 1.5
+    # Its optimizer's state read for subnormal numbers: none made, so the CPU not timed
+    assert result.subnormal_share == 0.0 and result.subnormal_slowdown is None
 
 
 def test_probe_can_be_rerun_by_hand(tmp_path: Path, tiny_gpt2: Path) -> None:
@@ -123,6 +126,23 @@ def test_a_budget_below_what_the_imports_hold_is_an_oom_not_a_hang(
     assert "after its imports the process holds" in result.error
     with pytest.raises(ServerStartError, match="out of memory while importing"):
         ForkServer(tmp_path / "forkserver.log", data_limit=budget_mib * MIB)
+
+
+def test_a_job_making_subnormal_numbers_has_them_counted_and_the_cpu_timed(
+    tmp_path: Path,
+) -> None:
+    """Logits of std 24 over 8192 tokens (a tied head at std 3) leave some of the softmax
+    subnormal, and their gradients leave about 4% of Adam's state so: the probe reads the
+    share after its steps, and what this CPU pays for them."""
+    wide = write_model(
+        tmp_path / "wide", {**TINY_GPT2, "vocab_size": 8192, "initializer_range": 3.0}
+    )
+    config = trial(tmp_path, wide, Candidate(8, 1, "fp32", False, "adamw_torch"))
+    result = run_trial(config, timeout_s=300)
+    assert result.outcome == Outcome.OK, result.reason
+    assert result.subnormal_share is not None and SHARE <= result.subnormal_share < 0.5
+    assert result.subnormal_slowdown is not None and result.subnormal_slowdown > 0
+    assert "subnormals" in result.phases_s
 
 
 def test_nan_loss_is_unstable(tmp_path: Path) -> None:
