@@ -6,8 +6,9 @@ mt5-small built from its preset with random weights (an LM head of std 1: logits
 24), trained with fp32 AdamW on random tokens, each step timed, in two fresh processes:
 as a script runs it, and with `torch.set_flush_denormal(True)` (subnormal inputs and
 results flushed to zero). At the first and last step: the share of the softmax over the
-vocabulary that is subnormal, and the subnormal entries of Adam's state (in the flushed
-run none can be counted: it reads them as zero). Whether the two runs' losses are the
+vocabulary that is subnormal, and the subnormal entries of Adam's state, with their
+share beside the share a probe reads from a sample of each tensor (in the flushed run
+none can be counted: it reads them as zero). Whether the two runs' losses are the
 same: flushing values under 1.2e-38 should not move them. First, `autotune doctor`'s
 check: an fp32 matmul of subnormal inputs against normal ones.
 
@@ -26,7 +27,7 @@ from typing import Any
 
 from harness import Benchmark, Figures, header, run, table
 
-from autotune.probe.flops import subnormal_slowdown
+from autotune.probe import subnormals
 
 BATCH, SOURCE, TARGET = 8, 64, 16
 
@@ -67,18 +68,20 @@ def train(model_name: str, steps: int, flush: bool) -> Figures:
             with torch.no_grad():
                 softmax = torch.softmax(out.logits.detach(), -1)
                 state = optimizer.state.values()
+                moments = [s[k] for s in state for k in ("exp_avg", "exp_avg_sq")]
                 seen[f"step {step + 1}"] = {
                     "softmax_subnormal": round(subnormal(softmax) / softmax.numel(), 4),
-                    "adam_state_subnormal": sum(
-                        subnormal(s["exp_avg"]) + subnormal(s["exp_avg_sq"]) for s in state
-                    ),
+                    "adam_state_subnormal": sum(subnormal(m) for m in moments),
+                    "adam_state_numbers": sum(m.numel() for m in moments),
+                    # what a probe reads: a sample of each tensor (probe/subnormals.py)
+                    "probe_share": round(subnormals.share(moments) or 0.0, 4),
                 }
     return {"flush": flush, "step_s": seconds, "losses": losses, "subnormals": seen}
 
 
 def measure(args: argparse.Namespace, work: Path) -> Figures:
     model, steps = ("t5-small", 3) if args.quick else ("google/mt5-small", 20)
-    slowdown = subnormal_slowdown()
+    slowdown = subnormals.slowdown()
     spawn = multiprocessing.get_context("spawn")
     runs = []
     for flush in (False, True):
@@ -97,12 +100,17 @@ def report(f: Figures) -> str:
     rows = []
     for r in f["runs"]:
         s = r["step_s"]
-        counts = ("not countable: read as zero",) * 2
+        counts = ("not countable: read as zero",) * 3
         if r["subnormals"]:
             first, last = r["subnormals"].values()
             counts = (
                 f"{first['softmax_subnormal']:.1%} -> {last['softmax_subnormal']:.1%}",
                 f"{first['adam_state_subnormal']:,} -> {last['adam_state_subnormal']:,}",
+                " -> ".join(
+                    f"{s['adam_state_subnormal'] / s['adam_state_numbers']:.1%} "
+                    f"({s['probe_share']:.1%})"
+                    for s in (first, last)
+                ),
             )
         rows.append(
             (
@@ -121,7 +129,14 @@ def report(f: Figures) -> str:
         + "then of the last three. An fp32 256x256 matmul of subnormal inputs took "
         + f"{median}x as long as of normal ones ({low}-{high}x: `autotune doctor`'s check).\n\n"
         + table(
-            ("run", "steps 2-4", "last 3", "softmax subnormal", "Adam state subnormal"),
+            (
+                "run",
+                "steps 2-4",
+                "last 3",
+                "softmax subnormal",
+                "Adam state subnormal",
+                "its share (as a probe reads it)",
+            ),
             rows,
         )
         + f"\nThe two runs' losses {'are identical' if same else 'differ'} at every step.\n"

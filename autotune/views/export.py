@@ -19,7 +19,8 @@ from autotune.core.parity import changes
 from autotune.core.parity_state import ParityState
 from autotune.core.run_events import RunEvents, required
 from autotune.core.spec import SearchSpec
-from autotune.core.trial import Candidate, TrialRecord
+from autotune.core.subnormals import worth_flushing
+from autotune.core.trial import Candidate, TrialRecord, TrialResult
 from autotune.hf.training_args import TUNED, merge, recipe, training_fields
 from autotune.hf.training_args import validate as check
 from autotune.tuning.parity import reference_for
@@ -261,7 +262,23 @@ def run_changes(record: TrialRecord, spec: SearchSpec) -> list[str]:
             f"step of your recipe's{length}; set warm-up and learning rate for fewer, "
             "fuller steps"
         )
-    return lines
+    return lines + flush_lines(record.result, stand_in=not spec.model.trainer)
+
+
+def flush_lines(result: TrialResult, *, stand_in: bool) -> list[str]:
+    """The flush of subnormal numbers, where the probe found its job making them on a CPU
+    that pays for them (core/subnormals.py). A probe cannot flush for the user: their
+    script would not, so the speeds measured include the cost."""
+    share, slowdown = result.subnormal_share, result.subnormal_slowdown
+    if share is None or slowdown is None or not worth_flushing(share, slowdown):
+        return []
+    made = "; the stand-in's random weights made them, your checkpoint may not" if stand_in else ""
+    return [
+        f"torch.set_flush_denormal(True) at its start: {share:.0%} of the optimizer's state "
+        f"was subnormal (below 1.2e-38) after the probe's steps, numbers this CPU "
+        f"multiplies {slowdown:.0f}x slower{made}; the speeds here include what the first "
+        "steps paid, a longer run can pay more, and the flush zeroes only those numbers"
+    ]
 
 
 def _figures(record: TrialRecord) -> dict[str, Any]:

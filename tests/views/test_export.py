@@ -152,6 +152,34 @@ def test_an_exported_packed_config_says_the_run_length_that_trains_their_samples
     assert run_changes(rec(0, cand(8)), spec) == []
 
 
+@pytest.mark.parametrize(
+    ("share", "slowdown", "told"),
+    [(0.08, 177.0, True), (0.08, 1.1, False), (0.001, 177.0, False), (None, None, False)],
+)
+def test_a_job_making_subnormal_numbers_on_a_cpu_that_pays_is_told_to_flush_them(
+    share: float | None, slowdown: float | None, told: bool
+) -> None:
+    """Only where the probe found the job making them (a share of its optimizer's state)
+    and this CPU slow on them; a stand-in's are its random weights', which the user's
+    checkpoint may not share, and the line says so only for a stand-in."""
+    from autotune.views.export import run_changes
+
+    record = rec(0, cand(8))
+    record = dataclasses.replace(
+        record, result=record.result.replace(subnormal_share=share, subnormal_slowdown=slowdown)
+    )
+    lines = run_changes(record, SPEC)
+    assert bool(lines) == told
+    if not told:
+        return
+    (line,) = lines
+    assert line.startswith("torch.set_flush_denormal(True) at its start: 8% of the")
+    assert "177x slower" in line and "the stand-in's random weights made them" in line
+    theirs = dataclasses.replace(SPEC.model, source="factory", trainer="train.py:make_trainer")
+    (line,) = run_changes(record, dataclasses.replace(SPEC, model=theirs))
+    assert "set_flush_denormal" in line and "stand-in" not in line
+
+
 def test_a_kept_recipe_says_the_faster_change_it_passed_over_under_nothing_changed() -> None:
     """The search exports the user's own recipe, a bf16 probe 1.15x faster in separate
     runs not counting as a gain for an unchecked change: the lines against their recipe
