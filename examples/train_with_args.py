@@ -5,6 +5,7 @@ TrainingArguments from a JSON file, such as the one `autotune search` exports.
     python examples/train_with_args.py studies/mt5-small.best.json
     python examples/train_with_args.py studies/mt5-small.best.json --model_name_or_path ./model
     python examples/train_with_args.py studies/mt5-small.best.json --attn_implementation eager
+    python examples/train_with_args.py studies/mt5-small.best.json --flush_denormal
 
 Nothing in it knows about autotune: the exported JSON holds only TrainingArguments
 fields. Model and data arguments come from their own dataclasses, as usual; here the
@@ -40,6 +41,13 @@ class ModelArguments:
         metadata={
             "help": "eager, sdpa, flash_attention_2, ...: a model argument, not a "
             "TrainingArguments field (autotune's summary lists it under model_arguments)"
+        },
+    )
+    flush_denormal: bool = field(
+        default=False,
+        metadata={
+            "help": "torch.set_flush_denormal(True) before training: where autotune's "
+            "export says this CPU is slow on subnormal numbers your run makes"
         },
     )
     max_seq_length: int = field(default=128)
@@ -85,6 +93,8 @@ def main() -> None:
         model_args, training_args = parser.parse_args_into_dataclasses(flags + sys.argv[2:])
     else:
         model_args, training_args = parser.parse_args_into_dataclasses()
+    if model_args.flush_denormal:
+        torch.set_flush_denormal(True)  # before any step: the threads torch starts inherit it
     config = load_config(model_args.model_name_or_path)
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
     auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM

@@ -69,6 +69,7 @@ def test_merge_into_replaces_only_the_tuned_fields(searched_study: Study, tmp_pa
             "2",
             "--max_seq_length",
             "64",
+            "--flush_denormal",  # as the export says where the CPU is slow on subnormals
         ],
         cwd=work,
         capture_output=True,
