@@ -18,7 +18,7 @@ from autotune.core.checkpointing import Checkpointing
 from autotune.core.device import DeviceInfo, supported_precisions
 from autotune.core.enums import DeviceKind, Outcome, Precision, Task
 from autotune.core.optimizers import PLAIN as PLAIN_OPTIMIZER
-from autotune.core.subnormals import SLOW
+from autotune.core.subnormals import SLOW as SUBNORMALS_SLOW
 from autotune.core.trial import Candidate, ModelSpec, TrialConfig, TrialResult
 from autotune.core.units import format_size
 from autotune.launch.forkserver import ForkServer
@@ -257,7 +257,7 @@ class Doctor:
             f"an fp32 matmul of subnormal inputs takes {slowdown:.1f}x as long "
             f"({low:.1f}-{high:.1f}x)"
         )
-        if slowdown < SLOW:
+        if slowdown < SUBNORMALS_SLOW:
             return Check(name, None, figures)
         return Check(
             name,

@@ -58,10 +58,10 @@ def test_a_cpu_slow_on_subnormal_numbers_is_told_how_to_flush_them(
     device = DeviceInfo("cpu", None, "test cpu", 2**30)
     check = doctor.Doctor(device, Path(".")).subnormals()
     assert check.passed is None and f"{slowdown:.1f}x" in check.figures
-    assert ("set_flush_denormal(True)" in check.advice) == (slowdown >= doctor.SLOW)
+    assert ("set_flush_denormal(True)" in check.advice) == (slowdown >= doctor.SUBNORMALS_SLOW)
     print_report(doctor.DoctorReport(device, {}, (check,)))
     shown = " ".join(capsys.readouterr().out.split())
-    assert ("set_flush_denormal" in shown) == (slowdown >= doctor.SLOW)
+    assert ("set_flush_denormal" in shown) == (slowdown >= doctor.SUBNORMALS_SLOW)
 
 
 def test_a_gpu_does_not_time_subnormal_numbers(monkeypatch: pytest.MonkeyPatch) -> None:

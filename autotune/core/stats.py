@@ -91,7 +91,8 @@ def pooled(original: TrialResult, confirmations: Sequence[TrialResult]) -> list[
 
 
 def combine(original: TrialResult, confirmations: Sequence[TrialResult]) -> TrialResult:
-    """The figures of all runs of one config: pooled step times, the highest peak."""
+    """The figures of all runs of one config: pooled step times, the highest peak, the
+    most subnormal optimizer state any run left (with what it timed the CPU at)."""
     if not confirmations or original.outcome != Outcome.OK:
         return original
     for run in confirmations:
@@ -113,6 +114,7 @@ def combine(original: TrialResult, confirmations: Sequence[TrialResult]) -> Tria
     # Each run's quiet time, then their mean: a slow spell inside a run is left out, but
     # a run that was quick throughout cannot outvote a confirmation measured slower.
     quiets = [q for run in runs if (q := quiet_step_s(run)) is not None]
+    subnormal = max(every, key=lambda r: r.subnormal_share or 0.0)
     return dataclasses.replace(
         original,
         samples_per_s=samples_per_s,
@@ -126,6 +128,8 @@ def combine(original: TrialResult, confirmations: Sequence[TrialResult]) -> Tria
         step_losses=probe_losses,
         model_flops_per_s=flops_per_sample * samples_per_s if flops_per_sample else None,
         pooled_runs=sum(run.pooled_runs for run in runs),
+        subnormal_share=subnormal.subnormal_share,
+        subnormal_slowdown=subnormal.subnormal_slowdown,
     )
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 SLOW = 1.5  # a matmul on subnormal inputs this many times slower: the CPU pays for them
 # This share of the optimizer's state subnormal after a probe's steps: the job makes
-# them (a random-weight mt5-small's: 8% at its first step; a job that makes none: 0)
+# them (a random-weight mt5-small's: 13.8% after its first step, 6.3% after its 20th,
+# benchmarks/subnormals.json; a job that makes none: 0)
 SHARE = 0.01
 
 

@@ -84,7 +84,7 @@ def worst_case(
         measure_stop=timer.stop_reason,
     )
     if site.kind == DeviceKind.CPU and result.outcome == Outcome.OK:
-        result = _with_subnormals(result, trainer, phases)
+        result = with_subnormals(result, trainer, site.first, phases)
     if data.own_batches and result.outcome == Outcome.OK:
         trainer.remove_callback(timer)
         measure_steps, sample_tokens = plan.measure_steps, data.sample_tokens
@@ -92,11 +92,18 @@ def worst_case(
     return result, model
 
 
-def _with_subnormals(result: TrialResult, trainer: Any, phases: dict[str, float]) -> TrialResult:
-    """The share of the trained optimizer's state that is subnormal, and where it counts,
-    what this CPU pays for such numbers (probe/subnormals.py): outside the timed steps."""
+def with_subnormals(
+    result: TrialResult, trainer: Any, timed: bool, phases: dict[str, float]
+) -> TrialResult:
+    """The share of the trained optimizer's state that is subnormal, and where it counts
+    and `timed`, what this CPU pays for such numbers (probe/subnormals.py): outside the
+    timed steps. A reading on the side: whatever it meets (an optimizer of another shape,
+    an allocation refused under the memory limit), the probe's result stands without it."""
     tick = time.perf_counter()
-    share, slowdown = subnormals.in_optimizer(trainer)
+    try:
+        share, slowdown = subnormals.in_optimizer(trainer, timed)
+    except Exception:  # the advice is lost, never the measured run
+        share, slowdown = None, None
     phases["subnormals"] = time.perf_counter() - tick
     return result.replace(subnormal_share=share, subnormal_slowdown=slowdown)
 

@@ -5,7 +5,7 @@ from the optimizer's state after its steps). The rules on them are in core/subno
 Training makes them where values underflow: a random-weight mt5-small (an LM head of
 std 1, logits of std 24) left 4% of its softmax over 250k tokens subnormal at its first
 step and 22% at its 20th, and 47 million of its Adam state's entries. On the 2-core
-Intel Xeon its fp32 steps took 6.5-8.1 s at first and 12.5-14.5 s by then (three runs),
+Intel Xeon its fp32 steps took 6.5-9.3 s at first and 12.5-14.5 s by then (four runs),
 and 3-4.3 s under `torch.set_flush_denormal`, which flushes them to zero, with the same
 losses (benchmarks/subnormals.py). NVIDIA GPUs add and multiply them at full speed.
 """
@@ -24,8 +24,9 @@ from autotune.core.subnormals import SHARE
 
 # N(0, 1) times this lies below float32's smallest normal number (1.18e-38): subnormal
 SCALE = 1e-39
-# Elements read of each tensor, evenly spaced: a share estimated in milliseconds, not a
-# pass over every weight's state (mt5-small's: 600 million numbers)
+# Numbers read of each tensor, drawn at random (a smaller tensor is read whole): a share
+# estimated in milliseconds, not a pass over every weight's state (mt5-small's: 344
+# million numbers)
 SAMPLE = 65_536
 
 
@@ -33,11 +34,13 @@ def slowdown(seconds: float = 0.5, size: int = 256) -> tuple[float, float, float
     """How many times longer this CPU takes for an fp32 matmul whose inputs are
     subnormal than for the same matmul at a normal scale: the median, lowest and highest
     of interleaved pairs, at least three and more while `seconds` last, each side timed
-    over about 10 ms of its own calls."""
+    over about 10 ms of its own calls. Its inputs come from a generator of its own: a
+    probe's later steps draw the same numbers whether this ran or not."""
     import torch
 
-    weight = torch.randn(size, size)
-    normal = torch.randn(size, size)
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(size, size, generator=generator)
+    normal = torch.randn(size, size, generator=generator)
     subnormal = normal * SCALE
 
     def per_call(x: Any, runs: int) -> float:
@@ -62,31 +65,49 @@ def slowdown(seconds: float = 0.5, size: int = 256) -> tuple[float, float, float
 def share(tensors: Iterable[Any]) -> float | None:
     """The share of the numbers in `tensors` that are subnormal: of those in fp32, bf16
     or fp64 (a CPU computes fp16 in fp32, where its subnormals are normal), each tensor
-    read at up to SAMPLE evenly spaced elements and weighted by its size. Zeros are
-    numbers like any other. None: no such tensor."""
+    read at SAMPLE numbers drawn at random and weighted by its size. Zeros are numbers
+    like any other. Nothing is copied whole: a tensor that is no permutation of a dense
+    one is passed over. None: no tensor read."""
     import torch
 
     paying = {torch.float32, torch.bfloat16, torch.float64}
+    generator = torch.Generator().manual_seed(0)
     counted = total = 0.0
     for tensor in tensors:
         if not torch.is_tensor(tensor) or tensor.dtype not in paying or tensor.numel() < 2:
             continue  # Adam's step counter: one number
-        flat = tensor.detach().reshape(-1)
-        sample = flat[:: max(1, flat.numel() // SAMPLE)].abs()
-        hits = int(((sample > 0) & (sample < torch.finfo(tensor.dtype).tiny)).sum())
-        counted += hits / sample.numel() * flat.numel()
-        total += flat.numel()
+        flat = _flat(tensor.detach())
+        if flat is None:
+            continue
+        if flat.numel() > SAMPLE:
+            flat = flat[torch.randint(flat.numel(), (SAMPLE,), generator=generator)]
+        size = flat.abs()
+        hits = int(((size > 0) & (size < torch.finfo(tensor.dtype).tiny)).sum())
+        counted += hits / flat.numel() * tensor.numel()
+        total += tensor.numel()
     return counted / total if total else None
 
 
-def in_optimizer(trainer: Any, seconds: float = 0.2) -> tuple[float | None, float | None]:
+def _flat(tensor: Any) -> Any:
+    """`tensor`'s numbers as one dimension without a copy (AdamW's state of a transposed
+    weight has the weight's strides, and `reshape` would copy it whole, under the probe's
+    memory limit); None where no order of its dimensions is dense."""
+    order = sorted(range(tensor.dim()), key=tensor.stride, reverse=True)
+    dense = tensor.permute(order)
+    return dense.view(-1) if dense.is_contiguous() else None
+
+
+def in_optimizer(
+    trainer: Any, timed: bool = True, seconds: float = 0.2
+) -> tuple[float | None, float | None]:
     """After training: the share of the trainer's optimizer state that is subnormal, and
-    where it reaches SHARE, what this CPU pays for them (`slowdown`'s median over
-    `seconds`); None for what was not measured (an optimizer without state)."""
+    where it reaches SHARE and `timed` (one process of a run times the CPU, not each at
+    once), what this CPU pays for them (`slowdown`'s median over `seconds`); None for
+    what was not measured (an optimizer without state)."""
     optimizer = getattr(trainer, "optimizer", None)
     state = getattr(optimizer, "state", None) or {}
     found = share(value for entry in state.values() for value in _values(entry))
-    if found is None or found < SHARE:
+    if found is None or found < SHARE or not timed:
         return found, None
     return found, slowdown(seconds)[0]
 

@@ -93,6 +93,17 @@ def test_combined_figures_pool_every_step_and_keep_the_highest_peak() -> None:
     assert both.step_time_spread == (2.0 - 1.0) / 2.0
 
 
+def test_the_most_subnormal_run_of_a_config_is_the_one_its_export_reads() -> None:
+    """Whether the export says to flush subnormals does not hang on which run came first:
+    the run that left the most, with the CPU timing it took, whichever was pooled."""
+    probe = run([1.0] * 3).replace(subnormal_share=0.02, subnormal_slowdown=150.0)
+    alone = run([1.0] * 3).replace(subnormal_share=0.004, subnormal_slowdown=None)
+    both = combine(alone, [probe])
+    assert (both.subnormal_share, both.subnormal_slowdown) == (0.02, 150.0)
+    unread = combine(run([1.0] * 3), [run([1.0] * 3)])
+    assert (unread.subnormal_share, unread.subnormal_slowdown) == (None, None)
+
+
 def test_a_failed_confirmation_takes_the_config_out() -> None:
     oom = TrialResult(Outcome.OOM, reason="out of memory", peak_memory_bytes=5 * GIB)
     both = combine(run([1.0] * 3), [oom])

@@ -51,7 +51,8 @@ def test_probe_measures_whole_optimizer_steps(tmp_path: Path, tiny_t5: Path) -> 
     assert result.peak_flops_per_s is not None and result.peak_flops_per_s > 1e8
     assert result.mfu is not None and 0 < result.mfu < 1.5
     # Its optimizer's state read for subnormal numbers: none made, so the CPU not timed
-    assert result.subnormal_share == 0.0 and result.subnormal_slowdown is None
+    assert result.subnormal_share is not None and result.subnormal_share < SHARE
+    assert result.subnormal_slowdown is None
 
 
 def test_probe_can_be_rerun_by_hand(tmp_path: Path, tiny_gpt2: Path) -> None:

@@ -3,6 +3,8 @@ and what this CPU pays for them."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -23,15 +25,30 @@ def test_the_timed_inputs_are_subnormal_and_their_cost_a_ratio() -> None:
 
 def test_the_share_is_of_every_number_each_tensor_weighted_by_its_size() -> None:
     """A large tensor read at a sample still counts for its size: a tenth of a million
-    numbers subnormal beside a thousand normal ones is about a tenth, not a half."""
+    numbers subnormal beside a thousand normal ones and a million zeros (numbers, not
+    subnormal ones) is about a twentieth. A tensor laid out transposed, as AdamW's state
+    of a transposed weight is, reads the same."""
     generator = torch.Generator().manual_seed(0)
     large = torch.randn(1_000_000, generator=generator)
     tenth = torch.rand(1_000_000, generator=generator) < 0.1
     large[tenth] *= subnormals.SCALE
     small = torch.randn(10, 100, generator=generator)
-    zeros = torch.zeros(1000)  # numbers, and not subnormal ones
+    zeros = torch.zeros(1_000_000)
     found = subnormals.share([large, small, zeros])
-    assert found == pytest.approx(0.1 * 1_000_000 / 1_002_000, rel=0.05)
+    assert found == pytest.approx(0.1 * 1_000_000 / 2_001_000, rel=0.05)
+    transposed = large.reshape(1000, 1000).t()
+    assert not transposed.is_contiguous()
+    assert subnormals.share([transposed]) == pytest.approx(0.1, rel=0.05)
+
+
+def test_a_sample_is_read_without_copying_the_tensor_whole() -> None:
+    """Under the probe's memory limit a copy of an LM head's state could fail the run: a
+    transposed tensor is read through a view of its own storage, and one no order of its
+    dimensions makes dense (a strided slice) is passed over."""
+    weight = torch.randn(300, 200).t()
+    assert subnormals._flat(weight).data_ptr() == weight.data_ptr()
+    sliced = torch.randn(300, 200)[:, ::2]
+    assert subnormals._flat(sliced) is None and subnormals.share([sliced]) is None
 
 
 def test_only_numbers_a_cpu_computes_as_subnormal_count() -> None:
@@ -64,3 +81,18 @@ def test_a_trainers_optimizer_state_is_read_and_the_cpu_timed_only_where_it_coun
     assert subnormals.in_optimizer(Trained(1.0)) == (0.0, None)
     assert subnormals.in_optimizer(object()) == (None, None)  # no optimizer: not measured
     assert SHARE < 0.5
+
+
+def test_a_reading_that_fails_leaves_the_probes_result_as_measured() -> None:
+    """Whatever the reading meets (an optimizer state of another shape, an allocation
+    refused under the memory limit), the probe's figures stand, without the reading."""
+    from autotune.core.enums import Outcome
+    from autotune.core.trial import TrialResult
+    from autotune.probe._train import with_subnormals
+
+    odd = types.SimpleNamespace(optimizer=types.SimpleNamespace(state=5))  # no .values()
+    measured = TrialResult(Outcome.OK, samples_per_s=10.0)
+    phases: dict[str, float] = {}
+    result = with_subnormals(measured, odd, True, phases)
+    assert result == measured.replace(subnormal_share=None, subnormal_slowdown=None)
+    assert "subnormals" in phases
