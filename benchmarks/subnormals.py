@@ -10,9 +10,12 @@ vocabulary that is subnormal, and the subnormal entries of Adam's state, with th
 share beside the share a probe reads from a sample of each tensor (in the flushed run
 none can be counted: it reads them as zero). Whether the two runs' losses are the
 same: flushing values under 1.2e-38 should not move them. First, `autotune doctor`'s
-check: an fp32 matmul of subnormal inputs against normal ones.
+check: an fp32 matmul of subnormal inputs against normal ones. Last, a search's real
+probe of the same stand-in and batch (fp32 AdamW, a warm-up step and three timed): the
+share it reads, the CPU's cost it times, what the reading took, and whether the export
+would tell the user to flush them.
 
-    python benchmarks/subnormals.py --record    # 20 steps a run: 4-5 minutes on 2 cores
+    python benchmarks/subnormals.py --record    # 20 steps a run: 7-8 minutes on 2 cores
     python benchmarks/subnormals.py --quick     # 3 steps a run, t5-small
 """
 
@@ -27,7 +30,11 @@ from typing import Any
 
 from harness import Benchmark, Figures, header, run, table
 
+from autotune.core.trial import Candidate, TrialConfig
+from autotune.hf.models import resolve_model
+from autotune.launch.runner import run_trial
 from autotune.probe import subnormals
+from autotune.views.export import flush_lines
 
 BATCH, SOURCE, TARGET = 8, 64, 16
 
@@ -93,6 +100,32 @@ def measure(args: argparse.Namespace, work: Path) -> Figures:
         "batch": [BATCH, SOURCE, TARGET],
         "matmul_slowdown": [round(x, 1) for x in slowdown],
         "runs": runs,
+        "probe": probe(model, work),
+    }
+
+
+def probe(model: str, work: Path) -> Figures:
+    """A search's probe of the stand-in: what it reads of subnormal numbers, and says."""
+    config = TrialConfig(
+        number=0,
+        trial_dir=str(work / "probe"),
+        model=resolve_model(model),
+        candidate=Candidate(BATCH, 1, "fp32", False, "adamw_torch"),
+        device="cpu",
+        seq_len=SOURCE,
+        target_len=TARGET,
+        memory_limit_bytes=None,
+        warmup_steps=1,
+        measure_steps=3,
+    )
+    result = run_trial(config, timeout_s=900)
+    return {
+        "outcome": result.outcome.value,
+        "step_time_median_s": result.step_time_median_s,
+        "subnormal_share": result.subnormal_share,
+        "subnormal_slowdown": result.subnormal_slowdown,
+        "read_s": result.phases_s.get("subnormals"),
+        "export_says": flush_lines(result, stand_in=True),
     }
 
 
@@ -140,6 +173,22 @@ def report(f: Figures) -> str:
             rows,
         )
         + f"\nThe two runs' losses {'are identical' if same else 'differ'} at every step.\n"
+        + probed(f["probe"])
+    )
+
+
+def probed(p: Figures) -> str:
+    if p["outcome"] != "ok":
+        return f"\nThe search's probe of it: {p['outcome']}.\n"
+    share, slow = p["subnormal_share"], p["subnormal_slowdown"]
+    read = f"{share:.1%} of its optimizer's state subnormal" if share is not None else "no state"
+    timed = f", the CPU's matmul on them {slow:.0f}x as long" if slow else ", the CPU not timed"
+    said = (
+        f"the export says: {p['export_says'][0]}" if p["export_says"] else "the export says nothing"
+    )
+    return (
+        f"\nThe search's probe of it ({p['step_time_median_s']:.2f} s a step): {read}{timed}, "
+        f"read in {p['read_s']:.2f} s; {said}\n"
     )
 
 

@@ -46,7 +46,7 @@ class ModelArguments:
     flush_denormal: bool = field(
         default=False,
         metadata={
-            "help": "torch.set_flush_denormal(True) before training: where autotune's "
+            "help": "torch.set_flush_denormal(True) at the start: where autotune's "
             "export says this CPU is slow on subnormal numbers your run makes"
         },
     )
@@ -94,7 +94,8 @@ def main() -> None:
     else:
         model_args, training_args = parser.parse_args_into_dataclasses()
     if model_args.flush_denormal:
-        torch.set_flush_denormal(True)  # before any step: the threads torch starts inherit it
+        # before any parallel op: threads started later inherit it, a pool started before not
+        torch.set_flush_denormal(True)
     config = load_config(model_args.model_name_or_path)
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
     auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM

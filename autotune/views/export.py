@@ -245,7 +245,8 @@ def script_changes(candidate: Candidate, *, factory: bool = False) -> list[str]:
 
 def run_changes(record: TrialRecord, spec: SearchSpec) -> list[str]:
     """What the user's script and run need besides the arguments file: the levers'
-    lines, and where its rows are packed, the run length that trains their samples."""
+    lines; where its rows are packed, the run length that trains their samples; where
+    it makes subnormal numbers on a CPU slow on them, their flush."""
     lines = script_changes(record.candidate, factory=bool(spec.model.trainer))
     trained = record.result.samples_per_step
     if record.candidate.levers.changes_samples and trained:
@@ -275,9 +276,10 @@ def flush_lines(result: TrialResult, *, stand_in: bool) -> list[str]:
     made = "; the stand-in's random weights made them, your checkpoint may not" if stand_in else ""
     return [
         f"torch.set_flush_denormal(True) at its start: {share:.0%} of the optimizer's state "
-        f"was subnormal (below 1.2e-38) after the probe's steps, numbers this CPU "
-        f"multiplies {slowdown:.0f}x slower{made}; the speeds here include what the first "
-        "steps paid, a longer run can pay more, and the flush zeroes only those numbers"
+        "was subnormal (too small for a normal float) after the probe's steps, numbers "
+        f"this CPU multiplies {slowdown:.1f}x slower{made}; the speeds here include what "
+        "the first steps paid, and a longer run can pay more. Flushed, such numbers read "
+        "and are written as zero; this job's flushed speed and losses were not measured"
     ]
 
 
