@@ -2,7 +2,9 @@
 
 Training FLOPs are 3 x the forward's matrix-multiply FLOPs (forward 1, backward 2: the
 gradients with respect to the input and to the weight; a frozen weight, as under a LoRA
-adapter, has no gradient of its own: 2 x for it). The forward counts:
+adapter, has no gradient of its own: 2 x for it). Attention's matmuls have no weight:
+their backward takes the gradients with respect to both inputs, 3 x whatever trains.
+The forward counts:
 
 * 2 x every matmul weight (`nn.Linear`, GPT-2's `Conv1D`, and the LM head even when it
   is tied to the input embeddings) x the tokens that weight runs on. Embedding lookups
@@ -52,12 +54,13 @@ def flops_per_sample(model: Any, task: str, seq_len: int, target_len: int) -> fl
 
     The backward's gradient with respect to the weights is counted for the share of
     parameters that train: a frozen base under a LoRA adapter computes only the
-    gradient with respect to the input (2 forwards' worth, not 3)."""
+    gradient with respect to the input (2 forwards' worth, not 3). Attention's backward
+    is 2 forwards' worth whatever trains."""
     if task == Task.SEQ2SEQ:
-        forward = _seq2seq_forward(model, seq_len, target_len)
+        weights, attention = _seq2seq_forward(model, seq_len, target_len)
     else:
-        forward = _single_stack_forward(model, task, seq_len)
-    return float((2 + _training_share(model)) * forward)
+        weights, attention = _single_stack_forward(model, task, seq_len)
+    return float((2 + _training_share(model)) * weights + 3 * attention)
 
 
 def _training_share(model: Any) -> float:
@@ -69,15 +72,17 @@ def _training_share(model: Any) -> float:
 # ---- the forward's FLOPs ----------------------------------------------------------------
 
 
-def _single_stack_forward(model: Any, task: str, seq_len: int) -> int:
+def _single_stack_forward(model: Any, task: str, seq_len: int) -> tuple[int, int]:
+    """The forward's FLOPs: its weights' matmuls, and attention's."""
     weights = _model_weights(model)
     pooled = _head_weights(model, weights) if task == Task.CLASSIFICATION else {}
     body = sum(n for name, n in weights.items() if name not in pooled)
     matmuls = 2 * body * seq_len + 2 * sum(pooled.values())
-    return matmuls + _attention(model.config, seq_len, seq_len)
+    return matmuls, _attention(model.config, seq_len, seq_len)
 
 
-def _seq2seq_forward(model: Any, source_len: int, target_len: int) -> int:
+def _seq2seq_forward(model: Any, source_len: int, target_len: int) -> tuple[int, int]:
+    """The forward's FLOPs: its weights' matmuls, and attention's."""
     weights = _model_weights(model)
     encoder = _matmul_weights(model.get_encoder())
     decoder = _matmul_weights(model.get_decoder())
@@ -92,7 +97,7 @@ def _seq2seq_forward(model: Any, source_len: int, target_len: int) -> int:
         + _attention(decoder_config, target_len, target_len, "decoder")
         + _attention(decoder_config, target_len, source_len, "decoder")
     )
-    return 2 * on_source * source_len + 2 * on_target * target_len + attention
+    return 2 * on_source * source_len + 2 * on_target * target_len, attention
 
 
 def _attention(config: Any, query_len: int, key_len: int, side: str = "") -> int:

@@ -155,6 +155,25 @@ def test_flops_per_sample_matches_flop_counter(name: str) -> None:
     assert ours == pytest.approx(total, rel=0.15)
 
 
+def test_a_lora_models_attention_backward_is_counted_whole() -> None:
+    """Under a LoRA adapter the base's weights take no gradient of their own, but
+    attention's matmuls, which have no weights, still take the gradients of both their
+    inputs: 3 forwards' worth, as in full fine-tuning (a Llama shape with grouped
+    key/value heads, its every linear layer adapted, attention half its FLOPs at these
+    lengths: counted as frozen weights are, the total read 13% low)."""
+    from peft import LoraConfig, get_peft_model
+
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, **TINY}
+    config |= {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    base = build("causal-lm", config)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    lora = LoraConfig(r=4, target_modules=targets, task_type="CAUSAL_LM")
+    model = get_peft_model(base, lora)
+    total, attention = counted(model, "causal-lm", 256, 0)
+    assert attention > 0.4 * total
+    assert flops_per_sample(model, "causal-lm", 256, 0) == pytest.approx(total, rel=0.05)
+
+
 def test_meta_device_counts_as_real_weights_do() -> None:
     """Shapes alone decide the count, which lets the mT5 test skip 300M random weights."""
     task, config, source_len, target_len = CASES["t5"]
