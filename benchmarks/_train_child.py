@@ -5,9 +5,12 @@
 SPEC: {"model": config dict, "task": ..., "seq_len", "target_len", "budget_bytes",
 "args": TrainingArguments fields, "num_samples"}, and optionally "eval_samples" (an
 evaluation set of that many worst-case samples, for the args' eval_strategy) and
-"attn_implementation"; a "budget_bytes" of null sets no RLIMIT_DATA. OUT: outcome,
-steady samples/s (steps after the first two), peak RSS, the batch in use, and where the
-peak grew (`Watch`).
+"attn_implementation", "adapter" (LoRA settings the model is wrapped in, as
+`--lora` reads them) and "flops" (true: count the model's training FLOPs a sample,
+`model_flops_per_sample`); a "budget_bytes" of null sets no RLIMIT_DATA. OUT: outcome,
+steady samples/s (steps after the first two), peak RSS (and the GPU's peak allocated,
+on CUDA), the batch in use, and where the peak grew (`Watch`). On CUDA each step's end
+is taken after the GPU's queued work is done.
 Not part of autotune: the benchmarks' stand-in for "the user's own training".
 """
 
@@ -25,12 +28,16 @@ if budget is not None:
     resource.setrlimit(resource.RLIMIT_DATA, (budget, budget))
 started = time.perf_counter()
 
+import torch  # noqa: E402
 from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from autotune.core.outcomes import is_out_of_memory  # noqa: E402
 from autotune.core.trial import ModelSpec  # noqa: E402
 from autotune.hf.models import build_model  # noqa: E402
 from autotune.probe.data import WorstCaseDataset  # noqa: E402
+from autotune.probe.flops import flops_per_sample  # noqa: E402
+
+CUDA = not spec["args"].get("use_cpu", False) and torch.cuda.is_available()
 
 
 def peak_rss() -> int:
@@ -72,6 +79,8 @@ class Watch(TrainerCallback):
         self.credit("setup")
 
     def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        if CUDA:  # the step's kernels are queued, not yet run
+            torch.cuda.synchronize()
         self.ends.append(time.perf_counter())
         self.credit("first_steps" if self.before_evaluation is None else "later_steps")
 
@@ -100,9 +109,13 @@ watch = Watch()
 try:
     attention = spec.get("attn_implementation")  # none: the model's default
     model = build_model(
-        ModelSpec("bench", "local", spec["task"], spec["model"]),
+        ModelSpec("bench", "local", spec["task"], spec["model"], spec.get("adapter") or {}),
         **({"attn_implementation": attention} if attention else {}),
     )
+    if spec.get("flops"):
+        out["model_flops_per_sample"] = flops_per_sample(
+            model, spec["task"], spec["seq_len"], spec["target_len"]
+        )
     args = TrainingArguments(**spec["args"])
     data = worst_case(spec["num_samples"])
     evaluating = spec.get("eval_samples")
@@ -118,7 +131,7 @@ try:
     per_device = int(getattr(trainer, "_train_batch_size", args.per_device_train_batch_size))
     samples_per_step = per_device * args.gradient_accumulation_steps
     intervals = [b - a for a, b in zip(watch.ends[1:], watch.ends[2:], strict=False)]
-    out = {
+    out |= {
         "outcome": "ok",
         "per_device_train_batch_size": per_device,
         "samples_per_step": samples_per_step,
@@ -129,9 +142,11 @@ try:
     }
 except BaseException as exc:  # classify like the probe does
     oom = is_out_of_memory(exc, limit_bytes=budget, in_use_bytes=None)
-    out = {"outcome": "oom" if oom else "error", "error": f"{type(exc).__name__}: {exc}"[:300]}
+    out |= {"outcome": "oom" if oom else "error", "error": f"{type(exc).__name__}: {exc}"[:300]}
 out["wall_s"] = time.perf_counter() - started
 out["peak_rss_bytes"] = peak_rss()
+if CUDA:
+    out["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
 out["peak_grew_bytes"] = watch.grew
 out["peak_before_evaluation_bytes"] = watch.before_evaluation
 out["data_segment_max_bytes"] = watch.data_max

@@ -377,15 +377,26 @@ def exported(work: Path, study: str) -> dict[str, Any]:
     return {k: v for k, v in args.items() if k not in ("output_dir", "use_cpu")}
 
 
+def exported_with_model(work: Path, study: str) -> dict[str, Any]:
+    """The export as `exported` gives it ("args"), the attention kernel its script loads
+    the model with ("attention": the summary's model arguments; None: the model's
+    default), and the levers the search did not offer, with why ("not_offered")."""
+    summary = json.loads((work / "studies" / f"{study}.best.summary.json").read_text())
+    attention = summary.get("model_arguments", {}).get("attn_implementation")
+    not_offered = summary.get("levers_not_offered", {})
+    return {"args": exported(work, study), "attention": attention, "not_offered": not_offered}
+
+
 def side_by_side(
     work: Path,
     ways: dict[str, dict[str, Any]],
     spec: Callable[[dict[str, Any]], dict[str, Any]],
     rounds: int = 1,
+    said: Callable[[dict[str, Any]], str] = lambda result: "",
 ) -> dict[str, list[dict[str, Any]]]:
     """Each way's training arguments trained by `train(spec(args))` once a round, in
     reverse order on odd rounds so that a drifting host favours no position: the runs'
-    results, by way."""
+    results, by way. Each run's speed is printed as it ends, `said(result)` after it."""
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in ways}
     for number in range(rounds):
         for name in list(ways) if number % 2 == 0 else list(reversed(ways)):
@@ -393,7 +404,8 @@ def side_by_side(
             runs[name].append(result)
             speed = result.get("steady_samples_per_s") or 0.0
             print(
-                f"round {number + 1}, {name}: {speed:.2f} samples/s ({result['outcome']})",
+                f"round {number + 1}, {name}: {speed:.2f} samples/s ({result['outcome']})"
+                + said(result),
                 flush=True,
             )
     return runs

@@ -8,12 +8,18 @@
 #   levels  graded checkpointing where memory binds, the search alone       ~200 s
 #           (benchmarks/checkpoint_levels.py --budget auto)
 #   mt5     the README's main job on a 1-minute budget                      ~95 s
-# STEPS picks them (default: all, about 16 minutes: more than one call may run); e.g.
+#   mfu     the pick's MFU beside the plain default's and a hand-set       ~6 min
+#           config's: LoRA on a 1.24B Llama at 2048 tokens                 (estimated, not
+#           (benchmarks/mfu.py --record)                                    yet run)
+#   mfu-full  the same, full fine-tuning                                   ~7 min (estimated)
+# STEPS picks them (default: all but mfu and mfu-full, about 16 minutes: more than one
+# call may run); e.g.
 #   STEPS="cuda qlora levels" CUDA_TESTS="tests/probe/test_cuda_checkpointing.py" \
 #       bash benchmarks/gpu/device_check.sh
 # Wheels of what the image lacks travel in .whl/ (carry it: optuna, optuna-dashboard,
 # bottle, alembic, mako, colorlog, sqlalchemy, datasets, dill, multiprocess,
-# transformers, peft, trl, bitsandbytes with its other CUDA builds zipped out).
+# transformers, peft, trl, bitsandbytes with its other CUDA builds zipped out; for mfu
+# also liger-kernel, the hand-set config's Liger, left out where it is not carried).
 cd "$(dirname "$0")/../.."  # the repo root
 root=$PWD
 steps=" ${STEPS:-qlora padfree cuda doctor levels mt5} "
@@ -41,6 +47,14 @@ if [[ $steps == *" levels "* ]]; then  # a GPT-2 shape at 8192 tokens: one sampl
 fi
 if [[ $steps == *" doctor "* ]]; then
   timeout 120 python3 -m autotune doctor > $OUT/doctor.log 2>&1
+fi
+if [[ $steps == *" mfu "* ]]; then  # #68: the table for benchmarks/RESULTS.md comes back
+  ( time timeout 570 python3 benchmarks/mfu.py --device cuda --modes lora --record ) > $OUT/mfu.log 2>&1
+  cp benchmarks/mfu.json $OUT/mfu_lora.json 2>/dev/null
+fi
+if [[ $steps == *" mfu-full "* ]]; then
+  ( time timeout 570 python3 benchmarks/mfu.py --device cuda --modes full --record ) > $OUT/mfu_full.log 2>&1
+  cp benchmarks/mfu.json $OUT/mfu_full.json 2>/dev/null
 fi
 if [[ $steps == *" mt5 "* ]]; then
   mkdir -p /tmp/s && cd /tmp/s
