@@ -16,10 +16,10 @@
 # call may run); e.g.
 #   STEPS="cuda qlora levels" CUDA_TESTS="tests/probe/test_cuda_checkpointing.py" \
 #       bash benchmarks/gpu/device_check.sh
-# Wheels of what the image lacks travel in .whl/ (carry it: optuna, optuna-dashboard,
-# bottle, alembic, mako, colorlog, sqlalchemy, datasets, dill, multiprocess,
-# transformers, peft, trl, bitsandbytes with its other CUDA builds zipped out; for mfu
-# also liger-kernel, the hand-set config's Liger, left out where it is not carried).
+# Wheels of what the image lacks travel in .whl/ (carry it), which benchmarks/gpu/wheels.sh
+# fills here: optuna, optuna-dashboard, bottle, alembic, mako, colorlog, sqlalchemy,
+# datasets, dill, multiprocess, transformers, peft, trl, bitsandbytes with its other CUDA
+# builds zipped out, and liger-kernel (mfu's hand-set config; left out where not carried).
 cd "$(dirname "$0")/../.."  # the repo root
 root=$PWD
 steps=" ${STEPS:-qlora padfree cuda doctor levels mt5} "
