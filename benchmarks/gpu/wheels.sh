@@ -3,8 +3,9 @@
 # older ones): the versions installed here, built for its Python 3.12 on x86-64, into
 # .whl/ at the repo's root, emptied first: two versions of one package stop the install
 # there (ignored by git; the device tool carries it: carry [".whl"]).
-# bitsandbytes keeps only its CPU library and the CUDA 13 build the image's torch loads:
-# its wheel holds one per CUDA version, and a call carries 64 MiB at most.
+# bitsandbytes keeps only its CPU library and the CUDA build the image's torch loads
+# (CUDA=130, its torch.version.cuda without the dot): its wheel holds one per CUDA, ROCm
+# and XPU version (41 MiB of the 64 a call carries; 4 MiB stripped).
 #   bash benchmarks/gpu/wheels.sh    # then: run STEPS=mfu bash benchmarks/gpu/device_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,15 +22,16 @@ for name in $names; do
     --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d .whl "$name${version:+==$version}"
 done
-python3 - <<'EOF'
-import pathlib, re, zipfile
+CUDA=${CUDA:-130} python3 - <<'EOF'
+import os, pathlib, re, zipfile
 
 for wheel in pathlib.Path(".whl").glob("bitsandbytes-*.whl"):
-    other_cuda = re.compile(r"libbitsandbytes_cuda(?!130)\d+")
+    kept = f"cpu|cuda{os.environ['CUDA']}"
+    other_builds = re.compile(rf"libbitsandbytes_(?!(?:{kept})\.)")
     stripped = wheel.with_suffix(".tmp")
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(stripped, "w", zipfile.ZIP_DEFLATED) as out:
         for item in src.infolist():
-            if not other_cuda.search(item.filename):
+            if not other_builds.search(item.filename):
                 out.writestr(item, src.read(item))
     stripped.replace(wheel)
 EOF
