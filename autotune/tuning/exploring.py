@@ -29,6 +29,7 @@ from autotune.tuning.selection import (
     incumbent_cost,
     keeping_twin,
     recipe_arithmetic,
+    twin_variants,
     verdict,
     verified,
 )
@@ -194,7 +195,8 @@ def _proposal(
     """--sampler model: the open config the model of step time finds most promising;
     first, a first guess the estimate ruled out, at a batch that fits (`fitted_guess`),
     then, where the best so far changes the recipe's arithmetic unverified, the same
-    config with the recipe's precision and optimizer, which a tie would go to. With
+    config with the recipe's precision and optimizer, which a tie would go to, or where
+    memory shuts it, that config at the batch split or checkpointing that fits. With
     `keep`, only configs that keep the arithmetic; `last`: no probe may follow it."""
     if not run.limits.propose:
         return None
@@ -205,6 +207,16 @@ def _proposal(
     twin = keeping_twin(run.spec, recs)
     if twin is not None and twin in opened:
         return Proposal(twin)
+    if twin is not None and twin not in busy:  # shut for memory: the twin made to fit
+        variants = [c for c in twin_variants(run.spec, recs, twin, opened) if over.fits(c)]
+        if variants and (fitted := _next(run, recs, variants, over, last)).candidate:
+            return fitted
+    return _next(run, recs, opened, over, last)
+
+
+def _next(
+    run: RunContext, recs: list[TrialRecord], opened: list[Candidate], over: Verdictor, last: bool
+) -> Proposal:
     return next_config(
         run.spec,
         recs,

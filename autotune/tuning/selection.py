@@ -371,15 +371,23 @@ def unverified_note(spec: SearchSpec, records: Sequence[TrialRecord], chosen: Tr
         if Arithmetic.of(r.candidate) == recipe and exportable(r)
     ]
     if not keeping:
-        tried = any(
-            Arithmetic.of(r.candidate) == recipe
+        tried = [
+            r
             for r in records
-            if r.result.outcome != Outcome.SKIPPED
+            if Arithmetic.of(r.candidate) == recipe and r.result.outcome != Outcome.SKIPPED
+        ]
+        if not tried:
+            return (
+                "exported without verified parity: no config that keeps your recipe's "
+                "precision and optimizer was measured before the time budget ran out"
+            )
+        said = "; ".join(
+            f"trial {r.number}, {r.candidate.describe()}: {_unfit(r, spec)}" for r in tried[:3]
         )
-        why = "fits" if tried else "was measured before the time budget ran out"
+        more = f" and {len(tried) - 3} more" if len(tried) > 3 else ""
         return (
-            "exported without verified parity: no config that keeps your recipe's "
-            f"precision and optimizer {why}"
+            "exported without verified parity: none of the configs that keep your recipe's "
+            f"precision and optimizer it measured fit ({said}{more})"
         )
     other = _best_of(keeping, Objective.THROUGHPUT, spec.train_steps, recipe)
     ratio = compare(chosen, other)
@@ -388,6 +396,19 @@ def unverified_note(spec: SearchSpec, records: Sequence[TrialRecord], chosen: Tr
         f"exported without verified parity for its gain: {gain} the speed of trial "
         f"{other.number} ({other.candidate.describe()}), the best that keeps your arithmetic"
     )
+
+
+def _unfit(record: TrialRecord, spec: SearchSpec) -> str:
+    """Why a measured config is not among those that fit, in words."""
+    outcome = record.result.outcome
+    peak = record.result.peak_memory_bytes
+    if outcome == Outcome.OOM:
+        return "out of memory"
+    if outcome == Outcome.OK and peak is not None and peak > spec.fit_limit_bytes:
+        return f"peak {format_size(peak)}, over the {format_size(spec.fit_limit_bytes)} it may use"
+    if outcome == Outcome.OK and record.rehearsal is not None and record.rehearsal.blocks_export:
+        return "its rehearsal failed"
+    return str(outcome)
 
 
 def kept_note(spec: SearchSpec, records: Sequence[TrialRecord], chosen: TrialRecord) -> str:
@@ -441,6 +462,36 @@ def keeping_twin(spec: SearchSpec, records: Sequence[TrialRecord]) -> Candidate 
         best.candidate.keeping_samples(), precision=recipe.precision, optim=spec.recipe.optim
     )
     return twin if Arithmetic.of(twin) == recipe else None
+
+
+def twin_variants(
+    spec: SearchSpec,
+    records: Sequence[TrialRecord],
+    twin: Candidate,
+    open_configs: Sequence[Candidate],
+) -> list[Candidate]:
+    """Where the keeping twin is shut (its family out of memory, or the estimate rules it
+    out) and no config that keeps the recipe's arithmetic fits yet: the open configs that
+    differ from the twin only in the memory it takes, its batch split and checkpointing
+    level. A change is weighed against one of them, not exported for want of one: on an
+    H200 a 1.24B Llama's 2-minute searches measured fp32 only at the plain default (out
+    of memory), never checkpointed, and exported bf16 saying no fp32 config fit."""
+    recipe = recipe_arithmetic(spec)
+    if any(
+        Arithmetic.of(r.candidate) == recipe and exportable(r)
+        for r in fitting(records, spec.fit_limit_bytes)
+    ):
+        return []
+
+    def as_twin(c: Candidate) -> Candidate:
+        return dataclasses.replace(
+            c,
+            per_device_train_batch_size=twin.per_device_train_batch_size,
+            gradient_accumulation_steps=twin.gradient_accumulation_steps,
+            activation_checkpointing=twin.activation_checkpointing,
+        )
+
+    return [c for c in open_configs if c != twin and as_twin(c) == twin]
 
 
 def recipe_arithmetic(spec: SearchSpec) -> Arithmetic:

@@ -15,7 +15,7 @@ from typing import Any
 from autotune.core.enums import Objective, Task
 from autotune.core.errors import ExportError
 from autotune.core.files import read_json, write_all_atomic
-from autotune.core.parity import changes
+from autotune.core.parity import Arithmetic, changes
 from autotune.core.parity_state import ParityState
 from autotune.core.run_events import RunEvents, required
 from autotune.core.spec import SearchSpec
@@ -189,7 +189,7 @@ def parity_summary(
         "keeps_arithmetic": [c.describe() for c in found if c.keeps_arithmetic],
         "alters_arithmetic": [c.describe() for c in found if not c.keeps_arithmetic],
         "status": str(parity.status) if parity else "unchecked",
-        "verdict": parity.figures() if parity else NOT_CHECKED,
+        "verdict": parity.figures() if parity else unchecked(spec, records, state),
         "unverified_gain": unverified_note(spec, records, record),
         "kept_arithmetic": kept_note(spec, records, record),
         "tolerance": state.tolerance.describe() if state and state.tolerance else None,
@@ -217,6 +217,23 @@ def exported_arguments(spec: SearchSpec, record: TrialRecord) -> dict[str, Any]:
 
 
 NOT_CHECKED = "training parity not checked (searched with --parity off)"
+
+
+def unchecked(spec: SearchSpec, records: Sequence[TrialRecord], state: ParityState | None) -> str:
+    """Why a config's training parity has no verdict: parity off (the study holds no
+    parity state), no probe of the recipe's arithmetic that fit to compare with, or no
+    run of its own arithmetic judged in time."""
+    if state is None:
+        return NOT_CHECKED
+    recipe = Arithmetic.of(state.reference)
+    if not any(
+        Arithmetic.of(r.candidate) == recipe for r in fitting(records, spec.fit_limit_bytes)
+    ):
+        return (
+            "training parity not checked: no config of your recipe's arithmetic "
+            f"({recipe.precision}, {recipe.optimizer}) fit, so none ran to compare with"
+        )
+    return "training parity not checked: no run of its arithmetic was judged in this search"
 
 
 def written_script_changes(output: Path) -> list[str]:

@@ -200,7 +200,10 @@ def test_the_export_says_why_an_unverified_change_was_taken() -> None:
     # with no config of the recipe's arithmetic fitting: measured out of memory, or never
     # measured (a budget that ran out first) are not the same news
     oom = rec(3, cand(8), Outcome.OOM, peak_gib=5.0)
-    assert unverified_note(SPEC, [oom, far], far).endswith("precision and optimizer fits")
+    assert unverified_note(SPEC, [oom, far], far).endswith(
+        "none of the configs that keep your recipe's precision and optimizer it measured fit "
+        "(trial 3, batch 8x8 fp32 no-ckpt adamw_torch: out of memory)"
+    )
     assert unverified_note(SPEC, [far], far).endswith("was measured before the time budget ran out")
 
 
@@ -221,6 +224,42 @@ def test_an_unverified_best_has_its_arithmetic_keeping_twin_probed_next() -> Non
     assert twin not in open_candidates(spec.space, [yours, fast, measured])  # once
     verified = dataclasses.replace(fast, parity=Parity(Status.OK))
     assert keeping_twin(spec, [yours, verified]) is None
+
+
+def test_a_twin_memory_shuts_is_probed_at_the_split_or_checkpointing_that_fits() -> None:
+    """On an H200 a 1.24B Llama's search measured fp32 only at the plain default, out of
+    memory, and exported bf16 as if no fp32 config fit. Where the best changes the
+    recipe's arithmetic and its keeping twin is shut for memory, the configs the search
+    probes next are that twin at a smaller batch or checkpointed: its recipe's arithmetic
+    and levers, nothing else; once one of them fits, the search is free again."""
+    from autotune.tuning._skips import open_candidates
+    from autotune.tuning.selection import keeping_twin, twin_variants
+
+    plain = rec(0, cand(8), Outcome.OOM, peak_gib=8.0)
+    fast = rec(1, cand(8, "bf16"), sps=30.0, peak_gib=5.0)
+    records = [plain, fast]
+    twin = keeping_twin(SPEC, records)
+    assert twin == cand(8)
+    opened = open_candidates(SPACE, records)
+    assert twin not in opened  # measured out of memory
+    variants = twin_variants(SPEC, records, twin, opened)
+    assert {cand(8, ckpt=True), cand(4)} <= set(variants)  # checkpointed; a smaller split
+    assert {cand(b) for b in (16, 32, 64)}.isdisjoint(variants)  # out of memory at 8 already
+    assert all(
+        dataclasses.replace(
+            c,
+            per_device_train_batch_size=8,
+            gradient_accumulation_steps=8,
+            activation_checkpointing=twin.activation_checkpointing,
+        )
+        == twin
+        for c in variants
+    )
+    fitted = rec(2, cand(8, ckpt=True), sps=12.0, peak_gib=3.0)
+    assert twin_variants(SPEC, [*records, fitted], twin, opened) == []
+    # and the export says what was measured, not that no such config could fit
+    line = unverified_note(SPEC, records, fast)
+    assert "(trial 0, batch 8x8 fp32 no-ckpt adamw_torch: out of memory)" in line
 
 
 def test_packed_rows_are_a_change_exported_only_for_a_significant_gain() -> None:

@@ -807,3 +807,26 @@ def test_the_fewest_rounds_that_decide_a_change(
     is kept for them."""
     limits = SearchLimits(confirm_top=confirm_top, confirm_rounds=confirm_rounds)
     assert fewest_rounds(limits) == fewest
+
+
+def test_a_change_whose_twin_ran_out_of_memory_is_weighed_against_the_twin_made_to_fit() -> None:
+    """The proposal after a bf16 leader whose fp32 twin (the plain default) ran out of
+    memory: the twin checkpointed or at a smaller split, never another bf16 config; once
+    one of those fits, the model of step time proposes freely again."""
+    from types import SimpleNamespace
+
+    from autotune.core.enums import Outcome
+
+    spec = dataclasses.replace(SPEC, recipe_settings={"per_device_train_batch_size": 8})
+    store = SimpleNamespace(spec=spec)
+    run = faked(store, SearchLimits(max_trials=50, propose=True), observer=None, launcher=None)
+    oom = rec(0, cand(8), Outcome.OOM, peak_gib=9.0)
+    bf16 = rec(1, cand(8, "bf16"), sps=30.0, peak_gib=2.0)
+    proposal = exploring._proposal(run, [oom, bf16], {}, never_over)
+    assert proposal is not None and proposal.candidate is not None
+    proposed = proposal.candidate
+    assert Arithmetic.of(proposed) == Arithmetic.of(cand(8))  # fp32 AdamW, the recipe's
+    assert proposed.activation_checkpointing or proposed.per_device_train_batch_size < 8
+    fits = rec(2, proposed, sps=10.0, peak_gib=3.0)
+    after = exploring._proposal(run, [oom, bf16, fits], {}, never_over)
+    assert after is not None and after.candidate is not None and after.candidate != proposed

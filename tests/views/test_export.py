@@ -9,7 +9,7 @@ from helpers import SPEC, cand, rec
 from transformers import HfArgumentParser, TrainingArguments
 
 from autotune.core.device import DeviceInfo
-from autotune.core.enums import DeviceKind, Objective, Precision, Task
+from autotune.core.enums import DeviceKind, Objective, Outcome, Precision, Task
 from autotune.core.errors import ExportError
 from autotune.hf.training_args import validate
 from autotune.views.export import export_best, launch_line, sidecar_path, srun_line
@@ -260,3 +260,26 @@ def test_the_launch_line_is_the_one_the_probes_ran_under() -> None:
     slurm = srun_line(8, 2)
     assert slurm.startswith("srun --nodes 2 --ntasks-per-node 1 bash -c 'torchrun --nnodes 2")
     assert "$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1):29400" in slurm
+
+
+def test_an_unchecked_parity_says_why_rather_than_blaming_parity_off() -> None:
+    """A search with parity on exported bf16 where no fp32 config fit, and said "searched
+    with --parity off": there was no probe of the recipe's arithmetic to compare with.
+    Each reason a verdict is missing is said as it is."""
+    from autotune.core.parity_state import ParityState
+    from autotune.views.export import NOT_CHECKED, parity_summary
+
+    state = ParityState(cand(8), 0, 1e-3)
+    oom = rec(0, cand(8), Outcome.OOM, peak_gib=9.0)
+    bf16 = rec(1, cand(8, "bf16"), sps=30.0, peak_gib=2.0)
+    verdict = parity_summary(bf16, SPEC, [oom, bf16], state)["verdict"]
+    assert verdict == (
+        "training parity not checked: no config of your recipe's arithmetic (fp32, "
+        "adamw_torch) fit, so none ran to compare with"
+    )
+    fits = rec(2, cand(8, ckpt=True), sps=10.0, peak_gib=3.0)
+    verdict = parity_summary(bf16, SPEC, [oom, bf16, fits], state)["verdict"]
+    assert (
+        verdict == "training parity not checked: no run of its arithmetic was judged in this search"
+    )
+    assert parity_summary(bf16, SPEC, [oom, bf16], None)["verdict"] == NOT_CHECKED
