@@ -8,10 +8,10 @@
 #   levels  graded checkpointing where memory binds, the search alone       ~200 s
 #           (benchmarks/checkpoint_levels.py --budget auto)
 #   mt5     the README's main job on a 1-minute budget                      ~95 s
-#   mfu     the pick's MFU beside the plain default's and a hand-set       ~6 min
-#           config's: LoRA on a 1.24B Llama at 2048 tokens                 (estimated, not
-#           (benchmarks/mfu.py --record)                                    yet run)
-#   mfu-full  the same, full fine-tuning                                   ~7 min (estimated)
+#   mfu     the pick's MFU beside the plain default's and a hand-set       ~340 s
+#           config's: LoRA on a 1.24B Llama at 2048 tokens                 (H200, 2026-11-30)
+#           (benchmarks/mfu.py --record)
+#   mfu-full  the same, full fine-tuning                                   ~260 s
 # STEPS picks them (default: all but mfu and mfu-full, about 16 minutes: more than one
 # call may run); e.g.
 #   STEPS="cuda qlora levels" CUDA_TESTS="tests/probe/test_cuda_checkpointing.py" \
