@@ -5,7 +5,10 @@ Llama-style model of 1.24B parameters (Llama 3.2 1B's shape, random weights from
 config), 2048 tokens a sample: full fine-tuning, and a LoRA adapter (r 16) on every
 linear layer.
 
-For each: `autotune search --time-budget` on the device, then three configs trained by
+For each: `autotune search --time-budget` on the device, the user's recipe bf16 AdamW
+(`--recipe fp32`: the Trainer's defaults; on 2026-11-30 an H200 measured this table so,
+and the searches exported bf16 over fp32 unconfirmed, fixed since: a 2-minute search
+should now keep fp32, which no GPU has run yet), then three configs trained by
 a plain Trainer in interleaved rounds (benchmarks/_train_child.py, each run its own
 process, each step's end taken after the GPU's queued work), all at the same global
 batch:
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
@@ -120,10 +124,13 @@ def measure_mode(args: argparse.Namespace, work: Path, mode: str, peak: float | 
     study = f"llama-{mode}"
     model_folder(work, "llama", model)
     lora = ("--lora", LORA_FLAG) if mode == "lora" else ()
+    recipe = work / "recipe.json"  # the user's arguments: bf16, or the Trainer's defaults
+    recipe.write_text(json.dumps({"bf16": True} if args.recipe == "bf16" else {}))
     searched = search(
         work,
         study,
         *("--model", str(work / "llama"), "--device", args.device, *lora),
+        *("--base-args", str(recipe)),
         *("--seq-len", str(seq_len), "--global-batch-size", str(args.global_batch)),
         *("--time-budget", budget, "--quiet"),
         stamped=True,
@@ -150,6 +157,7 @@ def measure_mode(args: argparse.Namespace, work: Path, mode: str, peak: float | 
         "seq_len": seq_len,
         "search_wall_s": searched.wall_s,
         "probes": len(searched.probes),
+        "trials": searched.probes,  # as show gives them: config, outcome, speed, peak
         "search_log": searched.output.splitlines(),  # whole: what it tried, and why
         "ways": {name: {**way, "runs": runs[name]} for name, way in ways.items()},
     }
@@ -161,6 +169,7 @@ def measure(args: argparse.Namespace, work: Path) -> Figures:
     figures: Figures = {"device": args.device, "global_batch": args.global_batch}
     figures |= {"steps": args.steps, "rounds": args.rounds}
     figures["time_budget"] = "1m" if args.quick else args.time_budget
+    figures["recipe"] = args.recipe
     if args.device == "cuda":
         figures["gpu"] = torch.cuda.get_device_name()
         figures["datasheet_peak"] = datasheet_peak(figures["gpu"])
@@ -198,7 +207,8 @@ def report(f: Figures) -> str:
     text += (
         f"\n{shape}, random weights, {f['global_batch']} samples a step, {f['steps']} steps "
         f"a run (the steps after the first two timed), {f['rounds']} round(s); `autotune "
-        f"search --time-budget {f['time_budget']}` on {f['device']} ({f.get('gpu', 'the CPU')})."
+        f"search --time-budget {f['time_budget']}` on {f['device']} ({f.get('gpu', 'the CPU')}),"
+        f" the recipe {f.get('recipe', 'fp32')} AdamW."
         f" MFU against the datasheet's dense bf16 peak ({_tflops(f.get('datasheet_peak'))}) "
         f"and against a bf16 matmul measured here ({_tflops(f['measured_peak'])}). The "
         "records: 33-39% (torchtitan, Llama 3.1 8B, FSDP, H100), up to 47% (Megatron), "
@@ -266,6 +276,14 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps a Trainer run")
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds of the three")
     parser.add_argument("--time-budget", default="2m", help="each search's --time-budget")
+    parser.add_argument(
+        "--recipe",
+        default="bf16",
+        choices=("bf16", "fp32"),
+        help="the arithmetic the search is given as the user's (--base-args): bf16 AdamW, "
+        "as a 1B fine-tune on a GPU is set; fp32, the Trainer's defaults, from which a "
+        "change to bf16 needs paired rounds a 2-minute search has no time for",
+    )
 
 
 if __name__ == "__main__":

@@ -207,11 +207,19 @@ def _proposal(
     twin = keeping_twin(run.spec, recs)
     if twin is not None and twin in opened:
         return Proposal(twin)
-    if twin is not None and twin not in busy:  # shut for memory: the twin made to fit
+    if twin is not None and twin not in busy and not twin_variants(run.spec, recs, twin, [*busy]):
+        # shut for memory, and no worker probes it or a variant: the twin made to fit
         variants = [c for c in twin_variants(run.spec, recs, twin, opened) if over.fits(c)]
-        if variants and (fitted := _next(run, recs, variants, over, last)).candidate:
-            return fitted
+        if variants:  # the model's pick, else the one likeliest to run (no ckpt, largest)
+            fitted = _next(run, recs, variants, over, last)
+            return fitted if fitted.candidate else Proposal(min(variants, key=_lightest))
     return _next(run, recs, opened, over, last)
+
+
+def _lightest(c: Candidate) -> tuple[int, int]:
+    """The order a variant is tried in when the model proposes none: the least
+    checkpointing, then the largest batch."""
+    return c.activation_checkpointing.rank, -c.per_device_train_batch_size
 
 
 def _next(

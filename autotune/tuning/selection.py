@@ -408,6 +408,8 @@ def _unfit(record: TrialRecord, spec: SearchSpec) -> str:
         return f"peak {format_size(peak)}, over the {format_size(spec.fit_limit_bytes)} it may use"
     if outcome == Outcome.OK and record.rehearsal is not None and record.rehearsal.blocks_export:
         return "its rehearsal failed"
+    if outcome == Outcome.OK:
+        return "no speed or peak measured"
     return str(outcome)
 
 

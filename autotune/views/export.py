@@ -233,7 +233,10 @@ def unchecked(spec: SearchSpec, records: Sequence[TrialRecord], state: ParitySta
             "training parity not checked: no config of your recipe's arithmetic "
             f"({recipe.precision}, {recipe.optimizer}) fit, so none ran to compare with"
         )
-    return "training parity not checked: no run of its arithmetic was judged in this search"
+    return (
+        "training parity not checked: this search judged no probe or run of its "
+        "arithmetic against your recipe's"
+    )
 
 
 def written_script_changes(output: Path) -> list[str]:

@@ -816,6 +816,8 @@ def test_a_change_whose_twin_ran_out_of_memory_is_weighed_against_the_twin_made_
     from types import SimpleNamespace
 
     from autotune.core.enums import Outcome
+    from autotune.tuning._skips import open_candidates
+    from autotune.tuning.selection import twin_variants
 
     spec = dataclasses.replace(SPEC, recipe_settings={"per_device_train_batch_size": 8})
     store = SimpleNamespace(spec=spec)
@@ -827,6 +829,12 @@ def test_a_change_whose_twin_ran_out_of_memory_is_weighed_against_the_twin_made_
     proposed = proposal.candidate
     assert Arithmetic.of(proposed) == Arithmetic.of(cand(8))  # fp32 AdamW, the recipe's
     assert proposed.activation_checkpointing or proposed.per_device_train_batch_size < 8
+    # another worker probing a variant: this one proposes as it would without the twin
+    busy = {proposed: 2}
+    elsewhere = exploring._proposal(run, [oom, bf16], busy, never_over)
+    opened = open_candidates(SPEC.space, [oom, bf16], never_over, busy)
+    assert elsewhere == exploring._next(run, [oom, bf16], opened, never_over, False)
     fits = rec(2, proposed, sps=10.0, peak_gib=3.0)
+    assert twin_variants(spec, [oom, bf16, fits], cand(8), SPEC.space.candidates()) == []
     after = exploring._proposal(run, [oom, bf16, fits], {}, never_over)
-    assert after is not None and after.candidate is not None and after.candidate != proposed
+    assert after is not None and after.candidate is not None

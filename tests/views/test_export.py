@@ -279,7 +279,8 @@ def test_an_unchecked_parity_says_why_rather_than_blaming_parity_off() -> None:
     )
     fits = rec(2, cand(8, ckpt=True), sps=10.0, peak_gib=3.0)
     verdict = parity_summary(bf16, SPEC, [oom, bf16, fits], state)["verdict"]
-    assert (
-        verdict == "training parity not checked: no run of its arithmetic was judged in this search"
+    assert verdict == (
+        "training parity not checked: this search judged no probe or run of its "
+        "arithmetic against your recipe's"
     )
     assert parity_summary(bf16, SPEC, [oom, bf16], None)["verdict"] == NOT_CHECKED
