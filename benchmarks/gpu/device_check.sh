@@ -12,7 +12,10 @@
 #           config's: LoRA on a 1.24B Llama at 2048 tokens                 (H200, 2026-11-30)
 #           (benchmarks/mfu.py --record)
 #   mfu-full  the same, full fine-tuning                                   ~260 s
-# STEPS picks them (default: all but mfu and mfu-full, about 16 minutes: more than one
+#   mfu-fp32  LoRA again, the search given fp32 AdamW (the Trainer's        ~340 s
+#           defaults): the export keeps fp32 unless paired rounds confirm    (not yet run)
+#           bf16, weighed against fp32 made to fit
+# STEPS picks them (default: all but the mfu steps, about 16 minutes: more than one
 # call may run); e.g.
 #   STEPS="cuda qlora levels" CUDA_TESTS="tests/probe/test_cuda_checkpointing.py" \
 #       bash benchmarks/gpu/device_check.sh
@@ -55,6 +58,9 @@ fi
 if [[ $steps == *" mfu-full "* ]]; then
   ( time timeout 570 python3 benchmarks/mfu.py --device cuda --modes full --record ) > $OUT/mfu_full.log 2>&1
   cp benchmarks/mfu.json $OUT/mfu_full.json 2>/dev/null
+fi
+if [[ $steps == *" mfu-fp32 "* ]]; then
+  ( time timeout 570 python3 benchmarks/mfu.py --device cuda --modes lora --recipe fp32 ) > $OUT/mfu_fp32.log 2>&1
 fi
 if [[ $steps == *" mt5 "* ]]; then
   mkdir -p /tmp/s && cd /tmp/s
