@@ -36,7 +36,7 @@ import time
 from typing import Any
 
 from autotune.core.enums import DeviceKind, Task
-from autotune.core.precisions import precision_spec
+from autotune.core.precisions import PrecisionSpec, precision_spec
 from autotune.probe.device import synchronize
 
 # Deferred imports: torch and transformers load in the probe or in doctor; the search imports
@@ -168,13 +168,16 @@ def _first(config: Any, *names: str) -> int:
 
 
 def measure_peak_flops(device_kind: str, precision: str, seconds: float = 0.3) -> float:
-    """FLOP/s of a linear layer's matrix multiply at this precision on this device, run
-    the way training runs it: fp32 weights and inputs, under autocast for fp16 and bf16
-    (the Trainer's mixed precision), so the peak uses the kernel training uses (a plain
-    fp16 matmul on a CPU took a slow path: 4.1 GFLOP/s where fp16 training ran 70, an
-    MFU of 1726%). The best of a few sizes on the CPU, where the kernel and its speed
+    """FLOP/s of a linear layer's matrix multiply at this precision on this device. On
+    the CPU, run the way training runs it: fp32 weights and inputs, under autocast for
+    fp16 and bf16 (the Trainer's mixed precision), so the peak uses the kernel training
+    uses (a plain fp16 matmul on a CPU took a slow path: 4.1 GFLOP/s where fp16 training
+    ran 70, an MFU of 1726%); the best of a few sizes, where the kernel and its speed
     change with the size (an AMD EPYC without bf16 units: 3.0 GFLOP/s in bf16 at 128,
     0.9 at 1024, where a tiny model trained at 2.2).
+
+    On CUDA, where an MFU is read against the chip's peak, the product the peak means
+    (`_cuda_peak`): not autocast's casts of fp32 inputs nor a sync after each product.
 
     TF32 is set through torch's `fp32_precision` API only: transformers 5 sets that API,
     and torch refuses a read of the legacy `allow_tf32` flag once it has been set.
@@ -182,9 +185,10 @@ def measure_peak_flops(device_kind: str, precision: str, seconds: float = 0.3) -
 
     import torch
 
-    sizes = (4096,) if device_kind == DeviceKind.CUDA else (128, 512)
-    device = "cuda" if device_kind == DeviceKind.CUDA else "cpu"
     declared = precision_spec(precision)  # the Trainer's mixed precision, or TF32 matmuls
+    if device_kind == DeviceKind.CUDA:
+        return _cuda_peak(declared, seconds)
+    sizes, device = (128, 512), "cpu"
     mixed = (
         torch.autocast(device, dtype=getattr(torch, declared.autocast))
         if declared.mixed
@@ -203,6 +207,36 @@ def measure_peak_flops(device_kind: str, precision: str, seconds: float = 0.3) -
     finally:
         matmul.fp32_precision = previous
     return best
+
+
+def _cuda_peak(declared: PrecisionSpec, seconds: float, size: int = 8192) -> float:
+    """FLOP/s of a `size`-square product on the GPU in the precision's own dtype (16 bits
+    for mixed precision; fp32 with TF32 or not), the queue synchronised only at each
+    batch of five: the convention MFU's peak follows, and what benchmarks/mfu.py measures
+    (790 TFLOP/s in bf16 on an H200). The autocast product of fp32 inputs at 4096, synced
+    after each, also timed the casts and the syncs: by their bytes and launches about a
+    quarter of the time, so show's MFU read high (an estimate; not timed side by side)."""
+    import torch
+
+    dtype = getattr(torch, declared.autocast) if declared.mixed else torch.float32
+    matmul = torch.backends.cuda.matmul
+    previous = matmul.fp32_precision
+    matmul.fp32_precision = "tf32" if declared.tf32_matmuls else "ieee"
+    try:
+        with torch.no_grad():
+            x, weight = (torch.randn(size, size, device="cuda", dtype=dtype) for _ in range(2))
+            for _ in range(3):  # warm-up: the kernel's choice, the clocks
+                torch.nn.functional.linear(x, weight)
+            torch.cuda.synchronize()
+            runs, started = 0, time.perf_counter()
+            while (elapsed := time.perf_counter() - started) < seconds or not runs:
+                for _ in range(5):
+                    torch.nn.functional.linear(x, weight)
+                runs += 5
+                torch.cuda.synchronize()
+            return float(2.0 * size**3 * runs / elapsed)
+    finally:
+        matmul.fp32_precision = previous
 
 
 def _linear_flops(x: Any, weight: Any, seconds: float, device_kind: str) -> float:

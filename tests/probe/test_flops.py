@@ -241,3 +241,23 @@ def test_a_probes_mfu_is_taken_against_the_peak_of_the_precision_it_trained_in(
     peaks = {"fp32": 1e9, "tf32": 2e9, "bf16": 4e9, "fp16": 5e9}
     monkeypatch.setattr(main, "measure_peak_flops", lambda device, p, **kw: peaks[p])
     assert peak_flops(Precision(precision), DeviceKind.CPU) == peaks.get(precision)
+
+
+@pytest.mark.cuda
+def test_the_gpu_peak_is_the_plain_products_not_their_casts_and_syncs() -> None:
+    """MFU's peak on a GPU: a bf16 product of bf16 tensors timed by CUDA events over a
+    run of them. autocast's casts of fp32 inputs and a sync after each product read about
+    a quarter low, so every MFU the search showed read high."""
+    size, runs = 8192, 20
+    a, b = (torch.randn(size, size, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(runs):
+        a @ b
+    end.record()
+    torch.cuda.synchronize()
+    plain = 2 * size**3 * runs / (start.elapsed_time(end) / 1000)
+    measured = measure_peak_flops("cuda", "bf16")
+    assert 0.85 * plain <= measured <= 1.15 * plain, (measured / 1e12, plain / 1e12)
