@@ -32,7 +32,9 @@ _STYLE = {
 
 # What each parity run is, said beside it (docs/glossary.md)
 _PARITY_ROLES = {
-    "reference": "your recipe",
+    # the recipe's arithmetic as its quickest measured config trains it (quickest_alike):
+    # another split or kernel than the recipe's own, at times
+    "reference": "your recipe's arithmetic",
     "twin": "your recipe at another batch split: what rounding alone does",
 }
 
