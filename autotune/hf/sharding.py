@@ -9,12 +9,14 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import UsageError
 from autotune.core.levers import ZERO_STAGE
 
 BUILD_TIMEOUT_S = 600
+OP = "deepspeed_shm_comm"  # the op's folder under torch's extensions root
 LEAVE_OUT = f"--lever {ZERO_STAGE.name}=0"
 
 
@@ -53,7 +55,7 @@ def build_cpu_op() -> None:
         )
     except subprocess.TimeoutExpired:
         raise UsageError(
-            f"building DeepSpeed's CPU op took over {BUILD_TIMEOUT_S} s; "
+            f"building DeepSpeed's CPU op took over {BUILD_TIMEOUT_S} s{_held_lock()}; "
             f"leave ZeRO out with {LEAVE_OUT}"
         ) from None
     if done.returncode != 0:
@@ -61,3 +63,21 @@ def build_cpu_op() -> None:
         raise UsageError(
             f"DeepSpeed's CPU op did not build ({last}); leave ZeRO out with {LEAVE_OUT}"
         )
+
+
+def _held_lock() -> str:
+    """Where torch's build lock for the op is, if one is: a build killed mid-way leaves
+    it, and every later build waits on it for ever (a CI run killed while building made
+    the next one time out here)."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        from torch.utils.cpp_extension import get_default_build_root
+
+        root = get_default_build_root()
+    locks = [*Path(root).glob(f"{OP}/lock"), *Path(root).glob(f"*/{OP}/lock")]
+    if not locks:
+        return ""
+    return (
+        f", waiting on the build lock {locks[0]}: if no other build is running, an "
+        "interrupted one left it; delete it and search again"
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +96,30 @@ def test_an_fsdp_mode_exports_the_fields_the_trainer_reads_as_fsdp2(mode: str) -
         assert parsed.fsdp_config["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
     with pytest.raises(ValueError, match="modes are full_shard, shard_grad_op, offload"):
         fsdp_config("hybrid_shard")
+
+
+def test_a_build_that_waits_on_a_lock_an_interrupted_one_left_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's build lock stays where a build was killed, and every later build waits on
+    it for ever: a search timing the build out says which lock, in its one line."""
+    import subprocess
+
+    from autotune.hf import sharding
+
+    def too_long(*args: object, **kwargs: object) -> None:
+        raise subprocess.TimeoutExpired("build", sharding.BUILD_TIMEOUT_S)
+
+    monkeypatch.setattr(sharding.subprocess, "run", too_long)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    with pytest.raises(UsageError) as plain:
+        sharding.build_cpu_op()
+    assert "lock" not in str(plain.value) and "--lever zero_stage=0" in str(plain.value)
+    lock = tmp_path / "py311_cpu" / sharding.OP / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    with pytest.raises(UsageError) as held:
+        sharding.build_cpu_op()
+    said = str(held.value)
+    assert f"waiting on the build lock {lock}" in said and "delete it" in said
+    assert "\n" not in said
