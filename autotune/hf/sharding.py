@@ -71,6 +71,7 @@ def _held_lock() -> str:
     the next one time out here)."""
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
     if root is None:
+        # torch is heavy: only a build that timed out needs it
         from torch.utils.cpp_extension import get_default_build_root
 
         root = get_default_build_root()
