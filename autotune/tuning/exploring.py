@@ -151,9 +151,10 @@ def _allowed(run: RunContext, recs: list[TrialRecord]) -> set[Arithmetic]:
 def plan_parity(
     run: RunContext, deadline: Deadline, recs: list[TrialRecord], *, final: bool = False
 ) -> None:
-    """--parity auto: once the first guesses are measured (`final`: exploring is
-    over), the parity runs' length for the time left to explore (`deadline`). The
-    study keeps it: a worker's or an earlier run's plan stands."""
+    """--parity auto: once the first guesses are measured (or the first rules 20-step
+    runs out; `final`: exploring is over), the parity runs' length for the time left to
+    explore (`deadline`). The study keeps it: a worker's or an earlier run's plan
+    stands."""
     limits = run.limits
     if not limits.parity_auto:
         return

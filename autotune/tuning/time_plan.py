@@ -19,11 +19,13 @@ A study resumed keeps the plan it was made with (its probes' figures stay compar
 and its identity holds).
 
 Once the first guesses are measured (two configs that fit; `plan_parity`, for `--parity
-auto`): the parity runs' length. 20 steps verify a verdict (core/parity.CALIBRATED_STEPS); they are
-planned when the runs they need (your recipe, its other batch split, a run per
-finalist arithmetic) take at most `PARITY_SHARE` of the time left to explore; else no
-runs: the probes' own losses judge (core/parity.judge_probes), which can only say
-`unverified`, and the whole budget explores.
+auto`), or sooner where the first already rules them out: the parity runs' length. 20
+steps verify a verdict (core/parity.CALIBRATED_STEPS); they are planned when the runs
+they need (your recipe, its other batch split, a run per finalist arithmetic) take at
+most `PARITY_SHARE` of the time left to explore; else no runs: the probes' own losses
+judge (core/parity.judge_probes), which can only say `unverified`, and the whole budget
+explores. Without runs, and without time for the paired rounds that confirm a change
+(`stopping.change_unconfirmable`), exploring probes only configs that keep your arithmetic.
 """
 
 from __future__ import annotations
@@ -136,7 +138,11 @@ def plan_parity(
     """--parity auto: 20-step runs where the budget affords them, else none (steps 0:
     the probes' own losses judge).
     None until `MEASURED_TO_PLAN` configs that fit are measured (the search's first
-    guesses: the plain default and the fast guess), unless `final` (exploring is over).
+    guesses: the plain default and the fast guess), unless `final` (exploring is over),
+    or unless one measured already rules 20-step runs out: your recipe's two runs and
+    the evaluations, timed as the slowest config so far, only lengthen as slower configs
+    are measured. A one-minute NeoX search spent its second probe of two on a bf16 guess
+    it could never export, then planned no runs.
 
     The runs: your recipe and its other batch split, each timed as the slowest config
     that fits would take (the plain default is among the first measured, so this errs
@@ -145,7 +151,7 @@ def plan_parity(
     search's time so far and the share of the budget that explores, for the budget that
     would afford 20 steps."""
     fits = fitting(records, spec.fit_limit_bytes)
-    if not fits or (len(fits) < MEASURED_TO_PLAN and not final):
+    if not fits:
         return None
     recipe = Arithmetic.of(reference_candidate(spec, records))
     others = {Arithmetic.of(c) for c in _corners(spec)} - {recipe}
@@ -155,17 +161,19 @@ def plan_parity(
     by_run = sorted((r.result for r in fits), key=lambda r: run_s(r, CALIBRATED_STEPS, 1))
     slowest, quickest = by_run[-1], by_run[0]
 
-    def need(steps: int) -> float:  # the held-out evaluations run in fp32: the slowest's
-        processes = spec.processes
+    def floor(steps: int) -> float:  # the held-out evaluations run in fp32: the slowest's
         evaluations = (2 + finalists) * evaluation_s(spec, steps, slowest)
-        return (
-            2 * run_s(slowest, steps, processes)
-            + finalists * run_s(quickest, steps, processes)
-            + evaluations
-        )
+        return 2 * run_s(slowest, steps, spec.processes) + evaluations
+
+    def need(steps: int) -> float:
+        return floor(steps) + finalists * run_s(quickest, steps, spec.processes)
 
     runs = f"{2 + finalists} runs"
-    if explore_left_s is None or need(CALIBRATED_STEPS) <= PARITY_SHARE * explore_left_s:
+    early = len(fits) < MEASURED_TO_PLAN and not final  # the finalists' still to measure
+    least = (floor if early else need)(CALIBRATED_STEPS)
+    if explore_left_s is None or least <= PARITY_SHARE * explore_left_s:
+        if early:  # the runs may fit: the finalists' arithmetic decides
+            return None
         return ParityPlan(
             CALIBRATED_STEPS,
             quick=False,
