@@ -26,6 +26,7 @@ from autotune.core.space import seed_candidates
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
 from autotune.tuning.parity import reference_candidate
+from autotune.tuning.selection import keeping
 
 
 def first_guesses(spec: SearchSpec) -> list[Candidate]:
@@ -57,14 +58,26 @@ def fitted_guess(
     fits: Callable[[Candidate], bool],
     *,
     in_flight: Collection[Candidate] = (),
+    keep: bool = False,
 ) -> Candidate | None:
     """A first guess the estimate says will not fit, at the largest batch it says fits
     (the same samples a step); None when every guess fits, ran, or has had its fitted
     twin measured. `open_configs`: those left to probe; `fits`: the estimate's verdict;
-    `in_flight`: configs other workers are probing (as good as measured here)."""
+    `in_flight`: configs other workers are probing (as good as measured here).
+
+    `keep`: only configs that keep the recipe's arithmetic may be exported. A guess
+    that changes it is then made to keep it (`selection.keeping`): its batch and levers
+    are a prior still. A one-minute NeoX search whose fast guess (bf16, fused AdamW,
+    sdpa) could not be confirmed probed fused AdamW with eager attention next, slower
+    than the recipe; the guess in fp32 was the quickest config it found."""
     seen = {r.candidate for r in records} | set(in_flight)
-    for guess in first_guesses(spec):
-        if guess in seen or fits(guess):
+    for first in first_guesses(spec):
+        guess = keeping(spec, first) if keep else first
+        if guess is None or guess in seen:
+            continue
+        if fits(guess):
+            if guess != first and guess in open_configs:
+                return guess  # not queued: a guess only made to keep the arithmetic
             continue
         samples = guess.per_device_train_batch_size * guess.gradient_accumulation_steps
         smaller = [

@@ -466,6 +466,18 @@ def keeping_twin(spec: SearchSpec, records: Sequence[TrialRecord]) -> Candidate 
     return twin if Arithmetic.of(twin) == recipe else None
 
 
+def keeping(spec: SearchSpec, candidate: Candidate) -> Candidate | None:
+    """The candidate made to keep the recipe's arithmetic: the recipe's precision and
+    samples a step, its own optimizer where that keeps the recipe's update (fused AdamW
+    for AdamW), else the recipe's; its batch and levers kept. None where no such config
+    keeps it (another engine's precision)."""
+    recipe = recipe_arithmetic(spec)
+    kept = dataclasses.replace(candidate.keeping_samples(), precision=recipe.precision)
+    if Arithmetic.of(kept) != recipe:
+        kept = dataclasses.replace(kept, optim=spec.recipe.optim)
+    return kept if Arithmetic.of(kept) == recipe else None
+
+
 def twin_variants(
     spec: SearchSpec,
     records: Sequence[TrialRecord],

@@ -66,3 +66,25 @@ def test_the_users_recipe_comes_first_made_to_fit() -> None:
     assert fitted == dataclasses.replace(
         recipe, per_device_train_batch_size=16, gradient_accumulation_steps=4
     )
+
+
+def test_where_only_the_recipes_arithmetic_may_be_exported_a_guess_is_made_to_keep_it() -> None:
+    """The fast guess (bf16, fused AdamW) cannot be confirmed in the time left: its fp32
+    self, fused AdamW and its levers kept, is probed instead, at the largest batch that
+    fits; where that fits as it is, as it is. Once measured, nothing is left to propose."""
+    job = dataclasses.replace(JOB, device=dataclasses.replace(JOB.device, native_bf16=True))
+    plain, fast = first_guesses(job)
+    assert (str(fast.precision), fast.optim) == ("bf16", "adamw_torch_fused")
+    kept = dataclasses.replace(fast, precision=plain.precision)
+    assert str(kept.precision) == "fp32" and kept != plain
+    fitted = fitted_guess(job, [rec(0, plain)], everything(), up_to(16), keep=True)
+    assert fitted == dataclasses.replace(
+        kept, per_device_train_batch_size=16, gradient_accumulation_steps=4
+    )
+    roomy = fitted_guess(job, [rec(0, plain)], everything(), up_to(64), keep=True)
+    assert roomy == kept  # it fits: the guess made to keep, not queued, is proposed here
+    assert (
+        fitted_guess(job, [rec(0, plain), rec(1, kept)], everything(), up_to(64), keep=True) is None
+    )
+    # without `keep` the guess keeps its own arithmetic
+    assert fitted_guess(job, [rec(0, plain)], everything(), up_to(64)) is None

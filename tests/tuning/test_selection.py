@@ -253,6 +253,18 @@ def test_a_twin_memory_shuts_is_probed_at_the_split_or_checkpointing_that_fits()
     assert "(trial 0, batch 8x8 fp32 no-ckpt adamw_torch: out of memory)" in line
 
 
+def test_a_config_is_made_to_keep_the_recipes_arithmetic_with_its_batch_and_levers() -> None:
+    """fp32 for bf16; fused AdamW stays (AdamW's update), Adafactor becomes the recipe's
+    AdamW; batch, split, checkpointing and attention stay."""
+    from autotune.tuning.selection import keeping
+
+    fused = dataclasses.replace(cand(16, "bf16", ckpt=True), optim="adamw_torch_fused")
+    assert keeping(SPEC, fused) == dataclasses.replace(fused, precision=Precision.FP32)
+    adafactor = dataclasses.replace(cand(4, "bf16"), optim="adafactor")
+    assert keeping(SPEC, adafactor) == cand(4)
+    assert keeping(SPEC, cand(8)) == cand(8)  # keeps it already
+
+
 def test_packed_rows_are_a_change_exported_only_for_a_significant_gain() -> None:
     """Packed rows train several samples a step: whatever its precision and optimizer,
     a packed config changes the recipe's training, parity cannot pair it (unchecked),
