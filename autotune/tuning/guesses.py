@@ -66,12 +66,16 @@ def fitted_guess(
     `in_flight`: configs other workers are probing (as good as measured here).
 
     `keep`: only configs that keep the recipe's arithmetic may be exported. A guess
-    that changes it is then made to keep it (`selection.keeping`): its batch and levers
-    are a prior still. A one-minute NeoX search whose fast guess (bf16, fused AdamW,
-    sdpa) could not be confirmed probed fused AdamW with eager attention next, slower
-    than the recipe; the guess in fp32 was the quickest config it found."""
+    that changes it and has not had its probe is then made to keep it
+    (`selection.keeping`): its batch and levers are a prior still. A one-minute NeoX
+    search whose fast guess (bf16, fused AdamW, sdpa) could not be confirmed probed
+    fused AdamW with eager attention next, slower than the recipe; the guess in fp32
+    was the quickest config it found. A guess that ran has its probe: what keeps its
+    arithmetic is the keeping twin's (`selection.keeping_twin`) or the model's to find."""
     seen = {r.candidate for r in records} | set(in_flight)
     for first in first_guesses(spec):
+        if first in seen or any(f in seen for f in _fitted(spec, first)):
+            continue  # the guess has its probe, as it is or at a batch that fits
         guess = keeping(spec, first) if keep else first
         if guess is None or guess in seen:
             continue
@@ -79,20 +83,22 @@ def fitted_guess(
             if guess != first and guess in open_configs:
                 return guess  # not queued: a guess only made to keep the arithmetic
             continue
-        samples = guess.per_device_train_batch_size * guess.gradient_accumulation_steps
-        smaller = [
-            b
-            for b in spec.space.all_batches
-            if b < guess.per_device_train_batch_size and samples % b == 0
-        ]
-        for batch in sorted(smaller, reverse=True):
-            fitted = dataclasses.replace(
-                guess,
-                per_device_train_batch_size=batch,
-                gradient_accumulation_steps=samples // batch,
-            )
+        for fitted in _fitted(spec, guess):
             if fitted in seen:
                 break  # measured or being measured: the guess has its probe
             if fitted in open_configs and fits(fitted):
                 return fitted
     return None
+
+
+def _fitted(spec: SearchSpec, guess: Candidate) -> list[Candidate]:
+    """The guess at each smaller micro-batch of the space, largest first, the samples a
+    step kept."""
+    samples = guess.per_device_train_batch_size * guess.gradient_accumulation_steps
+    return [
+        dataclasses.replace(
+            guess, per_device_train_batch_size=batch, gradient_accumulation_steps=samples // batch
+        )
+        for batch in sorted(spec.space.all_batches, reverse=True)
+        if batch < guess.per_device_train_batch_size and samples % batch == 0
+    ]

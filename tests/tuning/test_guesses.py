@@ -88,3 +88,12 @@ def test_where_only_the_recipes_arithmetic_may_be_exported_a_guess_is_made_to_ke
     )
     # without `keep` the guess keeps its own arithmetic
     assert fitted_guess(job, [rec(0, plain)], everything(), up_to(64)) is None
+    # a guess that ran, as it is or fitted, has had its probe: no fp32 self is forced in
+    smaller = dataclasses.replace(
+        fast, per_device_train_batch_size=16, gradient_accumulation_steps=4
+    )
+    for ran in (fast, smaller):
+        assert (
+            fitted_guess(job, [rec(0, plain), rec(1, ran)], everything(), up_to(64), keep=True)
+            is None
+        )
