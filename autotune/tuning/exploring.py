@@ -202,7 +202,8 @@ def _proposal(
     if not run.limits.propose:
         return None
     opened = _open(run, recs, over, busy, keep)
-    guess = fitted_guess(run.spec, recs, opened, over.fits, in_flight=busy, keep=bool(keep))
+    allowed = _allowed(run, recs) if keep else set()
+    guess = fitted_guess(run.spec, recs, opened, over.fits, in_flight=busy, allowed=allowed)
     if guess is not None:
         return Proposal(guess)
     twin = keeping_twin(run.spec, recs)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Collection, Sequence
 
+from autotune.core.parity import Arithmetic
 from autotune.core.space import seed_candidates
 from autotune.core.spec import SearchSpec
 from autotune.core.trial import Candidate, TrialRecord
@@ -58,31 +59,32 @@ def fitted_guess(
     fits: Callable[[Candidate], bool],
     *,
     in_flight: Collection[Candidate] = (),
-    keep: bool = False,
+    allowed: Collection[Arithmetic] = (),
 ) -> Candidate | None:
     """A first guess the estimate says will not fit, at the largest batch it says fits
-    (the same samples a step); None when every guess fits, ran, or has had its fitted
-    twin measured. `open_configs`: those left to probe; `fits`: the estimate's verdict;
-    `in_flight`: configs other workers are probing (as good as measured here).
+    (the same samples a step); None when every guess ran, had its fitted twin measured,
+    or fits as queued. `open_configs`: those left to probe; `fits`: the estimate's
+    verdict; `in_flight`: configs other workers are probing (as good as measured here).
 
-    `keep`: only configs that keep the recipe's arithmetic may be exported. A guess
-    that changes it and has not had its probe is then made to keep it
+    `allowed`: where only these arithmetics may be exported (empty: any), a guess of
+    another that has not had its probe is made to keep the recipe's
     (`selection.keeping`): its batch and levers are a prior still. A one-minute NeoX
-    search whose fast guess (bf16, fused AdamW, sdpa) could not be confirmed probed
-    fused AdamW with eager attention next, slower than the recipe; the guess in fp32
-    was the quickest config it found. A guess that ran has its probe: what keeps its
+    search whose fast guess (bf16, fused AdamW, sdpa) could not be confirmed probed fused
+    AdamW with eager attention next, 0.83x the recipe; the guess in fp32 read 1.00-1.08x
+    the recipe in four searches. A guess that ran has had its probe: what keeps its
     arithmetic is the keeping twin's (`selection.keeping_twin`) or the model's to find."""
     seen = {r.candidate for r in records} | set(in_flight)
     for first in first_guesses(spec):
         if first in seen or any(f in seen for f in _fitted(spec, first)):
             continue  # the guess has its probe, as it is or at a batch that fits
-        guess = keeping(spec, first) if keep else first
+        kept = not allowed or Arithmetic.of(first) in allowed
+        guess = first if kept else keeping(spec, first)
         if guess is None or guess in seen:
             continue
+        if guess != first and guess in open_configs and fits(guess):
+            return guess  # not queued: a guess only made to keep the arithmetic
         if fits(guess):
-            if guess != first and guess in open_configs:
-                return guess  # not queued: a guess only made to keep the arithmetic
-            continue
+            continue  # queued as it is
         for fitted in _fitted(spec, guess):
             if fitted in seen:
                 break  # measured or being measured: the guess has its probe

@@ -139,10 +139,10 @@ def plan_parity(
     the probes' own losses judge).
     None until `MEASURED_TO_PLAN` configs that fit are measured (the search's first
     guesses: the plain default and the fast guess), unless `final` (exploring is over),
-    or unless one measured already rules 20-step runs out: your recipe's two runs and
-    the evaluations, timed as the slowest config so far, only lengthen as slower configs
-    are measured. A one-minute NeoX search spent its second probe of two on a bf16 guess
-    it could never export, then planned no runs.
+    or unless one already rules 20-step runs out: your recipe's two runs alone, timed as
+    the slowest config so far (it only gets slower), take over the share of the time left
+    (it only shrinks). A one-minute NeoX search spent its second probe of two on a bf16
+    guess it could never export, then planned no runs.
 
     The runs: your recipe and its other batch split, each timed as the slowest config
     that fits would take (the plain default is among the first measured, so this errs
@@ -158,19 +158,21 @@ def plan_parity(
     if not others:  # no config changes the recipe's arithmetic: nothing to run
         return ParityPlan(CALIBRATED_STEPS, quick=False, why="")
     finalists = min(max(1, top), len(others))
-    by_run = sorted((r.result for r in fits), key=lambda r: run_s(r, CALIBRATED_STEPS, 1))
+    processes = spec.processes
+    by_run = sorted((r.result for r in fits), key=lambda r: run_s(r, CALIBRATED_STEPS, processes))
     slowest, quickest = by_run[-1], by_run[0]
 
-    def floor(steps: int) -> float:  # the held-out evaluations run in fp32: the slowest's
+    def need(steps: int) -> float:  # the held-out evaluations run in fp32: the slowest's
         evaluations = (2 + finalists) * evaluation_s(spec, steps, slowest)
-        return 2 * run_s(slowest, steps, spec.processes) + evaluations
-
-    def need(steps: int) -> float:
-        return floor(steps) + finalists * run_s(quickest, steps, spec.processes)
+        return (
+            2 * run_s(slowest, steps, processes)
+            + finalists * run_s(quickest, steps, processes)
+            + evaluations
+        )
 
     runs = f"{2 + finalists} runs"
-    early = len(fits) < MEASURED_TO_PLAN and not final  # the finalists' still to measure
-    least = (floor if early else need)(CALIBRATED_STEPS)
+    early = len(fits) < MEASURED_TO_PLAN and not final  # the first guesses still to measure
+    least = 2 * run_s(slowest, CALIBRATED_STEPS, processes) if early else need(CALIBRATED_STEPS)
     if explore_left_s is None or least <= PARITY_SHARE * explore_left_s:
         if early:  # the runs may fit: the finalists' arithmetic decides
             return None

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from helpers import SPACE as HELPER_SPACE
 from helpers import SPEC, rec
 
+from autotune.core.enums import Precision
+from autotune.core.parity import Arithmetic
 from autotune.core.trial import Candidate
 from autotune.tuning.guesses import first_guesses, fitted_guess
 
@@ -68,6 +70,9 @@ def test_the_users_recipe_comes_first_made_to_fit() -> None:
     )
 
 
+KEEP = {Arithmetic(Precision.FP32, "adamw_torch")}  # the recipe's: fp32 AdamW
+
+
 def test_where_only_the_recipes_arithmetic_may_be_exported_a_guess_is_made_to_keep_it() -> None:
     """The fast guess (bf16, fused AdamW) cannot be confirmed in the time left: its fp32
     self, fused AdamW and its levers kept, is probed instead, at the largest batch that
@@ -77,23 +82,27 @@ def test_where_only_the_recipes_arithmetic_may_be_exported_a_guess_is_made_to_ke
     assert (str(fast.precision), fast.optim) == ("bf16", "adamw_torch_fused")
     kept = dataclasses.replace(fast, precision=plain.precision)
     assert str(kept.precision) == "fp32" and kept != plain
-    fitted = fitted_guess(job, [rec(0, plain)], everything(), up_to(16), keep=True)
+    fitted = fitted_guess(job, [rec(0, plain)], everything(), up_to(16), allowed=KEEP)
     assert fitted == dataclasses.replace(
         kept, per_device_train_batch_size=16, gradient_accumulation_steps=4
     )
-    roomy = fitted_guess(job, [rec(0, plain)], everything(), up_to(64), keep=True)
+    roomy = fitted_guess(job, [rec(0, plain)], everything(), up_to(64), allowed=KEEP)
     assert roomy == kept  # it fits: the guess made to keep, not queued, is proposed here
     assert (
-        fitted_guess(job, [rec(0, plain), rec(1, kept)], everything(), up_to(64), keep=True) is None
+        fitted_guess(job, [rec(0, plain), rec(1, kept)], everything(), up_to(64), allowed=KEEP)
+        is None
     )
-    # without `keep` the guess keeps its own arithmetic
+    # without `allowed` the guess keeps its own arithmetic
     assert fitted_guess(job, [rec(0, plain)], everything(), up_to(64)) is None
+    # parity verified the guess's arithmetic: it may be exported as it is, queued
+    verified = {*KEEP, Arithmetic.of(fast)}
+    assert fitted_guess(job, [rec(0, plain)], everything(), up_to(64), allowed=verified) is None
     # a guess that ran, as it is or fitted, has had its probe: no fp32 self is forced in
     smaller = dataclasses.replace(
         fast, per_device_train_batch_size=16, gradient_accumulation_steps=4
     )
     for ran in (fast, smaller):
         assert (
-            fitted_guess(job, [rec(0, plain), rec(1, ran)], everything(), up_to(64), keep=True)
+            fitted_guess(job, [rec(0, plain), rec(1, ran)], everything(), up_to(64), allowed=KEEP)
             is None
         )

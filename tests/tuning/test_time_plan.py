@@ -133,18 +133,19 @@ def test_parity_runs_of_20_steps_where_they_fit_half_the_time_left_else_quick_ch
 
 def test_one_config_measured_plans_no_runs_where_the_recipes_own_runs_cannot_fit() -> None:
     """Before the second first guess is measured, the plan waits, unless the recipe's two
-    20-step runs and the evaluations, timed as the one config measured (45 s a run, 5.5 s
-    of evaluations), already take over half the time left: then no runs, at once. A
+    20-step runs alone, timed as the one config measured (45 s a run), already take over
+    half the time left: no later measurement can shorten them, so no runs, at once. A
     one-minute search otherwise spent its second probe of two on a bf16 guess that it
     could never confirm, and so never export."""
     recipe = [timed(0, cand(64), 2.0)]
-    floor = 2 * (5.0 + 20 * 2.0) + 3 * 11 * (16 / 64) / 3 * 2.0
+    floor = 2 * (5.0 + 20 * 2.0)
     assert parity_plan(recipe, 2 * floor + 1) is None  # they may fit: the finalists decide
     short = parity_plan(recipe, 2 * floor - 1)
     assert short is not None and (short.steps, short.quick) == (0, True)
     assert "judged from the probes' own losses" in short.why
-    # the whole plan (the finalist's run timed as the recipe's too) is what it names
-    assert f"(3 runs, about {format_duration(floor + 45.0)})" in short.why
+    # the whole plan it names: the finalist's run and the evaluations timed as the recipe's
+    whole = floor + 45.0 + 3 * 11 * (16 / 64) / 3 * 2.0
+    assert f"(3 runs, about {format_duration(whole)})" in short.why
 
 
 def test_no_parity_plan_is_said_where_no_config_changes_the_recipes_arithmetic() -> None:
